@@ -1,6 +1,6 @@
 // ring_bench: records per second from GPU producers into one host consumer, and push-to-seen
-// latency, for mkernel's ring beside a minimal ring (claims by system-scope atomics on the host
-// header, tail read from host memory on every push, release store of the last word), in one run.
+// latency, for mkernel's ring beside a minimal ring (device-counter claims, the host tail read on
+// every push, a system-scope release store of the last word), in one run.
 //
 //   ring_bench [--jsonl FILE] [--commit SHA] [--machine NAME] [--date YYYY-MM-DD]
 //
@@ -36,11 +36,12 @@ __device__ mp::Command bench_command(uint32_t producer, uint32_t i) {
                         (uint64_t{producer} << 32) | i);
 }
 
-// The minimal ring that DESIGN.md section 6 measured: every push claims on the host header with
-// a system-scope atomic and reads the host tail.
-__device__ uint32_t naive_push(const mp::RingProducerView& v, const mp::Command& c) {
+// The minimal ring DESIGN.md section 6 describes, as a baseline: claims by atomics on a device
+// counter, the host tail read on every push, the record's last word stored with system-scope
+// release. No cached tail, no batching.
+__device__ uint32_t minimal_push(const mp::RingProducerView& v, const mp::Command& c) {
   const uint64_t cap = uint64_t{1} << v.capacity_log2;
-  const uint64_t pos = atomicAdd_system(reinterpret_cast<unsigned long long*>(&v.header->head), 1ull);
+  const uint64_t pos = atomicAdd(&v.state->claim, 1ull);
   const uint64_t start = mp::ring_detail::globaltimer_ns();
   while (pos - mp::ring_detail::ld_acquire_sys(&v.header->tail) >= cap) {
     if (mp::ring_detail::globaltimer_ns() - start > v.timeout_ns) return mp::kRingTimeout;
@@ -68,7 +69,7 @@ __global__ void throughput_kernel(mp::RingProducerView ring, int impl, uint32_t 
   } else {
     for (uint32_t i = 0; i < per_producer && st == mp::kRingOk; ++i) {
       const mp::Command c = bench_command(producer, i);
-      st = impl == kNaive ? naive_push(ring, c)
+      st = impl == kNaive ? minimal_push(ring, c)
            : impl == kMkWarp ? mp::ring_push_warp(ring, c, true)
                              : mp::ring_push(ring, c);
     }
@@ -125,6 +126,9 @@ void emit(const std::string& shape, const std::string& impl, const std::string& 
   std::fflush(g_jsonl);
 }
 
+// 16 Ki slots (1 MiB of records): more than the 4224 producers of the largest case claim at once.
+constexpr uint32_t kThroughputRingLog2 = 14;
+
 // Returns records per second (median of `reps` runs), or -1 if a run failed its checks.
 double run_throughput(int impl, uint32_t blocks, uint64_t total_target, int reps) {
   const uint32_t producers = impl == kMkWarp ? blocks * 32 : blocks;
@@ -133,7 +137,7 @@ double run_throughput(int impl, uint32_t blocks, uint64_t total_target, int reps
   const uint64_t total = uint64_t{per} * producers;
   std::vector<double> rates;
   for (int r = 0; r < reps; ++r) {
-    mkt::PinnedRing ring(12);
+    mkt::PinnedRing ring(kThroughputRingLog2);
     uint32_t* status = nullptr;
     MKT_CHECK_CUDA(cudaMalloc(&status, sizeof(uint32_t)));
     MKT_CHECK_CUDA(cudaMemset(status, 0, sizeof(uint32_t)));
@@ -283,7 +287,7 @@ int main(int argc, char** argv) {
   }
   if (g_jsonl) std::fclose(g_jsonl);
 
-  std::printf("\nring throughput (M records/s, median of 3; minimal ring = DESIGN.md section 6)\n");
+  std::printf("\nring throughput (M records/s, median of 3, ring of %u slots; minimal ring: see top of file)\n", 1u << kThroughputRingLog2);
   std::printf("%-22s %12s %14s %8s\n", "producer x blocks", "mkernel", "minimal ring", "ratio");
   for (const Row& r : rows)
     std::printf("%-22s %12.2f %14.2f %8.2f\n", r.what.c_str(), r.mk / 1e6, r.naive / 1e6,

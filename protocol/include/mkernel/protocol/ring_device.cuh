@@ -111,22 +111,35 @@ __device__ __forceinline__ void abandon(const RingProducerView& v, uint64_t firs
 }
 
 // Waits until position `last` fits (last - tail < capacity). Bounded; see note 4.
+// Only the waiters nearest the front of the ring (within kHostPollWindow slots of fitting) poll
+// the host tail continuously; the others poll it at most every kHostPollIntervalNs and otherwise
+// watch the device copy that the front waiters raise. Thousands of waiting threads thus do not
+// flood PCIe with reads of one host word.
+inline constexpr uint64_t kHostPollWindow = 256;
+inline constexpr uint64_t kHostPollIntervalNs = 4000;
+
 __device__ __forceinline__ uint32_t wait_for_space(const RingProducerView& v, uint64_t last) {
   const uint64_t cap = uint64_t{1} << v.capacity_log2;
-  if (last - ld_acquire_gpu(&v.state->cached_tail) < cap) return kRingOk;
+  uint64_t cached = ld_acquire_gpu(&v.state->cached_tail);
+  if (last - cached < cap) return kRingOk;
   const uint64_t start = globaltimer_ns();
+  uint64_t host_polled_at = 0;
   uint32_t sleep_ns = 32;
   for (;;) {
-    const uint64_t tail = ld_acquire_sys(&v.header->tail);
-    if (last - tail < cap) {
-      red_max_release_gpu(&v.state->cached_tail, tail);
-      return kRingOk;
+    const uint64_t now = globaltimer_ns();
+    if (last - cached < cap + kHostPollWindow || now - host_polled_at >= kHostPollIntervalNs) {
+      host_polled_at = now;
+      const uint64_t tail = ld_acquire_sys(&v.header->tail);
+      if (tail - cached < (uint64_t{1} << 63)) red_max_release_gpu(&v.state->cached_tail, tail);
+      if (last - tail < cap) return kRingOk;
+      if (ld_acquire_sys(&v.header->error) != 0) return kRingConsumerError;
+      if (ld_relaxed_sys(&v.header->epoch) != v.expected_epoch) return kRingEpochChanged;
     }
-    if (ld_acquire_sys(&v.header->error) != 0) return kRingConsumerError;
-    if (ld_relaxed_sys(&v.header->epoch) != v.expected_epoch) return kRingEpochChanged;
-    if (globaltimer_ns() - start > v.timeout_ns) return kRingTimeout;
+    if (now - start > v.timeout_ns) return kRingTimeout;
     __nanosleep(sleep_ns);
-    if (sleep_ns < 1024) sleep_ns *= 2;
+    if (sleep_ns < 512) sleep_ns *= 2;
+    cached = ld_acquire_gpu(&v.state->cached_tail);
+    if (last - cached < cap) return kRingOk;
   }
 }
 
