@@ -347,3 +347,17 @@ TEST(Ring, BatchLargerThanTheRingIsAnArgumentError) {
   EXPECT_EQ(producer.push_batch({}, 1s), mp::kRingInvalidArgument);
   EXPECT_EQ(ring.view().header->head, 0u) << "nothing claimed";
 }
+
+TEST(Ring, CallbackThatReturnsFalseStopsThePollAfterItsRecord) {
+  TestRing ring(4);
+  mp::HostRingProducer producer(ring.view(), 1);
+  mp::RingConsumer consumer(ring.view());
+  for (uint64_t i = 0; i < 6; ++i) ASSERT_EQ(producer.push(tagged(0, i), 1s), mp::kRingOk);
+  uint64_t seen = 0;
+  EXPECT_EQ(consumer.poll(16, [&](const mp::Command&, uint64_t pos) -> bool { ++seen; return pos < 2; },
+                          no_reject),
+            3u);
+  EXPECT_EQ(seen, 3u);
+  EXPECT_EQ(ring.view().header->tail, 3u) << "the records after the stop stay in the ring";
+  EXPECT_EQ(consumer.poll(16, [](const mp::Command&, uint64_t) {}, no_reject), 3u);
+}

@@ -19,6 +19,8 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "mkernel/protocol/command.h"
 #include "mkernel/protocol/ring.h"
@@ -64,7 +66,8 @@ class RingConsumer {
 
   // Takes up to `max_records` committed records in order. Calls on_command(const Command&,
   // uint64_t pos) for each record that decodes and on_reject(const CommandRecord& copy,
-  // RejectReason, uint64_t pos) for each that does not. Returns the number taken. Never blocks.
+  // RejectReason, uint64_t pos) for each that does not. A callback that returns bool stops the
+  // poll after its record by returning false. Returns the number taken. Never blocks.
   template <class OnCommand, class OnReject>
   size_t poll(size_t max_records, OnCommand&& on_command, OnReject&& on_reject);
 
@@ -123,6 +126,20 @@ class HostRingProducer {
 
 // ---- inline -----------------------------------------------------------------------------------
 
+namespace detail {
+// Calls f(args...); a void result means "go on".
+template <class F, class... Args>
+bool invoke_callback(F& f, Args&&... args) {
+  if constexpr (std::is_same_v<decltype(f(std::forward<Args>(args)...)), void>) {
+    f(std::forward<Args>(args)...);
+    return true;
+  } else {
+    return static_cast<bool>(f(std::forward<Args>(args)...));
+  }
+}
+}  // namespace detail
+using detail::invoke_callback;
+
 template <class OnCommand, class OnReject>
 size_t RingConsumer::poll(size_t max_records, OnCommand&& on_command, OnReject&& on_reject) {
   size_t taken = 0;
@@ -139,15 +156,17 @@ size_t RingConsumer::poll(size_t max_records, OnCommand&& on_command, OnReject&&
     ++taken;
     ++stats_.consumed;
     const DecodeResult d = decode(copy, options_.limits);
+    bool go_on = true;
     if (d.ok()) {
       ++stats_.accepted;
-      on_command(d.command, pos);
+      go_on = invoke_callback(on_command, d.command, pos);
     } else {
       ++stats_.rejected;
       ++stats_.rejected_by_reason[d.reason];
-      on_reject(copy, d.reason, pos);
+      go_on = invoke_callback(on_reject, copy, d.reason, pos);
     }
     if (++unpublished_ >= options_.tail_batch) publish_tail();
+    if (!go_on) break;
   }
   if (unpublished_ != 0) publish_tail();
   return taken;

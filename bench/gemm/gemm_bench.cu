@@ -1,0 +1,593 @@
+// gemm_bench.cu: the persistent bf16 GEMM side by side with cuBLAS and cuBLASLt, same layout
+// (A [m, k] row-major, W [n, k] row-major, D [m, n] row-major), one process, one GPU.
+//
+//   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
+//
+// --commit defaults to `git rev-parse --short HEAD` where git works, else "unknown".
+//
+// Per shape: random bf16 inputs, rotating input/output sets larger than L2 (so every launch
+// reads from device memory), warm-up, then the median (and p10/p90) of per-launch event times,
+// all implementations timed in interleaved rounds so that clock and temperature drift over the
+// run affect them alike. Every mkernel configuration is first checked against cuBLAS's output.
+// --sweep times every tile configuration first and reports the best next to the default one.
+// A SM-withheld sweep follows (4, 8, 16 SMs left to other work; cuBLASLt given the same SM
+// target). Prints a table with ratios last; appends one JSON line per (shape, impl) to FILE.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gemm/gemm_test_util.cuh"
+#include "gemm/sm90_bf16_gemm.h"
+
+namespace mk = mkernel::kernels;
+using namespace gemm_test;
+
+namespace {
+
+struct Shape {
+  int m, n, k;
+  const char* note;
+};
+
+struct Timing {
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  int iters = 0;
+};
+
+struct Options {
+  bool sweep = false;
+  bool quick = false;
+  std::string json;
+  std::string commit = "unknown";
+  std::string machine = "1xH200";
+  std::string shapes = "all";
+};
+
+double tflops(const Shape& s, double ms) { return 2.0 * s.m * s.n * s.k / (ms * 1e-3) / 1e12; }
+
+// Sum of squares of (x - y) and of y, for the relative error of a bench output against cuBLAS.
+__global__ void diff_kernel(const __nv_bfloat16* x, const __nv_bfloat16* y, size_t n, double* acc) {
+  double num = 0, den = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double a = __bfloat162float(x[i]), b = __bfloat162float(y[i]);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  atomicAdd(&acc[0], num);
+  atomicAdd(&acc[1], den);
+}
+
+double rel_diff(const __nv_bfloat16* x, const __nv_bfloat16* y, size_t n) {
+  double* acc = nullptr;
+  GT_CUDA(cudaMalloc(&acc, 2 * sizeof(double)));
+  GT_CUDA(cudaMemset(acc, 0, 2 * sizeof(double)));
+  diff_kernel<<<1024, 256>>>(x, y, n, acc);
+  double h[2];
+  GT_CUDA(cudaMemcpy(h, acc, sizeof(h), cudaMemcpyDeviceToHost));
+  GT_CUDA(cudaFree(acc));
+  return std::isfinite(h[0]) ? std::sqrt(h[0] / std::max(h[1], 1e-30)) : INFINITY;
+}
+
+// Rotating operand sets: enough that one pass over them is several times the L2.
+struct Operands {
+  std::vector<__nv_bfloat16*> a, w, d;
+  __nv_bfloat16* check = nullptr;
+  int sets = 1;
+  Operands(const Shape& s, size_t l2_bytes, uint64_t seed) {
+    const size_t bytes = 2ull * (static_cast<size_t>(s.m) * s.k + static_cast<size_t>(s.n) * s.k +
+                                 static_cast<size_t>(s.m) * s.n);
+    sets = static_cast<int>(std::min<size_t>(16, std::max<size_t>(1, (4 * l2_bytes + bytes - 1) / bytes)));
+    for (int i = 0; i < sets; ++i) {
+      __nv_bfloat16 *pa, *pw, *pd;
+      GT_CUDA(cudaMalloc(&pa, 2ull * s.m * s.k));
+      GT_CUDA(cudaMalloc(&pw, 2ull * s.n * s.k));
+      GT_CUDA(cudaMalloc(&pd, 2ull * s.m * s.n));
+      fill_random(pa, static_cast<size_t>(s.m) * s.k, seed + 3 * i);
+      fill_random(pw, static_cast<size_t>(s.n) * s.k, seed + 3 * i + 1);
+      poison(pd, static_cast<size_t>(s.m) * s.n);
+      a.push_back(pa);
+      w.push_back(pw);
+      d.push_back(pd);
+    }
+    GT_CUDA(cudaMalloc(&check, 2ull * s.m * s.n));
+  }
+  ~Operands() {
+    for (int i = 0; i < sets; ++i) {
+      cudaFree(a[i]);
+      cudaFree(w[i]);
+      cudaFree(d[i]);
+    }
+    cudaFree(check);
+  }
+};
+
+template <class F>
+Timing time_launches(F&& launch, int sets, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) launch(i % sets);
+  GT_CUDA(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) GT_CUDA(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    GT_CUDA(cudaEventRecord(ev[2 * i]));
+    launch(i % sets);
+    GT_CUDA(cudaEventRecord(ev[2 * i + 1]));
+  }
+  GT_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    GT_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : ev) GT_CUDA(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.iters = iters;
+  t.median_ms = ms[iters / 2];
+  t.p10_ms = ms[iters / 10];
+  t.p90_ms = ms[(iters * 9) / 10];
+  return t;
+}
+
+// Times several implementations in interleaved rounds (each round: iters/rounds launches of
+// each, in turn) and returns the median/p10/p90 of each one's per-launch times.
+std::vector<Timing> time_round_robin(const std::vector<std::function<void(int)>>& fns, int sets, int warmup, int iters,
+                                     int rounds) {
+  for (const auto& f : fns)
+    for (int i = 0; i < warmup; ++i) f(i % sets);
+  GT_CUDA(cudaDeviceSynchronize());
+  const int per_round = std::max(1, iters / rounds);
+  std::vector<std::vector<double>> ms(fns.size());
+  std::vector<cudaEvent_t> ev(2 * per_round);
+  for (auto& e : ev) GT_CUDA(cudaEventCreate(&e));
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      for (int i = 0; i < per_round; ++i) {
+        GT_CUDA(cudaEventRecord(ev[2 * i]));
+        fns[f]((r * per_round + i) % sets);
+        GT_CUDA(cudaEventRecord(ev[2 * i + 1]));
+      }
+      GT_CUDA(cudaDeviceSynchronize());
+      for (int i = 0; i < per_round; ++i) {
+        float t = 0;
+        GT_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+        ms[f].push_back(t);
+      }
+    }
+  }
+  for (auto& e : ev) GT_CUDA(cudaEventDestroy(e));
+  std::vector<Timing> out;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    const int n = static_cast<int>(v.size());
+    Timing t;
+    t.iters = n;
+    t.median_ms = v[n / 2];
+    t.p10_ms = v[n / 10];
+    t.p90_ms = v[(n * 9) / 10];
+    out.push_back(t);
+  }
+  return out;
+}
+
+struct MkRunner {
+  std::vector<mk::GemmPlan> plans;  // one per operand set
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  uint32_t* status = nullptr;
+  bool ok = false;
+  std::string error;
+  MkRunner(const Shape& s, Operands& ops, const mk::GemmConfig& cfg) {
+    GT_CUDA(cudaMalloc(&status, sizeof(uint32_t)));
+    GT_CUDA(cudaMemset(status, 0, sizeof(uint32_t)));
+    for (int i = 0; i < ops.sets; ++i) {
+      mk::GemmArgs args;
+      args.a = ops.a[i];
+      args.w = ops.w[i];
+      args.d = ops.d[i];
+      args.m = s.m;
+      args.n = s.n;
+      args.k = s.k;
+      args.config = cfg;
+      args.status = status;
+      if (i == 0) {
+        ws_bytes = mk::gemm_workspace_bytes(args);
+        if (ws_bytes) {
+          GT_CUDA(cudaMalloc(&ws, ws_bytes));
+          GT_CUDA(cudaMemset(ws, 0, ws_bytes));
+        }
+      }
+      args.workspace = ws;
+      args.workspace_bytes = ws_bytes;
+      mk::GemmPlan plan;
+      mk::GemmResult r = mk::gemm_plan(args, &plan);
+      if (!r.ok()) {
+        error = r.message;
+        return;
+      }
+      plans.push_back(plan);
+    }
+    ok = true;
+  }
+  void launch(int set) {
+    mk::GemmResult r = mk::gemm_launch(plans[set], nullptr);
+    if (!r.ok()) {
+      std::fprintf(stderr, "mkernel launch failed: %s\n", r.message.c_str());
+      std::exit(1);
+    }
+  }
+  uint32_t read_status() {
+    uint32_t s = 0;
+    GT_CUDA(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
+    return s;
+  }
+  ~MkRunner() {
+    cudaFree(ws);
+    cudaFree(status);
+  }
+};
+
+struct LtRunner {
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulHeuristicResult_t heur{};
+  void* ws = nullptr;
+  size_t ws_bytes = 64ull << 20;
+  bool ok = false;
+  LtRunner(cublasLtHandle_t h, const Shape& s, int sm_target) : lt(h) {
+    GT_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    GT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    GT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (sm_target > 0) {
+      GT_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target,
+                                               sizeof(sm_target)));
+    }
+    GT_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.k, s.n, s.k));
+    GT_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.k, s.m, s.k));
+    GT_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.n, s.m, s.n));
+    cublasLtMatmulPreference_t pref;
+    GT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    GT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                   sizeof(ws_bytes)));
+    int found = 0;
+    cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, &heur, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    GT_CUDA(cudaMalloc(&ws, ws_bytes));
+    ok = found > 0;
+  }
+  void launch(const __nv_bfloat16* a, const __nv_bfloat16* w, __nv_bfloat16* d) {
+    const float alpha = 1.f, beta = 0.f;
+    GT_CUBLAS(cublasLtMatmul(lt, desc, &alpha, w, la, a, lb, &beta, d, lc, d, lc, &heur.algo, ws, ws_bytes, nullptr));
+  }
+  ~LtRunner() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(ws);
+  }
+};
+
+struct Row {
+  Shape shape;
+  std::string impl;
+  std::string config;
+  Timing t;
+  double err = 0;  // relative error vs cuBLAS (mkernel rows)
+  int sms = 0;     // SMs given to the GEMM (withheld sweep), 0 = all
+};
+
+std::string today() {
+  char buf[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+void append_json(const Options& o, const std::vector<Row>& rows) {
+  if (o.json.empty()) return;
+  std::ofstream f(o.json, std::ios::app);
+  const std::string date = today();
+  for (const Row& r : rows) {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "{\"benchmark\": \"gemm\", \"shape\": {\"M\": %d, \"N\": %d, \"K\": %d}, \"world\": 1, \"nodes\": 1, "
+                  "\"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"iters\": %d, "
+                  "\"tflops\": %.1f, \"config\": \"%s\", \"sms\": %d, \"split\": \"%s\", \"machine\": \"%s\", "
+                  "\"commit\": \"%s\", \"date\": \"%s\"}",
+                  r.shape.m, r.shape.n, r.shape.k, r.impl.c_str(), r.t.median_ms, r.t.p10_ms, r.t.p90_ms, r.t.iters,
+                  tflops(r.shape, r.t.median_ms), r.config.c_str(), r.sms, r.shape.note, o.machine.c_str(),
+                  o.commit.c_str(), date.c_str());
+    f << line << "\n";
+  }
+}
+
+std::vector<mk::GemmConfig> sweep_configs(const Shape& s) {
+  std::vector<mk::GemmConfig> v;
+  if (s.m <= 256) {
+    for (int bn : {128, 256})
+      for (int sp : {1, 2, 3, 4, 6, 8}) {
+        mk::GemmConfig c;
+        c.block_n = bn;
+        c.cluster_m = 1;
+        c.num_splits = sp;
+        v.push_back(c);
+      }
+    return v;
+  }
+  for (int cl : {2, 1})
+    for (int ra : {0, 1})
+      for (int g : {1, 2, 4, 8, 16}) {
+        mk::GemmConfig c;
+        c.block_n = 256;
+        c.cluster_m = cl;
+        c.raster = ra;
+        c.group = g;
+        c.num_splits = 1;
+        v.push_back(c);
+      }
+  for (int cl : {2, 1})
+    for (int g : {2, 4}) {
+      mk::GemmConfig c;
+      c.block_n = 128;
+      c.cluster_m = cl;
+      c.raster = 0;
+      c.group = g;
+      c.num_splits = 1;
+      v.push_back(c);
+    }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&](const char* what) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", what);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--sweep") o.sweep = true;
+    else if (a == "--quick") o.quick = true;
+    else if (a == "--json") o.json = next("--json");
+    else if (a == "--commit") o.commit = next("--commit");
+    else if (a == "--machine") o.machine = next("--machine");
+    else if (a == "--shapes") o.shapes = next("--shapes");
+    else {
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (o.commit == "unknown") {
+    // The commit of the tree being measured, when git and the repository are at hand.
+    if (FILE* f = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+      char buf[64] = {};
+      if (std::fgets(buf, sizeof buf, f) != nullptr) {
+        std::string c(buf);
+        while (!c.empty() && (c.back() == '\n' || c.back() == '\r')) c.pop_back();
+        if (!c.empty()) o.commit = c;
+      }
+      pclose(f);
+    }
+  }
+  require_hopper_or_skip("gemm_bench");
+  cudaDeviceProp prop{};
+  GT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("gemm_bench: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+  std::vector<Shape> shapes;
+  if (o.shapes == "all" || o.shapes == "big") {
+    shapes.insert(shapes.end(), {{8192, 8192, 8192, "full"},
+                                 {8192, 14336, 4096, "full"},
+                                 {8192, 4096, 14336, "full"},
+                                 {4096, 28672, 8192, "full"},
+                                 {16384, 8192, 8192, "full"},
+                                 // per-rank shapes of the 2-GPU tensor-parallel cases
+                                 {8192, 4096, 8192, "tp2 N/2 of 8192x8192x8192"},
+                                 {8192, 8192, 4096, "tp2 K/2 of 8192x8192x8192"},
+                                 {16384, 7168, 4096, "tp2 N/2 of 16384x14336x4096"},
+                                 {16384, 14336, 2048, "tp2 K/2 of 16384x14336x4096"},
+                                 {4096, 4096, 8192, "tp2 N/2 of 4096x8192x8192"},
+                                 {4096, 8192, 4096, "tp2 K/2 of 4096x8192x8192"},
+                                 {32768, 4096, 8192, "tp2 N/2 of 32768x8192x8192"},
+                                 {32768, 8192, 4096, "tp2 K/2 of 32768x8192x8192"}});
+  }
+  if (o.shapes == "all" || o.shapes == "small") {
+    shapes.insert(shapes.end(), {{1, 8192, 8192, "decode"},
+                                 {16, 8192, 8192, "decode"},
+                                 {128, 8192, 8192, "decode"},
+                                 {1000, 8192, 8192, "decode"}});
+  }
+  const int warmup = o.quick ? 5 : 10, iters = o.quick ? 20 : 50;
+  const size_t l2 = static_cast<size_t>(prop.l2CacheSize);
+
+  cublasHandle_t cublas;
+  GT_CUBLAS(cublasCreate(&cublas));
+  cublasLtHandle_t lt;
+  GT_CUBLAS(cublasLtCreate(&lt));
+
+  std::vector<Row> rows;
+  uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) * 1000003ull;
+  for (const Shape& s : shapes) {
+    Operands ops(s, l2, seed += 101);
+    const size_t count = static_cast<size_t>(s.m) * s.n;
+    // cuBLAS's output is the correctness reference for every mkernel configuration.
+    cublas_gemm(cublas, ops.a[0], ops.w[0], ops.check, s.m, s.n, s.k);
+
+    // Builds a runner for `cfg` and checks one launch against cuBLAS (poisoned output first).
+    auto make_mk = [&](const mk::GemmConfig& cfg, Row* out) -> std::unique_ptr<MkRunner> {
+      auto r = std::make_unique<MkRunner>(s, ops, cfg);
+      if (!r->ok) {
+        std::printf("  skip config: %s\n", r->error.c_str());
+        return nullptr;
+      }
+      poison(ops.d[0], count);
+      r->launch(0);
+      GT_CUDA(cudaDeviceSynchronize());
+      const double err = rel_diff(ops.d[0], ops.check, count);
+      const uint32_t st = r->read_status();
+      out->err = err;
+      out->config = mk::gemm_config_string(r->plans[0]);
+      if (st != mk::kKernelOk || !(err < 1e-2)) {
+        std::printf("  WRONG %dx%dx%d [%s]: rel err vs cuBLAS %.3e, status %s\n", s.m, s.n, s.k, out->config.c_str(),
+                    err, mk::kernel_status_name(st));
+        return nullptr;
+      }
+      return r;
+    };
+
+    // Optional sweep: short sequential timings only to pick a configuration.
+    bool have_best = false;
+    mk::GemmConfig best_cfg;
+    if (o.sweep) {
+      double best_ms = 1e30;
+      for (const mk::GemmConfig& c : sweep_configs(s)) {
+        Row r{s, "", "", {}, 0, 0};
+        auto runner = make_mk(c, &r);
+        if (!runner) continue;
+        r.t = time_launches([&](int i) { runner->launch(i); }, ops.sets, 5, 20);
+        std::printf("  sweep %5dx%5dx%5d  %-24s %7.1f TFLOP/s\n", s.m, s.n, s.k, r.config.c_str(),
+                    tflops(s, r.t.median_ms));
+        if (r.t.median_ms < best_ms) {
+          best_ms = r.t.median_ms;
+          best_cfg = c;
+          have_best = true;
+        }
+      }
+    }
+
+    // Final figures: all implementations timed round-robin (rounds interleaved), so clock and
+    // temperature drift during the run affects them alike.
+    std::vector<Row> shape_rows;
+    std::vector<std::function<void(int)>> fns;
+    shape_rows.push_back({s, "cublas", "cublasGemmEx", {}, 0, 0});
+    fns.push_back([&](int i) { cublas_gemm(cublas, ops.a[i], ops.w[i], ops.d[i], s.m, s.n, s.k); });
+    LtRunner ltr(lt, s, 0);
+    if (ltr.ok) {
+      shape_rows.push_back({s, "cublaslt", "heuristic #1", {}, 0, 0});
+      fns.push_back([&](int i) { ltr.launch(ops.a[i], ops.w[i], ops.d[i]); });
+    }
+    Row def{s, "mkernel", "", {}, 0, 0};
+    auto def_runner = make_mk(mk::GemmConfig{}, &def);
+    if (def_runner) {
+      shape_rows.push_back(def);
+      fns.push_back([&](int i) { def_runner->launch(i); });
+    }
+    Row best{s, "mkernel_best", "", {}, 0, 0};
+    std::unique_ptr<MkRunner> best_runner;
+    if (have_best) best_runner = make_mk(best_cfg, &best);
+    if (best_runner) {
+      shape_rows.push_back(best);
+      fns.push_back([&](int i) { best_runner->launch(i); });
+    }
+    const std::vector<Timing> ts = time_round_robin(fns, ops.sets, warmup, iters, 5);
+    for (size_t i = 0; i < shape_rows.size(); ++i) {
+      shape_rows[i].t = ts[i];
+      rows.push_back(shape_rows[i]);
+    }
+    std::fflush(stdout);
+  }
+
+  // SM-withheld sweep: fewer GEMM blocks (the rest of the SMs left to communication roles);
+  // cuBLASLt gets the same SM-count target. Timed round-robin like the main table.
+  std::vector<Row> withheld;
+  for (const Shape& s : {Shape{8192, 8192, 8192, "full"}, Shape{8192, 14336, 4096, "full"}}) {
+    if (o.shapes == "small") break;
+    Operands ops(s, l2, seed += 7);
+    std::vector<std::unique_ptr<MkRunner>> mks;
+    std::vector<std::unique_ptr<LtRunner>> lts;
+    std::vector<Row> shape_rows;
+    std::vector<std::function<void(int)>> fns;
+    for (int held : {0, 4, 8, 16}) {
+      const int sms = prop.multiProcessorCount - held;
+      mk::GemmConfig c;
+      c.num_gemm_blocks = sms;
+      auto r = std::make_unique<MkRunner>(s, ops, c);
+      if (r->ok) {
+        shape_rows.push_back({s, "mkernel", mk::gemm_config_string(r->plans[0]), {}, 0, sms});
+        MkRunner* rp = r.get();
+        fns.push_back([&ops, rp](int i) { rp->launch(i); });
+        mks.push_back(std::move(r));
+      }
+      auto lr = std::make_unique<LtRunner>(lt, s, held ? sms : 0);
+      if (lr->ok) {
+        shape_rows.push_back({s, "cublaslt", "sm_count_target", {}, 0, sms});
+        LtRunner* lp = lr.get();
+        fns.push_back([&ops, lp](int i) { lp->launch(ops.a[i], ops.w[i], ops.d[i]); });
+        lts.push_back(std::move(lr));
+      }
+    }
+    const std::vector<Timing> ts = time_round_robin(fns, ops.sets, warmup, iters, 5);
+    for (size_t i = 0; i < shape_rows.size(); ++i) {
+      shape_rows[i].t = ts[i];
+      withheld.push_back(shape_rows[i]);
+    }
+  }
+
+  append_json(o, rows);
+  append_json(o, withheld);
+
+  // ---- tables, ratios last ------------------------------------------------------------------------
+  std::printf("\nSM-withheld sweep (TFLOP/s; scaling = throughput / (full-GPU throughput x SMs/%d))\n",
+              prop.multiProcessorCount);
+  std::printf("%-18s %5s %-9s %9s %8s  %s\n", "shape", "SMs", "impl", "TFLOP/s", "scaling", "config");
+  for (const Row& r : withheld) {
+    double full = 0;
+    for (const Row& q : withheld)
+      if (q.shape.m == r.shape.m && q.shape.n == r.shape.n && q.shape.k == r.shape.k && q.impl == r.impl &&
+          q.sms == prop.multiProcessorCount)
+        full = tflops(q.shape, q.t.median_ms);
+    const double scaling = tflops(r.shape, r.t.median_ms) / (full * r.sms / prop.multiProcessorCount);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%dx%dx%d", r.shape.m, r.shape.n, r.shape.k);
+    std::printf("%-18s %5d %-9s %9.1f %8.3f  %s\n", shape, r.sms, r.impl.c_str(), tflops(r.shape, r.t.median_ms),
+                scaling, r.config.c_str());
+  }
+
+  std::printf("\n%-18s %9s %9s %9s %9s %9s %9s  %-26s %-26s\n", "M x N x K", "cuBLAS", "cuBLASLt", "mkernel", "mk_best",
+              "mk/cuBLAS", "best/cuB", "mkernel config", "best config");
+  for (size_t i = 0; i < rows.size();) {
+    const Shape s = rows[i].shape;
+    double tc = 0, tl = 0, tm = 0, tb = 0;
+    std::string cm, cb;
+    size_t j = i;
+    for (; j < rows.size() && rows[j].shape.m == s.m && rows[j].shape.n == s.n && rows[j].shape.k == s.k; ++j) {
+      const double t = tflops(s, rows[j].t.median_ms);
+      if (rows[j].impl == "cublas") tc = t;
+      if (rows[j].impl == "cublaslt") tl = t;
+      if (rows[j].impl == "mkernel") {
+        tm = t;
+        cm = rows[j].config;
+      }
+      if (rows[j].impl == "mkernel_best") {
+        tb = t;
+        cb = rows[j].config;
+      }
+    }
+    const double ref = std::max(tc, tl);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%dx%dx%d", s.m, s.n, s.k);
+    std::printf("%-18s %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f  %-26s %-26s\n", shape, tc, tl, tm, tb, ref > 0 ? tm / ref : 0,
+                ref > 0 ? tb / ref : 0, cm.c_str(), cb.c_str());
+    i = j;
+  }
+  std::printf("(ratios are against the faster of cuBLAS and cuBLASLt; TFLOP/s from median times)\n");
+  cublasLtDestroy(lt);
+  cublasDestroy(cublas);
+  return 0;
+}

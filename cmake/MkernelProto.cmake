@@ -1,0 +1,38 @@
+# mkernel_proto_library(NAME target PROTOS a.proto ... [GRPC])
+# Generates C++ from .proto files under protocol/proto into the build tree (include as
+# "mkernel/proto/<name>.pb.h") and builds them into a static library of their own, linked to
+# protobuf (and gRPC++ with GRPC). Generated code is compiled without our warning flags.
+function(mkernel_proto_library target)
+  cmake_parse_arguments(P "GRPC" "" "PROTOS" ${ARGN})
+  find_package(Protobuf REQUIRED)
+  if(P_GRPC)
+    find_package(gRPC CONFIG REQUIRED)
+    find_program(MKERNEL_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+  endif()
+  set(out_dir ${CMAKE_BINARY_DIR}/gen)
+  set(gen_dir ${out_dir}/mkernel/proto)
+  file(MAKE_DIRECTORY ${gen_dir})
+  set(srcs)
+  foreach(proto IN LISTS P_PROTOS)
+    get_filename_component(abs ${proto} ABSOLUTE)
+    get_filename_component(dir ${abs} DIRECTORY)
+    get_filename_component(stem ${abs} NAME_WE)
+    set(outs ${gen_dir}/${stem}.pb.cc ${gen_dir}/${stem}.pb.h)
+    set(args --cpp_out=${gen_dir} -I${dir} ${abs})
+    if(P_GRPC)
+      list(APPEND outs ${gen_dir}/${stem}.grpc.pb.cc ${gen_dir}/${stem}.grpc.pb.h)
+      list(APPEND args --grpc_out=${gen_dir} --plugin=protoc-gen-grpc=${MKERNEL_GRPC_CPP_PLUGIN})
+    endif()
+    add_custom_command(OUTPUT ${outs}
+                       COMMAND protobuf::protoc ARGS ${args}
+                       DEPENDS ${abs} protobuf::protoc
+                       COMMENT "protoc ${stem}.proto" VERBATIM)
+    list(APPEND srcs ${outs})
+  endforeach()
+  add_library(${target} STATIC ${srcs})
+  target_include_directories(${target} SYSTEM PUBLIC ${out_dir} ${gen_dir})
+  target_link_libraries(${target} PUBLIC protobuf::libprotobuf)
+  if(P_GRPC)
+    target_link_libraries(${target} PUBLIC gRPC::grpc++)
+  endif()
+endfunction()

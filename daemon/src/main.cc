@@ -1,0 +1,179 @@
+// mkerneld: the mkernel node daemon.
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "daemon.h"
+#include "mkernel/config/config.h"
+#include "ops_hooks.h"
+
+namespace {
+
+constexpr const char* kDefaultConfigPath = "/etc/mkernel/mkerneld.yaml";
+
+spdlog::level::level_enum to_spdlog(mkernel::config::LogLevel l) {
+  switch (l) {
+    case mkernel::config::LogLevel::kTrace: return spdlog::level::trace;
+    case mkernel::config::LogLevel::kDebug: return spdlog::level::debug;
+    case mkernel::config::LogLevel::kInfo: return spdlog::level::info;
+    case mkernel::config::LogLevel::kWarn: return spdlog::level::warn;
+    case mkernel::config::LogLevel::kError: return spdlog::level::err;
+  }
+  return spdlog::level::info;
+}
+
+void setup_logging(const mkernel::config::LoggingConfig& lc, bool to_syslog) {
+  std::shared_ptr<spdlog::logger> logger;
+  if (to_syslog)
+    logger = std::make_shared<spdlog::logger>(
+        "mkerneld", std::make_shared<spdlog::sinks::syslog_sink_mt>("mkerneld", LOG_PID, LOG_DAEMON, true));
+  else
+    logger = std::make_shared<spdlog::logger>("mkerneld", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  // Journal-friendly by default: no timestamp (journald adds one), level in brackets.
+  if (lc.format == mkernel::config::LogFormat::kJson)
+    logger->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","thread":%t,"msg":"%v"})");
+  else
+    logger->set_pattern("[%l] %v");
+  logger->set_level(to_spdlog(lc.level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+bool daemonize() {
+  const pid_t pid = ::fork();
+  if (pid < 0) return false;
+  if (pid > 0) ::_exit(0);
+  if (::setsid() < 0) return false;
+  const pid_t pid2 = ::fork();
+  if (pid2 < 0) return false;
+  if (pid2 > 0) ::_exit(0);
+  if (::chdir("/") != 0) return false;
+  const int devnull = ::open("/dev/null", O_RDWR);
+  if (devnull >= 0) {
+    ::dup2(devnull, 0);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+    if (devnull > 2) ::close(devnull);
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace cfg = mkernel::config;
+  CLI::App app{"mkerneld: the mkernel node daemon. It owns the NICs, runs one proxy per GPU and "
+               "serves client sessions on a Unix socket in its runtime directory."};
+  std::string config_path, runtime_dir, log_level, check_config;
+  bool foreground = false, test_hooks = false, print_default = false;
+  app.add_option("--config", config_path,
+                 std::string("YAML config file (default: ") + kDefaultConfigPath +
+                     " when it exists, else the built-in default)");
+  app.add_option("--runtime-dir", runtime_dir,
+                 "runtime directory for sockets (overrides node.runtime_dir), so several daemons "
+                 "can run side by side");
+  app.add_flag("--foreground", foreground, "stay in the foreground and log to stderr (systemd, tests)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error (overrides logging.level)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_option("--check-config", check_config, "validate FILE, print the verdict and exit (1 on error)");
+  app.add_flag("--print-default-config", print_default, "print the built-in default config as YAML and exit");
+  app.add_flag("--enable-test-hooks", test_hooks, "allow test-only admin calls (StallProxy)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!check_config.empty()) {
+    const cfg::LoadResult r = cfg::load_config_file(check_config);
+    if (r.ok()) {
+      std::printf("%s: ok\n", check_config.c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "%s", r.error_text().c_str());
+    std::fprintf(stderr, "%s: %zu error(s)\n", check_config.c_str(), r.errors.size());
+    return 1;
+  }
+  if (print_default) {
+    std::cout << cfg::to_yaml(cfg::default_config());
+    return 0;
+  }
+
+  mkernel::daemon::DaemonOptions opts;
+  if (config_path.empty() && ::access(kDefaultConfigPath, F_OK) == 0) config_path = kDefaultConfigPath;
+  if (!config_path.empty()) {
+    cfg::LoadResult r = cfg::load_config_file(config_path);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s", r.error_text().c_str());
+      std::fprintf(stderr, "mkerneld: %s has %zu error(s); not starting\n", config_path.c_str(), r.errors.size());
+      return 1;
+    }
+    opts.config = *r.config;
+    opts.config_source = config_path;
+  } else {
+    opts.config = cfg::default_config();
+  }
+  if (!runtime_dir.empty()) {
+    if (runtime_dir[0] != '/') {
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) != nullptr) runtime_dir = std::string(cwd) + "/" + runtime_dir;
+    }
+    opts.config.node.runtime_dir = runtime_dir;
+  }
+  if (!log_level.empty()) {
+    const char* names[] = {"trace", "debug", "info", "warn", "error"};
+    for (int i = 0; i < 5; ++i)
+      if (log_level == names[i]) opts.config.logging.level = static_cast<cfg::LogLevel>(i);
+  }
+  opts.test_hooks = test_hooks;
+  if (!foreground && !daemonize()) {
+    std::perror("mkerneld: cannot daemonize");
+    return 1;
+  }
+  setup_logging(opts.config.logging, !foreground);
+
+  // Signals go to this thread only: every thread started below inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGHUP);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  mkernel::daemon::Daemon daemon(opts);
+  if (const mkernel::Status s = daemon.start(); !s.ok()) {
+    spdlog::error("mkerneld: cannot start: {}", s.to_string());
+    return 1;
+  }
+  auto ops = mkernel::daemon::start_ops(daemon, opts.config);
+  if (!ops.ok()) {
+    spdlog::error("mkerneld: cannot start the operations services: {}", ops.status().to_string());
+    daemon.stop();
+    return 1;
+  }
+  ops.value()->notify_ready();
+
+  for (;;) {
+    timespec wait{1, 0};
+    const int sig = ::sigtimedwait(&sigs, nullptr, &wait);
+    if (sig == SIGHUP) {
+      ops.value()->notify_reloading();
+      const mkernel::daemon::ReloadResult r = daemon.reload("");
+      if (!r.status.ok()) spdlog::warn("SIGHUP: {}", r.status.to_string());
+      ops.value()->notify_ready();
+    } else if (sig == SIGTERM || sig == SIGINT) {
+      spdlog::info("mkerneld: {} received, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      break;
+    }
+  }
+  ops.value()->notify_stopping();
+  ops.value()->stop();
+  daemon.stop();
+  spdlog::info("mkerneld: stopped");
+  return 0;
+}

@@ -1,0 +1,144 @@
+// session.h: one client process's session with mkerneld and the memory the daemon made for it.
+//
+// Design notes
+//  1. Ownership: the daemon's event loop creates a Session and shares it with the proxy of the
+//     session's GPU and with the communicator table; the last holder to let go unmaps and closes
+//     everything (RAII members, declared in creation order).
+//  2. Rings, regions and flags are created by the event loop while the proxy reads them. Each
+//     table has a fixed capacity set at hello (the client's quota) and a published count
+//     (release on append, acquire on read); entries are never removed while the session lives.
+//     No lock is taken on the command path.
+//  3. A session ends once (first reason wins): the client closed or died, it sent something
+//     malformed, a command of it was rejected or failed, or the daemon is stopping.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mkernel/common/status.h"
+#include "mkernel/protocol/ring_host.h"
+#include "mkernel/protocol/session_wire.h"
+#include "mkernel/protocol/shm.h"
+
+namespace mkernel::daemon {
+
+struct Region {
+  protocol::SharedMapping mapping;
+  uint64_t bytes = 0;
+  bool remote_writable = false;
+  uint8_t* data() const { return static_cast<uint8_t*>(mapping.data()); }
+};
+
+struct SessionRing {
+  uint32_t id = 0;
+  protocol::SharedMapping mapping;
+  protocol::RingView view;
+};
+
+struct SessionQuota {
+  uint32_t max_rings = 0;
+  uint32_t max_regions = 0;
+  uint64_t max_registered_bytes = 0;
+  uint32_t max_inflight = 0;
+  uint32_t max_ring_capacity_log2 = 0;
+  uint32_t max_flags = 0;
+};
+
+class Session {
+ public:
+  Session(uint64_t id, protocol::UniqueFd sock, const ucred& creds, const SessionQuota& quota);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  uint64_t id() const { return id_; }
+  int socket_fd() const { return sock_.get(); }
+  const ucred& creds() const { return creds_; }
+  const SessionQuota& quota() const { return quota_; }
+
+  // Set once by the event loop when the hello arrives, before the proxy sees the session.
+  struct Identity {
+    std::string name;
+    std::string communicator;
+    uint32_t rank = 0;
+    uint32_t world_size = 1;
+    uint32_t gpu = 0;
+  };
+  void set_identity(Identity id) { identity_ = std::move(id); }
+  const Identity& identity() const { return identity_; }
+  bool has_hello() const { return hello_done_; }
+  void mark_hello() { hello_done_ = true; }
+
+  // ---- tables (event loop appends; proxy reads) ----
+  StatusOr<const SessionRing*> add_ring(uint32_t capacity_log2, uint64_t epoch);
+  StatusOr<const Region*> add_region(uint64_t bytes, bool remote_writable);
+  Status add_flags(uint32_t count);
+
+  uint32_t num_rings() const { return num_rings_.load(std::memory_order_acquire); }
+  const SessionRing* ring(uint32_t i) const { return rings_[i].get(); }
+  // nullptr when `id` does not name a region of this session.
+  const Region* region(uint32_t id) const {
+    return id < num_regions_.load(std::memory_order_acquire) ? regions_[id].get() : nullptr;
+  }
+  uint32_t num_regions() const { return num_regions_.load(std::memory_order_acquire); }
+  // The flag array (nullptr before create_flags) and its length.
+  uint64_t* flags() const { return flags_ptr_.load(std::memory_order_acquire); }
+  uint32_t num_flags() const { return num_flags_.load(std::memory_order_acquire); }
+  int flags_fd() const { return flags_mapping_.fd(); }
+  uint64_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
+
+  // ---- ending ----
+  // Returns true for the call that ended it. Stores the reason and, when `ring_code` is not 0,
+  // writes it into every ring's error word so producers stop waiting.
+  bool end(Status reason, uint32_t ring_code, uint32_t ring_detail, uint64_t ring_pos);
+  bool ended() const { return ended_.load(std::memory_order_acquire); }
+  Status end_reason() const;
+  // The daemon told the client and closed (event loop only).
+  bool farewell_sent = false;
+  // Set at accept when the client may not have a session (credentials, drain); its hello is
+  // answered with this error (event loop only).
+  Status refusal;
+
+  // ---- counters (proxy writes, anyone reads) ----
+  std::atomic<uint64_t> commands{0};
+  const std::chrono::steady_clock::time_point connected_at = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point hello_deadline;
+
+ private:
+  const uint64_t id_;
+  protocol::UniqueFd sock_;
+  const ucred creds_;
+  const SessionQuota quota_;
+  Identity identity_;
+  bool hello_done_ = false;
+
+  std::vector<std::unique_ptr<SessionRing>> rings_;   // sized to quota at construction
+  std::vector<std::unique_ptr<Region>> regions_;      // sized to quota at construction
+  std::atomic<uint32_t> num_rings_{0};
+  std::atomic<uint32_t> num_regions_{0};
+  protocol::SharedMapping flags_mapping_;
+  std::atomic<uint64_t*> flags_ptr_{nullptr};
+  std::atomic<uint32_t> num_flags_{0};
+  std::atomic<uint64_t> registered_bytes_{0};
+
+  std::atomic<bool> ended_{false};
+  mutable std::mutex end_mu_;
+  Status end_reason_;
+};
+
+// Ring error codes the daemon writes into a ring's error word (detail and position say more).
+enum RingErrorCode : uint32_t {
+  kRingErrRejected = 1,       // detail = protocol::RejectReason of the command at error_pos
+  kRingErrTransport = 2,      // detail = StatusCode of the failed command at error_pos
+  kRingErrSessionEnded = 3,   // detail = StatusCode of the reason the session ended
+  kRingErrDaemonStopping = 4,
+};
+
+}  // namespace mkernel::daemon

@@ -1,0 +1,300 @@
+// sm90_bf16_gemm.cu: argument checks, configuration choice, tensor maps and dispatch for the
+// persistent bf16 GEMM. No device code here; the kernels are instantiated per BLOCK_N in
+// sm90_bf16_gemm_n128.cu and sm90_bf16_gemm_n256.cu.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "gemm/sm90_bf16_gemm.h"
+#include "gemm/sm90_bf16_gemm_dispatch.h"
+
+namespace mkernel::kernels {
+
+namespace {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 64;
+constexpr int kMaxDevices = 64;
+
+GemmResult fail(GemmError code, std::string message) { return GemmResult{code, std::move(message)}; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct DeviceInfo {
+  int num_sms = 0;
+  int major = 0, minor = 0;
+};
+
+GemmResult device_info(DeviceInfo* info) {
+  static std::mutex mu;
+  static DeviceInfo cache[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return fail(GemmError::kCudaError, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+  std::lock_guard<std::mutex> lock(mu);
+  if (dev < kMaxDevices && cache[dev].num_sms > 0) {
+    *info = cache[dev];
+    return {};
+  }
+  DeviceInfo d;
+  if ((e = cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess) {
+    return fail(GemmError::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+  }
+  if (dev < kMaxDevices) cache[dev] = d;
+  *info = d;
+  return {};
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// 2-D bf16 tensor [rows, k] with row pitch `ld`, moved in boxes of box_rows x box_cols with
+// 128-byte swizzle (box_cols = 64: one swizzle row; matches make_desc_k_major_sw128). Out-of-bounds elements read as zero,
+// which is what makes partial tiles in m, n and k correct without padding.
+GemmResult make_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
+                           uint32_t box_rows, uint32_t box_cols, const char* name) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    return fail(GemmError::kCudaError, "cuTensorMapEncodeTiled is not available from the driver");
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
+                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return fail(GemmError::kCudaError,
+                std::string("cuTensorMapEncodeTiled(") + name + ") failed with CUresult " + std::to_string(r));
+  }
+  return {};
+}
+
+GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError code, const char* why) {
+  if (v < multiple || v % multiple != 0) {
+    return fail(code, std::string(name) + " = " + std::to_string(v) + " is not supported: it must be a positive multiple of " +
+                          std::to_string(multiple) + " (" + why + ")");
+  }
+  if (v > (int64_t{1} << 31) - 1) {
+    return fail(code, std::string(name) + " = " + std::to_string(v) + " is too large (at most 2^31 - 1)");
+  }
+  return {};
+}
+
+// Chooses what the caller left open, from the measurements in docs/kernels.md:
+//  - m > 256: 128 x 256 tiles, clusters of 2 sharing the weight tile, raster along n in bands of
+//    8 m groups (within noise of the best swept setting on every large shape);
+//  - m <= 64 (decode): the weight stream is all that matters, so 256-wide tiles (more bytes in
+//    flight per stage) and k split until every SM streams its share;
+//  - 64 < m <= 256: 128-wide tiles, k split likewise.
+void choose_config(const GemmArgs& a, int num_sms, GemmConfig* c) {
+  const int64_t m_blocks = ceil_div(a.m, kBlockM);
+  if (c->block_n == 0) c->block_n = (a.m <= 64 || m_blocks > 2) ? 256 : 128;
+  if (c->cluster_m == 0) c->cluster_m = (m_blocks >= 4) ? 2 : 1;
+  if (c->raster < 0) c->raster = kRasterAlongN;
+  if (c->group == 0) c->group = 8;
+  if (c->num_splits == 0) {
+    const int64_t groups = ceil_div(m_blocks, c->cluster_m);
+    const int64_t tiles = groups * ceil_div(a.n, c->block_n) * c->cluster_m;
+    const int64_t k_blocks = ceil_div(a.k, kBlockK);
+    int64_t splits = 1;
+    if (tiles * 2 <= num_sms) {
+      splits = std::min<int64_t>(num_sms / tiles, std::max<int64_t>(1, k_blocks / 8));
+      splits = std::min<int64_t>(splits, 16);
+    }
+    c->num_splits = static_cast<int>(std::max<int64_t>(1, splits));
+  }
+}
+
+}  // namespace
+
+GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
+  // ---- arguments --------------------------------------------------------------------------------
+  if (args.m < 1) return fail(GemmError::kInvalidM, "m = " + std::to_string(args.m) + " is not supported: it must be at least 1");
+  if (args.m > (int64_t{1} << 31) - 1) return fail(GemmError::kInvalidM, "m = " + std::to_string(args.m) + " is too large (at most 2^31 - 1)");
+  GemmResult r = check_dim("n", args.n, 8, GemmError::kInvalidN,
+                           "rows of the weight and of the output must start on 16-byte boundaries for TMA");
+  if (!r.ok()) return r;
+  r = check_dim("k", args.k, 8, GemmError::kInvalidK, "rows of A and of the weight must be 16-byte aligned for TMA");
+  if (!r.ok()) return r;
+  const int64_t lda = args.lda ? args.lda : args.k;
+  const int64_t ldw = args.ldw ? args.ldw : args.k;
+  const int64_t ldd = args.ldd ? args.ldd : args.n;
+  struct {
+    const char* name;
+    int64_t v, min;
+  } lds[] = {{"lda", lda, args.k}, {"ldw", ldw, args.k}, {"ldd", ldd, args.n}};
+  for (const auto& ld : lds) {
+    if (ld.v < ld.min || ld.v % 8 != 0) {
+      return fail(GemmError::kInvalidLeadingDim,
+                  std::string(ld.name) + " = " + std::to_string(ld.v) + " is not supported: it must be a multiple of 8 and at least " +
+                      std::to_string(ld.min));
+    }
+  }
+  struct {
+    const char* name;
+    const void* p;
+  } ptrs[] = {{"a", args.a}, {"w", args.w}, {"d", args.d}};
+  for (const auto& p : ptrs) {
+    if (p.p == nullptr || reinterpret_cast<uintptr_t>(p.p) % 16 != 0) {
+      return fail(GemmError::kInvalidPointer, std::string("pointer ") + p.name + " is null or not 16-byte aligned");
+    }
+  }
+  if (args.epilogue != kEpilogueStore && args.epilogue != kEpilogueAtomicAdd) {
+    return fail(GemmError::kInvalidConfig, "unknown epilogue " + std::to_string(args.epilogue));
+  }
+  if (args.hooks.ready_flags != nullptr &&
+      (args.hooks.ready_rows_per_flag == 0 || args.hooks.ready_rows_per_flag % kBlockM != 0)) {
+    return fail(GemmError::kInvalidConfig, "ready_rows_per_flag = " + std::to_string(args.hooks.ready_rows_per_flag) +
+                                               " must be a positive multiple of 128 (the tile height)");
+  }
+
+  DeviceInfo dev;
+  r = device_info(&dev);
+  if (!r.ok()) return r;
+  if (dev.major != 9 || dev.minor != 0) {
+    return fail(GemmError::kUnsupportedDevice, "the GEMM needs compute capability 9.0 (Hopper, sm_90a); this device is " +
+                                                   std::to_string(dev.major) + "." + std::to_string(dev.minor));
+  }
+
+  // ---- configuration ------------------------------------------------------------------------------
+  GemmConfig c = args.config;
+  choose_config(args, dev.num_sms, &c);
+  if (c.block_n != 128 && c.block_n != 256) return fail(GemmError::kInvalidConfig, "block_n must be 128 or 256");
+  if (c.cluster_m != 1 && c.cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
+  if (c.raster != kRasterAlongN && c.raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
+  if (c.group < 1) return fail(GemmError::kInvalidConfig, "group must be at least 1");
+  if (c.num_splits < 1) return fail(GemmError::kInvalidConfig, "num_splits must be at least 1");
+  if (c.num_role_blocks < 0 || c.num_gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "block counts must not be negative");
+
+  const int64_t m_blocks = ceil_div(args.m, kBlockM);
+  const int64_t n_blocks = ceil_div(args.n, c.block_n);
+  const int64_t k_blocks = ceil_div(args.k, kBlockK);
+  const int64_t k_per_split = ceil_div(k_blocks, c.num_splits);
+  c.num_splits = static_cast<int>(ceil_div(k_blocks, k_per_split));  // no empty splits
+
+  const int64_t m_groups = ceil_div(m_blocks, c.cluster_m);
+  const int64_t units = m_groups * n_blocks * c.num_splits;
+
+  c.num_role_blocks = static_cast<int>(ceil_div(c.num_role_blocks, c.cluster_m) * c.cluster_m);
+  // A persistent grid larger than what fits at once would run its last blocks after the others.
+  const int resident = c.block_n == 256 ? detail::max_resident_block_n<256>(c.cluster_m, dev.num_sms)
+                                        : detail::max_resident_block_n<128>(c.cluster_m, dev.num_sms);
+  if (c.num_gemm_blocks == 0 || c.num_gemm_blocks > resident - c.num_role_blocks) {
+    c.num_gemm_blocks = std::max(c.cluster_m, resident - c.num_role_blocks);
+  }
+  c.num_gemm_blocks -= c.num_gemm_blocks % c.cluster_m;
+  if (c.num_gemm_blocks < c.cluster_m) return fail(GemmError::kInvalidConfig, "num_gemm_blocks must be at least the cluster size");
+  c.num_gemm_blocks = static_cast<int>(std::min<int64_t>(c.num_gemm_blocks, units * c.cluster_m));
+
+  // ---- parameters -----------------------------------------------------------------------------------
+  GemmParams& p = plan->params;
+  p = GemmParams{};
+  p.m = static_cast<uint32_t>(args.m);
+  p.n = static_cast<uint32_t>(args.n);
+  p.k = static_cast<uint32_t>(args.k);
+  p.ldd = static_cast<uint32_t>(ldd);
+  p.d = args.d;
+  p.num_m_blocks = static_cast<uint32_t>(m_blocks);
+  p.num_n_blocks = static_cast<uint32_t>(n_blocks);
+  p.num_k_blocks = static_cast<uint32_t>(k_blocks);
+  p.num_splits = static_cast<uint32_t>(c.num_splits);
+  p.k_blocks_per_split = static_cast<uint32_t>(k_per_split);
+  p.raster = static_cast<uint32_t>(c.raster);
+  p.group = static_cast<uint32_t>(c.group);
+  p.m_group_offset = static_cast<uint32_t>((args.hooks.first_m_block / c.cluster_m) % m_groups);
+  p.num_gemm_blocks = static_cast<uint32_t>(c.num_gemm_blocks);
+  p.ready_flags = args.hooks.ready_flags;
+  p.ready_value = args.hooks.ready_value;
+  p.ready_rows_per_flag = args.hooks.ready_rows_per_flag;
+  p.tile_flags = args.hooks.tile_flags;
+  p.tile_flag_value = args.hooks.tile_flag_value;
+  p.status = args.status;
+  p.timeout_ns = args.timeout_ns;
+  p.role_args = args.hooks.role_args;
+
+  if (c.num_splits > 1) {
+    const size_t need = gemm_workspace_bytes(args);
+    if (args.workspace == nullptr || args.workspace_bytes < need) {
+      return fail(GemmError::kWorkspaceTooSmall, "split-K over " + std::to_string(c.num_splits) + " splits needs a workspace of " +
+                                                     std::to_string(need) + " bytes, zeroed once; got " +
+                                                     std::to_string(args.workspace_bytes));
+    }
+    const size_t counter_bytes = static_cast<size_t>(ceil_div(m_blocks * n_blocks * 4, 256) * 256);
+    p.split_counters = static_cast<uint32_t*>(args.workspace);
+    p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + counter_bytes);
+  }
+
+  plan->config = c;
+  plan->num_stages = detail::gemm_stages_for_block_n(c.block_n);
+  plan->epilogue = args.epilogue;
+  r = make_tensor_map(&plan->tma_a, args.a, args.m, args.k, lda, kBlockM, kBlockK, "a");
+  if (!r.ok()) return r;
+  r = make_tensor_map(&plan->tma_b, args.w, args.n, args.k, ldw, static_cast<uint32_t>(c.block_n / c.cluster_m),
+                      kBlockK, "w");
+  if (!r.ok()) return r;
+  // The output as a [m, n] tensor stored in 64 x 64 chunks (see store_tile_tma).
+  return make_tensor_map(&plan->tma_d, args.d, args.m, args.n, ldd, 64, 64, "d");
+}
+
+size_t gemm_workspace_bytes(const GemmArgs& args) {
+  if (args.m < 1 || args.n < 1 || args.k < 1) return 0;
+  DeviceInfo dev;
+  if (!device_info(&dev).ok()) return 0;
+  GemmConfig c = args.config;
+  choose_config(args, dev.num_sms, &c);
+  const int64_t k_blocks = ceil_div(args.k, kBlockK);
+  const int64_t splits = ceil_div(k_blocks, ceil_div(k_blocks, std::max(1, c.num_splits)));
+  if (splits <= 1) return 0;
+  const int64_t tiles = ceil_div(args.m, kBlockM) * ceil_div(args.n, c.block_n);
+  const int64_t counter_bytes = ceil_div(tiles * 4, 256) * 256;
+  return static_cast<size_t>(counter_bytes + tiles * splits * kBlockM * c.block_n * 4);
+}
+
+uint32_t gemm_num_tiles(const GemmArgs& args) {
+  DeviceInfo dev;
+  if (args.m < 1 || args.n < 1 || !device_info(&dev).ok()) return 0;
+  GemmConfig c = args.config;
+  choose_config(args, dev.num_sms, &c);
+  return static_cast<uint32_t>(ceil_div(args.m, kBlockM) * ceil_div(args.n, c.block_n));
+}
+
+GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.config.block_n == 256 ? detail::launch_block_n<256>(plan, stream)
+                                    : detail::launch_block_n<128>(plan, stream);
+}
+
+GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
+  GemmPlan plan;
+  GemmResult r = gemm_plan(args, &plan);
+  if (!r.ok()) return r;
+  return gemm_launch(plan, stream);
+}
+
+std::string gemm_config_string(const GemmPlan& plan) {
+  const GemmConfig& c = plan.config;
+  return "n" + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
+         (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
+         std::to_string(c.num_gemm_blocks);
+}
+
+}  // namespace mkernel::kernels

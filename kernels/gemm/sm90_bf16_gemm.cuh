@@ -1,0 +1,384 @@
+// sm90_bf16_gemm.cuh: persistent, warp-specialised bf16 GEMM for Hopper (sm_90a).
+//
+//   D[m, n] = A[m, k] * W[n, k]^T      A row-major, W row-major [n, k] (nn.Linear's weight),
+//                                      fp32 accumulation, D bf16 row-major.
+//
+// Block = 3 warpgroups (384 threads), one block per SM, grid = persistent.
+//   warpgroup 0   producer: one thread issues TMA loads of A (128 x 64) and W (BLOCK_N x 64)
+//                 tiles into a kStages-deep ring of shared-memory stages; each stage completes
+//                 on a "full" mbarrier and is handed back on an "empty" mbarrier.
+//   warpgroups 1,2 consumers: each owns 64 rows of the 128-row tile and issues m64nBLOCK_Nk16
+//                 wgmma from shared memory, keeping one k-block of wgmma in flight; then the
+//                 epilogue stages its 64 x BLOCK_N slice in shared memory and stores it with
+//                 TMA, overlapped with the next tile (or adds it from registers with atomics).
+// With kClusterM == 2 the two CTAs of a cluster work on vertically adjacent tiles with the same
+// weight tile: each loads half of it and multicasts it to both, halving weight traffic into
+// shared memory; a stage is free again only when the consumers of both CTAs released it.
+//
+// Hooks for fused kernels (all off by default, see GemmParams): a bounded wait on an input
+// readiness flag before a tile's loads, a role split (blocks past num_gemm_blocks run
+// Role::run), the atomic-add epilogue and a per-tile flag raised after the stores are visible.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "common/status.h"
+#include "common/tile_scheduler.cuh"
+#include "common/wait.cuh"
+#include "common/wgmma.cuh"
+#include "gemm/sm90_bf16_gemm_params.h"
+
+namespace mkernel::kernels {
+
+// The role of blocks that run no GEMM tiles: nothing.
+struct NoRole {
+  __device__ static void run(const GemmParams&, uint32_t /*role_block*/, uint32_t /*num_role_blocks*/) {}
+};
+
+template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_>
+struct Sm90GemmTraits {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kBlockK = 64;  // 64 bf16 = 128 bytes: one 128-byte swizzle row
+  static constexpr int kStages = kStages_;
+  static constexpr int kClusterM = kClusterM_;
+  static constexpr uint32_t kEpilogue = kEpilogue_;
+  static constexpr int kNumConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kNumConsumers);
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
+  static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  // Epilogue staging: per consumer, two 64 x 64 bf16 buffers (128-byte swizzled rows) that
+  // alternate as TMA stores drain them.
+  static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
+  static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
+  static constexpr uint32_t kBarrierBytes = 2 * kStages * 8 + 16;
+  static constexpr uint32_t kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + kBarrierBytes;
+  static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kNumConsumers <= 65536,
+                "register budget over the 64K registers of an SM");
+};
+
+namespace detail {
+
+template <class T>
+__device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
+  if constexpr (T::kClusterM == 1) {
+    ptx::mbar_arrive(empty_bar);
+  } else {
+#pragma unroll
+    for (uint32_t r = 0; r < T::kClusterM; ++r) ptx::mbar_arrive_cluster(empty_bar, r);
+  }
+}
+
+// Stores one consumer's 64 x BLOCK_N accumulator slice through shared memory and TMA, in 64 x 64
+// chunks alternating between two buffers. The stores drain asynchronously while the consumer
+// starts its next tile; TMA clips rows past m and columns past n. Conflict-free staging: the
+// 16-byte column group j of row r sits at group j ^ (r % 8) (TMA's 128-byte swizzle).
+template <class T>
+__device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const float (&acc)[T::kBlockN / 2],
+                                               uint8_t* bufs, int32_t row0, int32_t col0, uint32_t warp_in_wg,
+                                               uint32_t lane, bool leader, uint32_t bar_id) {
+  const uint32_t base = ptx::smem_addr(bufs);
+  const uint32_t row = warp_in_wg * 16 + lane / 4;  // + 8h; row % 8 == lane / 4 for both
+  const uint32_t swz = lane / 4;
+#pragma unroll
+  for (int c = 0; c < T::kBlockN / 64; ++c) {
+    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
+    if (leader) ptx::bulk_wait_group_read<1>();  // the store that last used this buffer is done
+    ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int j = c * 8 + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t addr = buf + (row + 8 * h) * 128 + ((jj ^ swz) * 16) + 4 * (lane % 4);
+        ptx::st_shared_b32(addr, ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+      }
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(bar_id, 128);
+    if (leader) {
+      ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes, col0 + c * 64, row0);
+      ptx::bulk_commit_group();
+    }
+  }
+}
+
+// Adds (atomic-add epilogue) one consumer's 64 x BLOCK_N accumulator slice straight from
+// registers. Rows past m and columns past n are skipped; n is a multiple of 8, so a column pair
+// is in or out as a whole.
+template <class T>
+__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+                                           uint32_t row0, uint32_t col0) {
+  auto* d = static_cast<uint16_t*>(p.d);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t row = row0 + 8 * h;
+    if (row >= p.m) continue;
+    uint16_t* d_row = d + static_cast<uint64_t>(row) * p.ldd;
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 8; ++j) {
+      const uint32_t col = col0 + 8 * j;
+      if (col < p.n) {
+        const uint32_t v = ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
+          ptx::red_add_bf16x2(d_row + col, v);
+        } else {
+          ptx::st_global_b32(d_row + col, v);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+template <class T, class Role>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    sm90_bf16_gemm_kernel(const __grid_constant__ CUtensorMap tma_a,
+                          const __grid_constant__ CUtensorMap tma_b,
+                          const __grid_constant__ CUtensorMap tma_d,
+                          const __grid_constant__ GemmParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // ---- role split ----------------------------------------------------------------------------
+  if (blockIdx.x >= p.num_gemm_blocks) {
+    Role::run(p, blockIdx.x - p.num_gemm_blocks, gridDim.x - p.num_gemm_blocks);
+    return;
+  }
+
+  // ---- shared memory: [A stages][B stages][epilogue buffers][full bars][empty bars][abort]
+  //      [split-last] ---------------------------------------------------------------------------
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* smem_a = smem;
+  uint8_t* smem_b = smem + T::kStages * T::kABytes;
+  uint8_t* smem_epi = smem_b + T::kStages * T::kBBytes;
+  auto* full_bar = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes);
+  uint64_t* empty_bar = full_bar + T::kStages;
+  auto* abort_flag = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
+  auto* split_last = abort_flag + 1;
+
+  const uint32_t warpgroup = threadIdx.x / 128;
+  const uint32_t cta_rank = T::kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
+  const uint32_t cluster_idx = blockIdx.x / T::kClusterM;
+  const uint32_t num_clusters = p.num_gemm_blocks / T::kClusterM;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbar_init(&full_bar[s], 1);
+      ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kClusterM);
+    }
+    *abort_flag = 0;
+    ptx::fence_mbar_init();
+  }
+  if constexpr (T::kClusterM > 1) {
+    ptx::cluster_sync();
+  } else {
+    __syncthreads();
+  }
+
+  const TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
+                                          p.raster,       p.group,        p.m_group_offset};
+  const uint32_t num_units = sched.num_units();
+
+  if (warpgroup == 0) {
+    // ---- producer ------------------------------------------------------------------------------
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x == 0) {
+      ptx::prefetch_tensor_map(&tma_a);
+      ptx::prefetch_tensor_map(&tma_b);
+      uint32_t stage = 0, phase = 0;
+      bool aborted = false;
+      for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
+        const TileCoord tc = sched.get(unit, cta_rank);
+        if (p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
+          const uint64_t* flag = p.ready_flags + (tc.m_block * T::kBlockM) / p.ready_rows_per_flag;
+          if (!wait_flag_geq(flag, p.ready_value, p.timeout_ns)) {
+            report_status(p.status, kKernelReadyFlagTimeout);
+            aborted = true;
+          }
+        }
+        const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
+        const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
+        for (uint32_t kb = kb_begin; kb < kb_end || aborted; ++kb) {
+          if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.timeout_ns)) {
+            report_status(p.status, kKernelPipelineTimeout);
+            aborted = true;
+          }
+          if (aborted) {
+            // Wake the consumers on the next stage with no data; they see the flag and stop.
+            *abort_flag = 1;
+            ptx::mbar_arrive(&full_bar[stage]);
+            break;
+          }
+          uint8_t* a_dst = smem_a + stage * T::kABytes;
+          uint8_t* b_dst = smem_b + stage * T::kBBytes;
+          const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
+          ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
+          ptx::tma_load_2d(a_dst, &tma_a, &full_bar[stage], k0,
+                           static_cast<int32_t>(tc.m_block * T::kBlockM));
+          if constexpr (T::kClusterM == 1) {
+            ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0,
+                             static_cast<int32_t>(tc.n_block * T::kBlockN));
+          } else {
+            constexpr int kHalfN = T::kBlockN / 2;
+            ptx::tma_load_2d_multicast(b_dst + cta_rank * (T::kBBytes / 2), &tma_b,
+                                       &full_bar[stage], k0,
+                                       static_cast<int32_t>(tc.n_block * T::kBlockN +
+                                                            cta_rank * kHalfN),
+                                       static_cast<uint16_t>((1u << T::kClusterM) - 1));
+          }
+          if (++stage == T::kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---- consumers -------------------------------------------------------------------------------
+    ptx::setmaxnreg_inc<T::kConsumerRegs>();
+    const uint32_t cw = warpgroup - 1;            // which 64-row half of the tile
+    const uint32_t ctid = threadIdx.x - 128;      // 0..255 over both consumers
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t warp_in_wg = (threadIdx.x / 32) % 4;
+    const bool signals = (threadIdx.x % 128) == 0;
+    float acc[T::kBlockN / 2];
+    uint32_t stage = 0, phase = 0;
+    bool aborted = false;
+
+    for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
+      const TileCoord tc = sched.get(unit, cta_rank);
+      const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
+      const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
+
+      // -- main loop: one k-block of wgmma in flight, the stage before it released --
+      uint32_t prev_stage = 0;
+      for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
+        if (!mbar_wait_bounded(&full_bar[stage], phase, p.timeout_ns)) {
+          report_status(p.status, kKernelPipelineTimeout);
+          aborted = true;
+          break;
+        }
+        if (ptx::ld_shared_volatile_u32(const_cast<uint32_t*>(abort_flag)) != 0) {
+          aborted = true;
+          break;
+        }
+        const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
+                                                             cw * (T::kABytes / 2));
+        const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+          ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
+                                        ptx::advance_desc(desc_b, kk * 32),
+                                        (kb > kb_begin || kk > 0) ? 1u : 0u);
+        }
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();
+        if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+        prev_stage = stage;
+        if (++stage == T::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      ptx::wgmma_wait<0>();
+      if (aborted) break;
+      if (kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+#pragma unroll
+      for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[i]);
+      if (kb_end <= kb_begin) {
+#pragma unroll
+        for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
+      }
+
+      // -- split-K: publish partials; the tile's last split sums them and runs the epilogue --
+      const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
+      if (p.num_splits > 1) {
+        if (tc.m_block >= p.num_m_blocks) continue;  // padding tile of a cluster: nothing to do
+        constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
+        float* ws_tile = p.split_workspace + static_cast<uint64_t>(tile_idx) * p.num_splits * kTileFloats;
+        float* mine = ws_tile + tc.split * kTileFloats;
+        // Fragment order (each thread's float4s contiguous across the 256 threads); a thread
+        // whose rows are all past m (small-m decode shapes) moves nothing.
+        const bool live = tc.m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
+        if (live) {
+#pragma unroll
+          for (int i = 0; i < T::kBlockN / 8; ++i) {
+            ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1],
+                                  acc[4 * i + 2], acc[4 * i + 3]);
+          }
+        }
+        __threadfence();
+        ptx::named_barrier_sync(1, 256);
+        if (ctid == 0) {
+          const uint32_t arrived = atomicAdd(&p.split_counters[tile_idx], 1u);
+          const bool last = arrived == p.num_splits - 1;
+          if (last) atomicExch(&p.split_counters[tile_idx], 0u);
+          *split_last = last ? 1u : 0u;
+        }
+        ptx::named_barrier_sync(1, 256);
+        if (*split_last == 0) continue;
+        __threadfence();
+        for (uint32_t s = 0; s < p.num_splits && live; ++s) {
+          if (s == tc.split) continue;
+          const float* other = ws_tile + s * kTileFloats;
+#pragma unroll
+          for (int i = 0; i < T::kBlockN / 8; ++i) {
+            const float4 v = ptx::ld_global_cg_v4_f32(other + (i * 256 + ctid) * 4);
+            acc[4 * i] += v.x;
+            acc[4 * i + 1] += v.y;
+            acc[4 * i + 2] += v.z;
+            acc[4 * i + 3] += v.w;
+          }
+        }
+      }
+
+      // -- epilogue --
+      if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
+        const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64 + warp_in_wg * 16 + lane / 4;
+        const uint32_t col0 = tc.n_block * T::kBlockN + 2 * (lane % 4);
+        detail::store_tile<T>(p, acc, row0, col0);
+      } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
+        detail::store_tile_tma<T>(&tma_d, acc, smem_epi + cw * 2 * T::kEpiChunkBytes,
+                                  static_cast<int32_t>(tc.m_block * T::kBlockM + cw * 64),
+                                  static_cast<int32_t>(tc.n_block * T::kBlockN), warp_in_wg, lane, signals,
+                                  3 + cw);
+      }
+
+      if (p.tile_flags != nullptr && tc.m_block < p.num_m_blocks) {
+        // Every consumer thread's stores (and each leader's TMA stores, once complete) happen
+        // before the barrier; the system-scope fence by the signalling thread makes them visible
+        // (cumulatively) before the flag.
+        if (T::kEpilogue != kEpilogueAtomicAdd && signals) ptx::bulk_wait_group_all();
+        ptx::named_barrier_sync(2, 256);
+        if (ctid == 0) {
+          ptx::fence_acq_rel_sys();
+          ptx::st_release_sys(p.tile_flags + tile_idx, p.tile_flag_value);
+        }
+      }
+    }
+    // Outstanding TMA stores must finish reading shared memory before the block exits.
+    if (signals) ptx::bulk_wait_group_all();
+  }
+
+  // A CTA must not exit while its cluster peer may still multicast into its shared memory or
+  // arrive on its barriers.
+  if constexpr (T::kClusterM > 1) {
+    __syncwarp();
+    ptx::cluster_sync();
+  }
+#endif
+}
+
+}  // namespace mkernel::kernels

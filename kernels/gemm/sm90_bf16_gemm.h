@@ -1,0 +1,124 @@
+// sm90_bf16_gemm.h: host API of the persistent bf16 GEMM (device code: sm90_bf16_gemm.cuh).
+//
+//   D[m, n] = A[m, k] * W[n, k]^T   (or D += ... with the atomic-add epilogue)
+//
+// Layouts ("TN" in BLAS terms): A row-major [m, k] (activations, token-major); W row-major
+// [n, k], which is how nn.Linear stores its weight; D row-major [m, n]. All bf16; fp32
+// accumulation. Leading dimensions are in elements and default to the packed values.
+//
+// Limits: any m >= 1 (partial tiles are handled in the kernel, not padded by the caller); n and
+// k multiples of 8 and every leading dimension a multiple of 8, because TMA needs 16-byte
+// aligned rows; pointers 16-byte aligned. Violations return a GemmError with a message naming
+// the dimension and the required multiple; nothing is launched.
+//
+// Errors inside the kernel (a readiness flag or pipeline wait that expired) are recorded in the
+// caller's status word (KernelStatus, common/status.h); the kernel then returns early.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "common/tile_scheduler.cuh"
+#include "gemm/sm90_bf16_gemm_params.h"
+
+namespace mkernel::kernels {
+
+enum class GemmError : int {
+  kOk = 0,
+  kInvalidM,
+  kInvalidN,
+  kInvalidK,
+  kInvalidLeadingDim,
+  kInvalidPointer,
+  kInvalidConfig,
+  kWorkspaceTooSmall,
+  kUnsupportedDevice,
+  kCudaError,
+};
+
+struct GemmResult {
+  GemmError code = GemmError::kOk;
+  std::string message;
+  bool ok() const { return code == GemmError::kOk; }
+};
+
+// Tile configuration. Zero (or -1 for raster) means "choose for this shape".
+struct GemmConfig {
+  int block_n = 0;          // 128 or 256 (BLOCK_M is 128, BLOCK_K 64)
+  int cluster_m = 0;        // 1, or 2 to share (multicast) each weight tile between two CTAs
+  int num_splits = 0;       // k splits per output tile; 1 = none
+  int raster = -1;          // GemmRaster
+  int group = 0;            // band width of the swizzled raster, in m groups or n blocks
+  int num_gemm_blocks = 0;  // blocks that run tiles; 0 = one per SM (less the role blocks)
+  int num_role_blocks = 0;  // extra blocks that run the launch's role function
+};
+
+struct GemmHooks {
+  // Ordering by availability: wait for ready_flags[(m_block*128)/ready_rows_per_flag] >=
+  // ready_value before loading a tile's inputs. ready_rows_per_flag: a multiple of 128.
+  const uint64_t* ready_flags = nullptr;
+  uint64_t ready_value = 0;
+  uint32_t ready_rows_per_flag = 128;
+  // Rotate the m blocks so that tiles of these rows come first (e.g. the locally held rows).
+  uint32_t first_m_block = 0;
+  // Raise tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value after the tile's
+  // stores are visible at system scope. Array length: gemm_num_tiles().
+  uint64_t* tile_flags = nullptr;
+  uint64_t tile_flag_value = 0;
+  void* role_args = nullptr;
+};
+
+struct GemmArgs {
+  const void* a = nullptr;  // bf16 [m, lda]
+  const void* w = nullptr;  // bf16 [n, ldw]
+  void* d = nullptr;        // bf16 [m, ldd]
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldw = 0, ldd = 0;  // 0 = packed
+  GemmEpilogue epilogue = kEpilogueStore;
+  GemmConfig config;
+  GemmHooks hooks;
+  // Split-K scratch (gemm_workspace_bytes). Zero it once after allocation; the kernel leaves it
+  // zeroed again, except after a launch that reported an error status.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  uint32_t* status = nullptr;           // device word, KernelStatus; may be nullptr
+  uint64_t timeout_ns = 5'000'000'000;  // bound of every wait in the kernel
+};
+
+// Everything a launch needs, resolved: the configuration actually used, the kernel parameters
+// and the tensor maps. Fused kernels build one with gemm_plan and launch the kernel template
+// with their own role (sm90_bf16_gemm_launch.cuh).
+struct GemmPlan {
+  GemmConfig config;  // no zeros left
+  int num_stages = 0;
+  GemmEpilogue epilogue = kEpilogueStore;
+  GemmParams params{};
+  CUtensorMap tma_a{};
+  CUtensorMap tma_b{};
+  CUtensorMap tma_d{};  // output, 64 x 64 boxes (store epilogue; unused by atomic add)
+};
+
+// Validates `args` and resolves the configuration for the current device.
+[[nodiscard]] GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan);
+
+// Split-K scratch the plan for `args` needs (0 when it does not split).
+size_t gemm_workspace_bytes(const GemmArgs& args);
+
+// Number of output tiles (length of the tile flag array).
+uint32_t gemm_num_tiles(const GemmArgs& args);
+
+// Plans and launches on `stream`. Asynchronous: device-side errors appear in *args.status.
+[[nodiscard]] GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream);
+
+// Launches an existing plan (no re-validation); for repeated launches of one shape.
+[[nodiscard]] GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream);
+
+// Human-readable description of a resolved configuration, e.g. "n256 c2 s1 rasterN g8 b132".
+std::string gemm_config_string(const GemmPlan& plan);
+
+}  // namespace mkernel::kernels

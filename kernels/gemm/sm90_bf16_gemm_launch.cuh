@@ -1,0 +1,89 @@
+// sm90_bf16_gemm_launch.cuh: host-side launch of one instantiation of the GEMM kernel template.
+// The library instantiates it for NoRole (sm90_bf16_gemm_n*.cu); a fused kernel includes this
+// header and instantiates it with its own role.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "gemm/sm90_bf16_gemm.cuh"
+#include "gemm/sm90_bf16_gemm.h"
+
+namespace mkernel::kernels {
+
+namespace detail {
+
+inline GemmResult cuda_failure(const char* what, cudaError_t e) {
+  return GemmResult{GemmError::kCudaError,
+                    std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
+}
+
+}  // namespace detail
+
+template <class T, class Role>
+GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
+  auto* kernel = &sm90_bf16_gemm_kernel<T, Role>;
+  // The shared-memory opt-in is per function and per device; setting it again is cheap.
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(T::kSmemBytes));
+  if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(smem)", e);
+  if constexpr (T::kClusterM > 1) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
+    if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(cluster)", e);
+  }
+  const int num_blocks = plan.config.num_gemm_blocks + plan.config.num_role_blocks;
+  if (num_blocks % T::kClusterM != 0) {
+    return GemmResult{GemmError::kInvalidConfig,
+                      "block count " + std::to_string(num_blocks) +
+                          " is not a multiple of the cluster size " + std::to_string(T::kClusterM)};
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(num_blocks), 1, 1);
+  cfg.blockDim = dim3(T::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = T::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = T::kClusterM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = T::kClusterM > 1 ? 1 : 0;  // no cluster launch for single-CTA "clusters"
+  e = cudaLaunchKernelEx(&cfg, kernel, plan.tma_a, plan.tma_b, plan.tma_d, plan.params);
+  if (e != cudaSuccess) return detail::cuda_failure("cudaLaunchKernelEx(sm90_bf16_gemm)", e);
+  return GemmResult{};
+}
+
+// Largest number of GEMM blocks that can be resident at once for this instantiation (a multiple
+// of the cluster size; clusters must fit inside one GPC, which can leave SMs unused).
+template <class T, class Role>
+int max_resident_gemm_blocks(int num_sms) {
+  if constexpr (T::kClusterM == 1) {
+    return num_sms;
+  } else {
+    auto* kernel = &sm90_bf16_gemm_kernel<T, Role>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(T::kSmemBytes)) != cudaSuccess) {
+      return num_sms - num_sms % T::kClusterM;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(num_sms - num_sms % T::kClusterM), 1, 1);
+    cfg.blockDim = dim3(T::kThreads, 1, 1);
+    cfg.dynamicSmemBytes = T::kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = T::kClusterM;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters <= 0) {
+      return num_sms - num_sms % T::kClusterM;
+    }
+    return clusters * T::kClusterM;
+  }
+}
+
+}  // namespace mkernel::kernels

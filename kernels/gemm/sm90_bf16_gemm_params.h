@@ -1,0 +1,54 @@
+// sm90_bf16_gemm_params.h: the launch parameters of the persistent bf16 GEMM, shared by the
+// device code (sm90_bf16_gemm.cuh) and its host launcher (sm90_bf16_gemm.cu). Plain data only.
+#pragma once
+
+#include <cstdint>
+
+namespace mkernel::kernels {
+
+// What the epilogue does with a finished 128 x BLOCK_N tile. The output pointer may be local or
+// a peer GPU's buffer mapped into this process (IPC / VMM); the instructions are the same.
+enum GemmEpilogue : uint32_t {
+  kEpilogueStore = 0,      // D = A * W^T (bf16, round to nearest)
+  kEpilogueAtomicAdd = 1,  // D += A * W^T with packed bf16x2 atomic adds (reductions into a peer)
+};
+
+struct GemmParams {
+  // Problem: D[m, n] = A[m, k] * W[n, k]^T. A and W travel as TMA tensor maps (kernel
+  // arguments); D is written with ordinary stores at row pitch ldd (elements).
+  uint32_t m, n, k;
+  uint32_t ldd;
+  void* d;
+
+  // Schedule.
+  uint32_t num_m_blocks, num_n_blocks, num_k_blocks;
+  uint32_t num_splits;          // k splits per tile (1 = none)
+  uint32_t k_blocks_per_split;  // the last split may get fewer
+  uint32_t raster, group, m_group_offset;
+  uint32_t num_gemm_blocks;     // blocks [0, num_gemm_blocks) run GEMM tiles; the rest run Role
+
+  // Split-K: fp32 partial tiles and one arrival counter per tile (zero before the first launch;
+  // each tile's last split resets its counter, so they stay zero between launches).
+  float* split_workspace;
+  uint32_t* split_counters;
+
+  // Hook: ordering by availability. Before loading a tile's A rows the producer waits until
+  // ready_flags[(m_block * 128) / ready_rows_per_flag] >= ready_value (nullptr: no wait).
+  const uint64_t* ready_flags;
+  uint64_t ready_value;
+  uint32_t ready_rows_per_flag;
+
+  // Hook: per-tile completion flag. After a tile's stores are visible system-wide,
+  // tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value (nullptr: no flags).
+  uint64_t* tile_flags;
+  uint64_t tile_flag_value;
+
+  // Errors: first KernelStatus code of the launch (nullptr: not recorded); bound on every wait.
+  uint32_t* status;
+  uint64_t timeout_ns;
+
+  // Opaque argument for the role function of blocks >= num_gemm_blocks.
+  void* role_args;
+};
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,96 @@
+// status.h: the result of every host call in the daemon and the runtime.
+//
+// A Status is a code from a small grouped set plus a message written for the person who reads
+// the log: what was wrong, with the field, the value and what was expected. Functions return
+// it; nothing in library code exits or aborts. MK_RETURN_IF_ERROR adds the call site to the
+// trail as the error travels up.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace mkernel {
+
+enum class StatusCode : int {
+  kOk = 0,
+  // Caller errors.
+  kInvalidArgument = 1,   // a value outside its contract
+  kNotFound = 2,          // a named thing (region, ring, client, GPU) does not exist
+  kAlreadyExists = 3,
+  kPermissionDenied = 4,  // peer credentials, tokens
+  kResourceExhausted = 5, // a quota or a limit
+  kFailedPrecondition = 6,// the call is valid but not in this state (draining, closed)
+  // Environment errors.
+  kUnavailable = 7,       // a peer or the daemon cannot be reached; may succeed later
+  kDeadlineExceeded = 8,  // a bounded wait expired
+  kIoError = 9,           // a system call failed; the message carries errno's text
+  kProtocolError = 10,    // a peer sent something malformed
+  kDeviceError = 11,      // CUDA, NIC
+  kInternal = 12,         // a broken invariant of ours
+};
+
+const char* status_code_name(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return {}; }
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "invalid argument: capacity_log2: 25; expected 1..20"
+  std::string to_string() const;
+  // Prepends context: "session 3: " + message.
+  Status with_context(std::string_view context) const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// Builds a Status from errno: "<what>: <strerror(err)>".
+Status errno_status(std::string_view what, int err);
+
+// A value or the Status saying why there is none.
+template <class T>
+class [[nodiscard]] StatusOr {
+ public:
+  StatusOr(T value) : value_(std::move(value)), has_(true) {}  // NOLINT: implicit by design
+  StatusOr(Status status) : status_(std::move(status)) {       // NOLINT
+    if (status_.ok()) status_ = Status(StatusCode::kInternal, "StatusOr built from an ok Status");
+  }
+  bool ok() const { return has_; }
+  const Status& status() const { return status_; }
+  T& value() & { return value_; }
+  const T& value() const& { return value_; }
+  T&& value() && { return std::move(value_); }
+  T* operator->() { return &value_; }
+  const T* operator->() const { return &value_; }
+
+ private:
+  T value_{};
+  Status status_;
+  bool has_ = false;
+};
+
+}  // namespace mkernel
+
+#define MK_STATUS_CONCAT_INNER(a, b) a##b
+#define MK_STATUS_CONCAT(a, b) MK_STATUS_CONCAT_INNER(a, b)
+
+// Returns the Status of `expr` from the enclosing function if it is not ok.
+#define MK_RETURN_IF_ERROR(expr)                                   \
+  do {                                                             \
+    ::mkernel::Status mk_status_ = (expr);                         \
+    if (!mk_status_.ok()) return mk_status_;                       \
+  } while (0)
+
+// Assigns the value of a StatusOr expression to `lhs` or returns its Status.
+#define MK_ASSIGN_OR_RETURN(lhs, expr)                                           \
+  auto MK_STATUS_CONCAT(mk_sor_, __LINE__) = (expr);                             \
+  if (!MK_STATUS_CONCAT(mk_sor_, __LINE__).ok())                                 \
+    return MK_STATUS_CONCAT(mk_sor_, __LINE__).status();                         \
+  lhs = std::move(MK_STATUS_CONCAT(mk_sor_, __LINE__)).value()

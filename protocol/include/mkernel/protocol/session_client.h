@@ -1,0 +1,104 @@
+// session_client.h: the client side of a session with the local mkerneld: hello, rings, regions
+// and flags handed over as sealed shared memory, liveness. Used by libmkernel, by host-thread
+// clients (tests, the demo) and by anything else that talks to the daemon.
+//
+// Every call is bounded by Options::timeout. A daemon that ends the session sends SessionEnded
+// first; any call after that returns kFailedPrecondition with the daemon's reason.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mkernel/common/status.h"
+#include "mkernel/protocol/ring_host.h"
+#include "mkernel/protocol/session_wire.h"
+#include "mkernel/protocol/shm.h"
+
+namespace mkernel::session::v1 {
+class Request;
+class Reply;
+}  // namespace mkernel::session::v1
+
+namespace mkernel::protocol {
+
+struct ClientRing {
+  uint32_t id = 0;
+  SharedMapping mapping;
+  RingView view;
+};
+
+struct ClientRegion {
+  uint32_t id = 0;
+  SharedMapping mapping;
+  void* data() const { return mapping.data(); }
+  size_t size() const { return mapping.size(); }
+};
+
+struct ClientFlags {
+  uint32_t count = 0;
+  SharedMapping mapping;
+  uint64_t* flags() const { return static_cast<uint64_t*>(mapping.data()); }
+};
+
+struct SessionLimits {
+  uint32_t max_rings = 0;
+  uint64_t max_registered_bytes = 0;
+  uint32_t max_commands_in_flight = 0;
+  uint32_t max_ring_capacity_log2 = 0;
+  uint32_t max_flags = 0;
+};
+
+class SessionClient {
+ public:
+  struct Options {
+    std::string socket_path;
+    std::string client_name = "client";
+    int32_t gpu = 0;
+    std::string communicator = "default";
+    uint32_t rank = 0;
+    uint32_t world_size = 1;
+    std::chrono::milliseconds timeout{5000};
+  };
+
+  static StatusOr<std::unique_ptr<SessionClient>> connect(const Options& options);
+  ~SessionClient();
+
+  StatusOr<ClientRing*> create_ring(uint32_t capacity_log2);
+  StatusOr<ClientRegion*> create_region(uint64_t bytes, bool remote_writable);
+  StatusOr<ClientFlags*> create_flags(uint32_t count);
+  // Round trip to the daemon; also fails if the daemon's epoch differs from the session's.
+  Status ping();
+  // Waits up to `wait` for the daemon to say something unasked (SessionEnded) or close the
+  // socket. Ok when neither happened.
+  Status check_alive(std::chrono::milliseconds wait);
+  // Says goodbye and closes the socket; the daemon frees everything.
+  void close();
+
+  uint64_t session_id() const { return session_id_; }
+  uint64_t epoch() const { return epoch_; }
+  uint32_t proxy() const { return proxy_; }
+  const SessionLimits& limits() const { return limits_; }
+  int socket_fd() const { return sock_.get(); }
+
+ private:
+  SessionClient() = default;
+  Status call(const session::v1::Request& req, int expected_fds, session::v1::Reply* reply,
+              std::vector<UniqueFd>* fds);
+
+  Options options_;
+  UniqueFd sock_;
+  uint64_t next_request_ = 1;
+  uint64_t session_id_ = 0;
+  uint64_t epoch_ = 0;
+  uint32_t proxy_ = 0;
+  SessionLimits limits_;
+  Status ended_;
+  std::vector<std::unique_ptr<ClientRing>> rings_;
+  std::vector<std::unique_ptr<ClientRegion>> regions_;
+  std::vector<std::unique_ptr<ClientFlags>> flags_;
+};
+
+}  // namespace mkernel::protocol

@@ -1,0 +1,164 @@
+#include "mkernel/protocol/session_client.h"
+
+#include "mkernel/proto/session.pb.h"
+#include "mkernel/protocol/version.h"
+
+namespace mkernel::protocol {
+
+namespace pb = mkernel::session::v1;
+
+namespace {
+Status status_from_error(const pb::Error& e) {
+  const int code = static_cast<int>(e.code());
+  const StatusCode sc = code > 0 && code <= static_cast<int>(StatusCode::kInternal)
+                            ? static_cast<StatusCode>(code)
+                            : StatusCode::kInternal;
+  return Status(sc, e.message());
+}
+}  // namespace
+
+SessionClient::~SessionClient() = default;
+
+StatusOr<std::unique_ptr<SessionClient>> SessionClient::connect(const Options& options) {
+  std::unique_ptr<SessionClient> c(new SessionClient());
+  c->options_ = options;
+  MK_ASSIGN_OR_RETURN(c->sock_, connect_unix(options.socket_path, options.timeout));
+  pb::Request req;
+  pb::Hello* h = req.mutable_hello();
+  h->set_protocol_version(kProtocolVersion);
+  h->set_client_name(options.client_name);
+  h->set_gpu(options.gpu);
+  h->set_communicator(options.communicator);
+  h->set_rank(options.rank);
+  h->set_world_size(options.world_size);
+  pb::Reply reply;
+  MK_RETURN_IF_ERROR(c->call(req, 0, &reply, nullptr).with_context("hello to " + options.socket_path));
+  if (!reply.has_hello())
+    return Status(StatusCode::kProtocolError, "hello: daemon answered without a HelloReply");
+  const pb::HelloReply& hr = reply.hello();
+  c->session_id_ = hr.session_id();
+  c->epoch_ = hr.daemon_epoch();
+  c->proxy_ = hr.proxy();
+  c->limits_ = {hr.max_rings(), hr.max_registered_bytes(), hr.max_commands_in_flight(),
+                hr.max_ring_capacity_log2(), hr.max_flags()};
+  return c;
+}
+
+Status SessionClient::call(const pb::Request& req_in, int expected_fds, pb::Reply* reply,
+                           std::vector<UniqueFd>* fds) {
+  if (!ended_.ok()) return ended_;
+  if (!sock_.valid()) return Status(StatusCode::kFailedPrecondition, "session is closed");
+  pb::Request req = req_in;
+  req.set_request_id(next_request_++);
+  MK_RETURN_IF_ERROR(send_message(sock_.get(), req, {}, options_.timeout));
+  std::vector<UniqueFd> got;
+  MK_RETURN_IF_ERROR(recv_message_any_fds(sock_.get(), reply, &got, options_.timeout));
+  if (reply->has_ended()) {
+    ended_ = Status(StatusCode::kFailedPrecondition,
+                    "mkerneld ended the session: " + reply->ended().reason());
+    return ended_;
+  }
+  // A refusal at connection time (draining, credentials) answers before any request was read.
+  if (reply->has_error() && reply->request_id() == 0) return status_from_error(reply->error());
+  if (reply->request_id() != req.request_id())
+    return Status(StatusCode::kProtocolError,
+                  "reply for request " + std::to_string(reply->request_id()) + "; expected " +
+                      std::to_string(req.request_id()));
+  if (reply->has_error()) return status_from_error(reply->error());
+  if (static_cast<int>(got.size()) != expected_fds)
+    return Status(StatusCode::kProtocolError,
+                  "reply carried " + std::to_string(got.size()) + " file descriptor(s); expected " +
+                      std::to_string(expected_fds));
+  if (fds) *fds = std::move(got);
+  return Status::Ok();
+}
+
+StatusOr<ClientRing*> SessionClient::create_ring(uint32_t capacity_log2) {
+  pb::Request req;
+  req.mutable_create_ring()->set_capacity_log2(capacity_log2);
+  pb::Reply reply;
+  std::vector<UniqueFd> fds;
+  MK_RETURN_IF_ERROR(call(req, 1, &reply, &fds));
+  if (!reply.has_ring()) return Status(StatusCode::kProtocolError, "create_ring: no RingCreated");
+  auto ring = std::make_unique<ClientRing>();
+  ring->id = reply.ring().ring_id();
+  MK_ASSIGN_OR_RETURN(ring->mapping, map_segment(std::move(fds[0]), 0, true));
+  if (std::string err = attach_ring(ring->mapping.data(), ring->mapping.size(), &ring->view); !err.empty())
+    return Status(StatusCode::kProtocolError, "ring from mkerneld: " + err);
+  rings_.push_back(std::move(ring));
+  return rings_.back().get();
+}
+
+StatusOr<ClientRegion*> SessionClient::create_region(uint64_t bytes, bool remote_writable) {
+  pb::Request req;
+  req.mutable_create_region()->set_bytes(bytes);
+  req.mutable_create_region()->set_remote_writable(remote_writable);
+  pb::Reply reply;
+  std::vector<UniqueFd> fds;
+  MK_RETURN_IF_ERROR(call(req, 1, &reply, &fds));
+  if (!reply.has_region()) return Status(StatusCode::kProtocolError, "create_region: no RegionCreated");
+  auto region = std::make_unique<ClientRegion>();
+  region->id = reply.region().region_id();
+  MK_ASSIGN_OR_RETURN(region->mapping, map_segment(std::move(fds[0]), reply.region().bytes(), true));
+  regions_.push_back(std::move(region));
+  return regions_.back().get();
+}
+
+StatusOr<ClientFlags*> SessionClient::create_flags(uint32_t count) {
+  pb::Request req;
+  req.mutable_create_flags()->set_count(count);
+  pb::Reply reply;
+  std::vector<UniqueFd> fds;
+  MK_RETURN_IF_ERROR(call(req, 1, &reply, &fds));
+  if (!reply.has_flags()) return Status(StatusCode::kProtocolError, "create_flags: no FlagsCreated");
+  auto flags = std::make_unique<ClientFlags>();
+  flags->count = reply.flags().count();
+  MK_ASSIGN_OR_RETURN(flags->mapping, map_segment(std::move(fds[0]), 0, true));
+  if (flags->mapping.size() < uint64_t{flags->count} * sizeof(uint64_t))
+    return Status(StatusCode::kProtocolError, "flags segment smaller than its flag count");
+  flags_.push_back(std::move(flags));
+  return flags_.back().get();
+}
+
+Status SessionClient::ping() {
+  pb::Request req;
+  req.mutable_ping();
+  pb::Reply reply;
+  MK_RETURN_IF_ERROR(call(req, 0, &reply, nullptr));
+  if (reply.pong().daemon_epoch() != epoch_)
+    return Status(StatusCode::kFailedPrecondition,
+                  "daemon epoch " + std::to_string(reply.pong().daemon_epoch()) +
+                      "; this session was made under " + std::to_string(epoch_));
+  return Status::Ok();
+}
+
+Status SessionClient::check_alive(std::chrono::milliseconds wait) {
+  if (!ended_.ok()) return ended_;
+  if (!sock_.valid()) return Status(StatusCode::kFailedPrecondition, "session is closed");
+  pb::Reply reply;
+  const Status s = recv_message_any_fds(sock_.get(), &reply, nullptr, wait);
+  if (s.code() == StatusCode::kDeadlineExceeded) return Status::Ok();
+  if (!s.ok()) {
+    ended_ = s.code() == StatusCode::kUnavailable
+                 ? Status(StatusCode::kUnavailable, "mkerneld closed the session socket")
+                 : s;
+    return ended_;
+  }
+  if (reply.has_ended())
+    ended_ = Status(StatusCode::kFailedPrecondition, "mkerneld ended the session: " + reply.ended().reason());
+  else
+    ended_ = Status(StatusCode::kProtocolError, "unexpected unsolicited message from mkerneld");
+  return ended_;
+}
+
+void SessionClient::close() {
+  if (sock_.valid() && ended_.ok()) {
+    pb::Request req;
+    req.set_request_id(next_request_++);
+    req.mutable_goodbye();
+    (void)send_message(sock_.get(), req, {}, std::chrono::milliseconds(100));
+  }
+  sock_.reset();
+}
+
+}  // namespace mkernel::protocol

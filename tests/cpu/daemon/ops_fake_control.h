@@ -1,0 +1,216 @@
+// ops_fake_control.h: a DaemonControl with scripted state, for the operations tests. Two
+// proxies (gpu0 on NIC "nic0", gpu1 on "nic1"), counters the test sets, drain and stall hooks.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "control.h"
+
+namespace mkernel::daemon::testing {
+
+class FakeControl final : public DaemonControl {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  FakeControl() {
+    for (uint32_t g = 0; g < 2; ++g) {
+      ProxyStats p;
+      p.gpu = g;
+      p.name = "gpu" + std::to_string(g);
+      p.transport = "loopback";
+      p.nic = "nic" + std::to_string(g);
+      p.by_outcome = {10u + g, 2, 1};
+      p.in_flight = 3;
+      p.consumed = p.by_outcome[0] + p.by_outcome[1] + p.by_outcome[2] + p.in_flight;
+      p.bytes = 4096u * (g + 1);
+      p.errors = 2;
+      p.ring_occupancy = 5;
+      p.ring_capacity = 1024;
+      p.sessions = 1;
+      p.rings = 2;
+      p.latency_ns_log2[10] = 6;  // [512 ns, 1024 ns)
+      p.latency_ns_log2[14] = 4;  // [8 us, 16 us)
+      proxies_.push_back(p);
+    }
+  }
+
+  DaemonStatus status() const override {
+    std::lock_guard lock(mu_);
+    DaemonStatus s;
+    s.node_name = "node-a";
+    s.version = "0.1.0";
+    s.protocol_version = 1;
+    s.epoch = 0xabcdef;
+    s.pid = 4242;
+    s.uptime_seconds = 12.5;
+    s.draining = draining_;
+    s.config_source = "built-in default";
+    s.config_generation = generation_;
+    s.runtime_dir = "/tmp/fake";
+    s.client_socket = "/tmp/fake/mkerneld.sock";
+    s.sessions = 2;
+    for (const auto& p : proxies_) s.proxies.push_back(p.name);
+    return s;
+  }
+
+  std::vector<ProxyStats> stats() const override {
+    std::lock_guard lock(mu_);
+    auto out = proxies_;
+    for (auto& p : out) {
+      p.alive = alive_locked(p.gpu);
+      p.seconds_since_heartbeat = p.alive ? 0.001 : 5.0;
+    }
+    return out;
+  }
+
+  std::vector<ClientInfo> clients() const override {
+    ClientInfo c;
+    c.session_id = 7;
+    c.pid = 1234;
+    c.uid = 1000;
+    c.gid = 1000;
+    c.name = "trainer";
+    c.communicator = "comm-1";
+    c.rank = 1;
+    c.world_size = 4;
+    c.gpu = 1;
+    c.rings = 2;
+    c.regions = 3;
+    c.registered_bytes = 1 << 20;
+    c.commands = 99;
+    c.connected_seconds = 3.5;
+    return {c};
+  }
+
+  std::vector<HealthEntry> health() const override {
+    std::lock_guard lock(mu_);
+    std::vector<HealthEntry> out;
+    bool all = !draining_;
+    std::string why = draining_ ? "draining" : "";
+    for (const auto& p : proxies_) {
+      if (!alive_locked(p.gpu)) {
+        all = false;
+        why += (why.empty() ? "" : "; ") + p.name + " not checking in";
+      }
+    }
+    out.push_back({"", all, all ? "" : why});
+    for (const auto& p : proxies_) {
+      const bool ok = !draining_ && alive_locked(p.gpu);
+      out.push_back({"mkerneld.gpu" + std::to_string(p.gpu), ok,
+                     ok ? "" : (draining_ ? "draining" : "proxy not checking in")});
+    }
+    for (const auto& p : proxies_) {
+      out.push_back({"mkerneld.nic." + p.nic, !draining_, draining_ ? "draining" : ""});
+    }
+    return out;
+  }
+
+  Status drain() override {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+    return Status::Ok();
+  }
+  Status undrain() override {
+    std::lock_guard lock(mu_);
+    draining_ = false;
+    return Status::Ok();
+  }
+
+  ReloadResult reload(const std::string& path) override {
+    std::lock_guard lock(mu_);
+    ReloadResult r;
+    if (path.find("bad") != std::string::npos) {
+      r.status = Status(StatusCode::kInvalidArgument, "rings.capacity_log2: 40; expected 1..20");
+      return r;
+    }
+    ++generation_;
+    r.applied = true;
+    r.applied_changes = {"logging.level"};
+    r.needs_restart = {"rings.capacity_log2"};
+    return r;
+  }
+
+  Status stall_proxy(uint32_t gpu, std::chrono::milliseconds duration) override {
+    std::lock_guard lock(mu_);
+    if (gpu >= proxies_.size()) return {StatusCode::kNotFound, "no proxy " + std::to_string(gpu)};
+    stalled_until_[gpu] = Clock::now() + duration;
+    return Status::Ok();
+  }
+
+  bool all_proxies_alive() const override {
+    std::lock_guard lock(mu_);
+    for (const auto& p : proxies_) {
+      if (!alive_locked(p.gpu)) return false;
+    }
+    return true;
+  }
+
+  // Test controls.
+  void set_ok_commands(uint32_t gpu, uint64_t n) {
+    std::lock_guard lock(mu_);
+    proxies_[gpu].by_outcome[0] = n;
+  }
+  bool draining() const {
+    std::lock_guard lock(mu_);
+    return draining_;
+  }
+
+ private:
+  bool alive_locked(uint32_t gpu) const {
+    auto it = stalled_until_.find(gpu);
+    return it == stalled_until_.end() || Clock::now() >= it->second;
+  }
+
+  mutable std::mutex mu_;
+  std::vector<ProxyStats> proxies_;
+  bool draining_ = false;
+  uint64_t generation_ = 0;
+  std::map<uint32_t, Clock::time_point> stalled_until_;
+};
+
+}  // namespace mkernel::daemon::testing
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+namespace mkernel::daemon::testing {
+
+// A private directory under /tmp (short, so socket paths fit sun_path), removed at the end.
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/mkops.XXXXXX";
+    const char* p = mkdtemp(tmpl);
+    path = p ? p : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs a shell command line, capturing stdout; stderr goes to the test's log.
+inline RunResult run_command(const std::string& command) {
+  RunResult r;
+  FILE* f = popen(command.c_str(), "r");
+  if (f == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) r.out.append(buf, n);
+  const int status = pclose(f);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace mkernel::daemon::testing

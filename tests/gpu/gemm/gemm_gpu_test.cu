@@ -1,0 +1,358 @@
+// gemm_gpu_test.cu: correctness of the persistent bf16 GEMM (kernels/gemm) on one Hopper GPU.
+//
+// Every case draws fresh random inputs (the seed is printed; MKERNEL_TEST_SEED replays one),
+// poisons the output with NaN before the launch, and compares with an fp32 reference and with
+// cuBLAS by relative Frobenius error. Also: every instantiation (BLOCK_N, cluster, split-K,
+// raster), the atomic-add epilogue, tile flags, readiness flags (satisfied and timing out), the
+// role split, and the argument errors. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "gemm/gemm_test_util.cuh"
+#include "gemm/sm90_bf16_gemm.h"
+#include "gemm/sm90_bf16_gemm_launch.cuh"
+
+namespace mk = mkernel::kernels;
+using namespace gemm_test;
+
+namespace {
+
+constexpr double kTolerance = 5e-3;  // bf16 output rounding alone gives ~1.5e-3
+int g_failures = 0;
+uint64_t g_seed = 0;
+cublasHandle_t g_cublas = nullptr;
+
+struct Buffers {
+  __nv_bfloat16 *a = nullptr, *w = nullptr, *d = nullptr, *dc = nullptr;
+  float* ref = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  uint32_t* status = nullptr;
+  Buffers(int m, int n, int k) {
+    GT_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * k));
+    GT_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * n * k));
+    GT_CUDA(cudaMalloc(&d, sizeof(__nv_bfloat16) * m * n));
+    GT_CUDA(cudaMalloc(&dc, sizeof(__nv_bfloat16) * m * n));
+    GT_CUDA(cudaMalloc(&ref, sizeof(float) * m * n));
+    GT_CUDA(cudaMalloc(&status, sizeof(uint32_t)));
+    GT_CUDA(cudaMemset(status, 0, sizeof(uint32_t)));
+  }
+  void workspace(size_t bytes) {
+    if (bytes <= ws_bytes) return;
+    if (ws) GT_CUDA(cudaFree(ws));
+    GT_CUDA(cudaMalloc(&ws, bytes));
+    GT_CUDA(cudaMemset(ws, 0, bytes));
+    ws_bytes = bytes;
+  }
+  ~Buffers() {
+    cudaFree(a);
+    cudaFree(w);
+    cudaFree(d);
+    cudaFree(dc);
+    cudaFree(ref);
+    cudaFree(ws);
+    cudaFree(status);
+  }
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++g_failures;
+    std::printf("FAIL  %s\n", what.c_str());
+  }
+}
+
+uint32_t read_status(const Buffers& b) {
+  uint32_t s = 0;
+  GT_CUDA(cudaMemcpy(&s, b.status, sizeof(s), cudaMemcpyDeviceToHost));
+  GT_CUDA(cudaMemset(b.status, 0, sizeof(uint32_t)));
+  return s;
+}
+
+std::string shape_str(int m, int n, int k) {
+  return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+}
+
+mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cfg) {
+  mk::GemmArgs args;
+  args.a = b.a;
+  args.w = b.w;
+  args.d = b.d;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.config = cfg;
+  args.status = b.status;
+  const size_t ws = mk::gemm_workspace_bytes(args);
+  b.workspace(ws);
+  args.workspace = b.ws;
+  args.workspace_bytes = b.ws_bytes;
+  return args;
+}
+
+// Fresh inputs, reference, poisoned output, launch, compare with reference and cuBLAS.
+void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label) {
+  static uint64_t counter = 0;
+  Buffers b(m, n, k);
+  const uint64_t seed = g_seed + 1000 * (++counter);
+  fill_random(b.a, static_cast<size_t>(m) * k, seed);
+  fill_random(b.w, static_cast<size_t>(n) * k, seed + 1);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  poison(b.dc, static_cast<size_t>(m) * n);
+  cublas_gemm(g_cublas, b.a, b.w, b.dc, m, n, k);
+
+  mk::GemmArgs args = make_args(b, m, n, k, cfg);
+  mk::GemmPlan plan;
+  mk::GemmResult r = mk::gemm_plan(args, &plan);
+  const std::string name = std::string(label) + " " + shape_str(m, n, k);
+  if (!r.ok()) {
+    check(false, name + ": plan failed: " + r.message);
+    return;
+  }
+  const std::string cfg_str = mk::gemm_config_string(plan);
+  double worst = 0;
+  for (int rep = 0; rep < 2; ++rep) {  // twice: the split-K counters must come back to zero
+    poison(b.d, static_cast<size_t>(m) * n);
+    r = mk::gemm_launch(plan, nullptr);
+    if (!r.ok()) {
+      check(false, name + ": launch failed: " + r.message);
+      return;
+    }
+    GT_CUDA(cudaGetLastError());
+    GT_CUDA(cudaDeviceSynchronize());
+    const uint32_t st = read_status(b);
+    check(st == mk::kKernelOk, name + ": status " + mk::kernel_status_name(st));
+    const size_t count = static_cast<size_t>(m) * n;
+    const auto out = to_host_float(b.d, count);
+    const auto ref = to_host(b.ref, count);
+    const auto cub = to_host_float(b.dc, count);
+    const ErrorStats e_ref = compare(out, ref);
+    const ErrorStats e_cub = compare(out, cub);
+    const ErrorStats e_cub_ref = compare(cub, ref);
+    const bool ok = e_ref.non_finite == 0 && e_ref.rel_fro < kTolerance && e_cub.rel_fro < kTolerance;
+    worst = std::max(worst, e_ref.rel_fro);
+    if (!ok || rep == 1) {
+      std::printf("%s  %-34s [%s] rep %d: rel err vs fp32 %.2e (cuBLAS vs fp32 %.2e), vs cuBLAS %.2e, max abs %.3g, "
+                  "unwritten/non-finite %zu",
+                  ok ? "ok  " : "FAIL", name.c_str(), cfg_str.c_str(), rep, e_ref.rel_fro, e_cub_ref.rel_fro,
+                  e_cub.rel_fro, e_ref.max_abs, e_ref.non_finite);
+      if (e_ref.non_finite) std::printf(" (first at row %zu col %zu)", e_ref.first_bad / n, e_ref.first_bad % n);
+      std::printf("\n");
+    }
+    if (!ok) ++g_failures;
+  }
+}
+
+// D starts as random C; D += A W^T with the atomic-add epilogue.
+void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
+  Buffers b(m, n, k);
+  const size_t count = static_cast<size_t>(m) * n;
+  fill_random(b.a, static_cast<size_t>(m) * k, g_seed + 77);
+  fill_random(b.w, static_cast<size_t>(n) * k, g_seed + 78);
+  fill_random(b.d, count, g_seed + 79, 8.0f);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  const auto c0 = to_host_float(b.d, count);
+  mk::GemmConfig cfg;
+  cfg.block_n = block_n;
+  cfg.cluster_m = cluster;
+  mk::GemmArgs args = make_args(b, m, n, k, cfg);
+  args.epilogue = mk::kEpilogueAtomicAdd;
+  mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
+  check(r.ok(), "atomic-add launch: " + r.message);
+  GT_CUDA(cudaDeviceSynchronize());
+  check(read_status(b) == mk::kKernelOk, "atomic-add status");
+  const auto out = to_host_float(b.d, count);
+  auto ref = to_host(b.ref, count);
+  for (size_t i = 0; i < count; ++i) ref[i] += c0[i];
+  const ErrorStats e = compare(out, ref);
+  const bool ok = e.non_finite == 0 && e.rel_fro < 2 * kTolerance;
+  std::printf("%s  atomic-add %s n%d c%d: rel err vs fp32(C + AW^T) %.2e\n", ok ? "ok  " : "FAIL",
+              shape_str(m, n, k).c_str(), block_n, cluster, e.rel_fro);
+  if (!ok) ++g_failures;
+}
+
+// Tile flags raised with the launch's value; readiness flags satisfied; readiness flags that
+// never come end the launch with kKernelReadyFlagTimeout instead of hanging.
+void run_flag_cases() {
+  const int m = 1000, n = 2048, k = 1024;
+  for (int cluster : {1, 2}) {
+    Buffers b(m, n, k);
+    fill_random(b.a, static_cast<size_t>(m) * k, g_seed + 5);
+    fill_random(b.w, static_cast<size_t>(n) * k, g_seed + 6);
+    reference_gemm(b.a, b.w, b.ref, m, n, k);
+    mk::GemmConfig cfg;
+    cfg.cluster_m = cluster;
+    cfg.block_n = 256;
+    mk::GemmArgs args = make_args(b, m, n, k, cfg);
+    const uint32_t tiles = mk::gemm_num_tiles(args);
+    const int m_blocks = (m + 127) / 128;
+    uint64_t *tile_flags = nullptr, *ready = nullptr;
+    GT_CUDA(cudaMalloc(&tile_flags, tiles * sizeof(uint64_t)));
+    GT_CUDA(cudaMalloc(&ready, m_blocks * sizeof(uint64_t)));
+    GT_CUDA(cudaMemset(tile_flags, 0, tiles * sizeof(uint64_t)));
+    std::vector<uint64_t> h_ready(m_blocks, 41);
+    GT_CUDA(cudaMemcpy(ready, h_ready.data(), m_blocks * sizeof(uint64_t), cudaMemcpyHostToDevice));
+    args.hooks.tile_flags = tile_flags;
+    args.hooks.tile_flag_value = 41;
+    args.hooks.ready_flags = ready;
+    args.hooks.ready_value = 41;
+    args.hooks.first_m_block = 3;  // rotated order must still cover every tile
+    poison(b.d, static_cast<size_t>(m) * n);
+    mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
+    check(r.ok(), "flags launch: " + r.message);
+    GT_CUDA(cudaDeviceSynchronize());
+    check(read_status(b) == mk::kKernelOk, "flags status");
+    std::vector<uint64_t> h_flags(tiles);
+    GT_CUDA(cudaMemcpy(h_flags.data(), tile_flags, tiles * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    uint32_t raised = 0;
+    for (uint64_t f : h_flags) raised += f == 41;
+    const ErrorStats e = compare(to_host_float(b.d, static_cast<size_t>(m) * n), to_host(b.ref, static_cast<size_t>(m) * n));
+    const bool ok = raised == tiles && e.non_finite == 0 && e.rel_fro < kTolerance;
+    std::printf("%s  flags c%d: %u/%u tile flags raised, rel err %.2e (ready flags satisfied, rotated order)\n",
+                ok ? "ok  " : "FAIL", cluster, raised, tiles, e.rel_fro);
+    if (!ok) ++g_failures;
+
+    // Readiness never reached: bounded wait, error code, clean exit.
+    args.hooks.ready_value = 42;
+    args.timeout_ns = 20'000'000;  // 20 ms
+    const auto t0 = std::chrono::steady_clock::now();
+    r = mk::gemm_bf16_tn(args, nullptr);
+    check(r.ok(), "timeout launch: " + r.message);
+    const cudaError_t sync = cudaDeviceSynchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const uint32_t st = read_status(b);
+    const bool ok2 = sync == cudaSuccess && st == mk::kKernelReadyFlagTimeout && ms < 5000;
+    std::printf("%s  readiness timeout c%d: status '%s' after %.1f ms, launch %s\n", ok2 ? "ok  " : "FAIL", cluster,
+                mk::kernel_status_name(st), ms, cudaGetErrorString(sync));
+    if (!ok2) ++g_failures;
+    GT_CUDA(cudaFree(tile_flags));
+    GT_CUDA(cudaFree(ready));
+  }
+}
+
+// Role split: the last blocks of the grid run another role while the others compute the GEMM.
+struct MarkRole {
+  __device__ static void run(const mk::GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
+    if (threadIdx.x == 0) static_cast<uint32_t*>(p.role_args)[role_block] = 1000 + num_role_blocks;
+  }
+};
+
+void run_role_case() {
+  const int m = 2048, n = 4096, k = 1024, kRoleBlocks = 8;
+  Buffers b(m, n, k);
+  fill_random(b.a, static_cast<size_t>(m) * k, g_seed + 9);
+  fill_random(b.w, static_cast<size_t>(n) * k, g_seed + 10);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  uint32_t* marks = nullptr;
+  GT_CUDA(cudaMalloc(&marks, kRoleBlocks * sizeof(uint32_t)));
+  GT_CUDA(cudaMemset(marks, 0, kRoleBlocks * sizeof(uint32_t)));
+  mk::GemmConfig cfg;
+  cfg.block_n = 256;
+  cfg.cluster_m = 2;
+  cfg.num_role_blocks = kRoleBlocks;
+  mk::GemmArgs args = make_args(b, m, n, k, cfg);
+  args.hooks.role_args = marks;
+  mk::GemmPlan plan;
+  mk::GemmResult r = mk::gemm_plan(args, &plan);
+  check(r.ok(), "role plan: " + r.message);
+  poison(b.d, static_cast<size_t>(m) * n);
+  using T = mk::Sm90GemmTraits<256, 4, 2, mk::kEpilogueStore>;
+  r = mk::launch_sm90_bf16_gemm<T, MarkRole>(plan, nullptr);
+  check(r.ok(), "role launch: " + r.message);
+  GT_CUDA(cudaDeviceSynchronize());
+  check(read_status(b) == mk::kKernelOk, "role status");
+  std::vector<uint32_t> h(kRoleBlocks);
+  GT_CUDA(cudaMemcpy(h.data(), marks, kRoleBlocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  int marked = 0;
+  for (uint32_t v : h) marked += v == 1000 + kRoleBlocks;
+  const ErrorStats e = compare(to_host_float(b.d, static_cast<size_t>(m) * n), to_host(b.ref, static_cast<size_t>(m) * n));
+  const bool ok = marked == kRoleBlocks && e.non_finite == 0 && e.rel_fro < kTolerance;
+  std::printf("%s  role split: %d GEMM blocks, %d/%d role blocks ran, GEMM rel err %.2e\n", ok ? "ok  " : "FAIL",
+              plan.config.num_gemm_blocks, marked, kRoleBlocks, e.rel_fro);
+  if (!ok) ++g_failures;
+  GT_CUDA(cudaFree(marks));
+}
+
+void expect_error(int64_t m, int64_t n, int64_t k, mk::GemmError code, const char* must_contain, bool misalign = false) {
+  Buffers b(8, 8, 8);
+  mk::GemmArgs args;
+  args.a = misalign ? static_cast<const void*>(reinterpret_cast<const char*>(b.a) + 2) : b.a;
+  args.w = b.w;
+  args.d = b.d;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  mk::GemmPlan plan;
+  const mk::GemmResult r = mk::gemm_plan(args, &plan);
+  const bool ok = r.code == code && r.message.find(must_contain) != std::string::npos;
+  std::printf("%s  error m=%lld n=%lld k=%lld%s -> \"%s\"\n", ok ? "ok  " : "FAIL", static_cast<long long>(m),
+              static_cast<long long>(n), static_cast<long long>(k), misalign ? " (misaligned a)" : "",
+              r.message.c_str());
+  if (!ok) ++g_failures;
+}
+
+}  // namespace
+
+int main() {
+  require_hopper_or_skip("gemm_gpu_test");
+  const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
+  g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)
+                    : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  std::printf("gemm_gpu_test: seed %llu (MKERNEL_TEST_SEED=%llu replays it)\n", static_cast<unsigned long long>(g_seed),
+              static_cast<unsigned long long>(g_seed));
+  GT_CUBLAS(cublasCreate(&g_cublas));
+
+  // Argument errors first: they need no kernel.
+  expect_error(1000, 1001, 4096, mk::GemmError::kInvalidN, "n = 1001");
+  expect_error(1000, 4096, 100, mk::GemmError::kInvalidK, "multiple of 8");
+  expect_error(0, 4096, 4096, mk::GemmError::kInvalidM, "m = 0");
+  expect_error(16, 4, 64, mk::GemmError::kInvalidN, "n = 4");
+  expect_error(16, 64, 64, mk::GemmError::kInvalidPointer, "16-byte", true);
+
+  // Shapes with the default configuration: large, non-square, odd m, decode-like m, smallest.
+  const mk::GemmConfig def;
+  run_case(8, 8, 8, def, "smallest");
+  run_case(1, 8192, 8192, def, "decode m=1");
+  run_case(16, 8192, 8192, def, "decode m=16");
+  run_case(128, 8192, 8192, def, "m=128");
+  run_case(1000, 8192, 8192, def, "odd m");
+  run_case(333, 1000, 520, def, "ragged m, n, k");
+  run_case(4096, 4096, 4096, def, "square");
+  run_case(2048, 14336, 4096, def, "wide");
+  run_case(8192, 8192, 8192, def, "large");
+  run_case(4096, 2048, 14336, def, "deep k");
+
+  // Every library instantiation and schedule option on one ragged shape.
+  for (int bn : {128, 256})
+    for (int cl : {1, 2})
+      for (int sp : {1, 3})
+        for (int ra : {0, 1}) {
+          mk::GemmConfig c;
+          c.block_n = bn;
+          c.cluster_m = cl;
+          c.num_splits = sp;
+          c.raster = ra;
+          c.group = 3;
+          run_case(1100, 1280, 1096, c, "config");  // 9 m blocks: a padding tile with clusters of 2
+        }
+  // Fewer blocks than SMs (SMs withheld) and a single block.
+  for (int blocks : {116, 2}) {
+    mk::GemmConfig c;
+    c.num_gemm_blocks = blocks;
+    run_case(2000, 3072, 2048, c, blocks == 2 ? "2 blocks" : "116 blocks");
+  }
+
+  run_atomic_case(1000, 4096, 2048, 256, 2);
+  run_atomic_case(300, 2048, 1024, 128, 1);
+  run_flag_cases();
+  run_role_case();
+
+  GT_CUBLAS(cublasDestroy(g_cublas));
+  if (g_failures) {
+    std::printf("gemm_gpu_test: %d FAILED\n", g_failures);
+    return 1;
+  }
+  std::printf("gemm_gpu_test: all passed\n");
+  return 0;
+}
