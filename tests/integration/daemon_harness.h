@@ -26,8 +26,14 @@ namespace mkt {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-// Runs `argv` with stdout+stderr to `log`; returns the pid.
-inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
+// Runs `argv` with stdout+stderr to `log` and `env` ("NAME=value") added to the environment;
+// returns the pid.
+inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log,
+                   const std::vector<std::string>& env = {}) {
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -38,7 +44,7 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log)
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    ::execv(args[0], args.data());
+    ::execve(args[0], args.data(), envp.data());
     ::_exit(127);
   }
   return pid;
@@ -92,11 +98,11 @@ class DaemonProcess {
   pid_t pid() const { return pid_; }
 
   // Starts mkerneld and waits (bounded) until both sockets answer.
-  bool start(std::vector<std::string> extra = {}) {
+  bool start(std::vector<std::string> extra = {}, std::vector<std::string> env = {}) {
     fs::create_directories(dir_);
     std::vector<std::string> argv = {MKERNELD_PATH, "--foreground", "--runtime-dir", dir_};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = spawn(argv, log_path());
+    pid_ = spawn(argv, log_path(), env);
     const auto deadline = std::chrono::steady_clock::now() + 15s;
     while (std::chrono::steady_clock::now() < deadline) {
       if (wait_pid(pid_, 0ms) >= 0) {

@@ -2,7 +2,10 @@
 // clients killed mid-work, hostile clients beside healthy ones, a daemon restart, drain and
 // stalled-proxy health, reload of a bad config, and --check-config.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include <atomic>
 #include <fstream>
@@ -354,6 +357,49 @@ TEST_F(DaemonTest, StalledProxyTurnsItsGpuNotServingWithinASecond) {
   while (mkt::health_of(*health, "mkerneld.gpu0") != 1 && std::chrono::steady_clock::now() - t0 < 10s)
     std::this_thread::sleep_for(20ms);
   EXPECT_EQ(mkt::health_of(*health, "mkerneld.gpu0"), 1);
+}
+
+// systemd's side of Type=notify and WatchdogSec, played by a datagram socket of the test.
+TEST_F(DaemonTest, NotifiesReadyAndWithholdsWatchdogPingsWhileAProxyIsStalled) {
+  const std::string path = dir_ + "/notify.sock";
+  mp::UniqueFd sock(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  // Pings every 100 ms (half the interval).
+  ASSERT_TRUE(daemon_->start({"--enable-test-hooks"}, {"NOTIFY_SOCKET=" + path, "WATCHDOG_USEC=200000"}));
+  struct Seen { bool ready = false; int pings = 0; };
+  auto listen_for = [&](std::chrono::milliseconds d) {
+    Seen seen;
+    const auto end = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{sock.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(sock.get(), buf, sizeof(buf) - 1, 0);
+      if (n <= 0) continue;
+      const std::string msg(buf, static_cast<size_t>(n));
+      if (msg.find("READY=1") != std::string::npos) seen.ready = true;
+      if (msg.find("WATCHDOG=1") != std::string::npos) ++seen.pings;
+    }
+    return seen;
+  };
+  const Seen before = listen_for(600ms);
+  EXPECT_TRUE(before.ready) << "READY=1 once every proxy runs";
+  EXPECT_GE(before.pings, 3) << "pings while every proxy checks in";
+  pb::StallProxyRequest req;
+  req.set_gpu(0);
+  req.set_duration_ms(1500);
+  pb::StallProxyReply rep;
+  auto c = mkt::ctx();
+  ASSERT_TRUE(daemon_->admin()->StallProxy(c.get(), req, &rep).ok());
+  listen_for(600ms);  // the stall is noticed within the proxy-alive bound (500 ms)
+  const Seen stalled = listen_for(700ms);
+  EXPECT_EQ(stalled.pings, 0) << "no watchdog ping while a proxy has stopped checking in";
+  listen_for(500ms);
+  const Seen after = listen_for(600ms);
+  EXPECT_GE(after.pings, 3) << "pings resume once the proxy checks in again";
 }
 
 TEST_F(DaemonTest, StallHookIsRefusedWithoutTestHooks) {
