@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include "mkernel/protocol/ring_device.cuh"
 
 namespace mkernel::ptx {
 
@@ -172,17 +173,9 @@ __device__ __forceinline__ void cluster_sync() {
 
 // ---- time and memory model --------------------------------------------------------------------------
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+// The same wrappers the ring's GPU producers use (protocol/ring_device.cuh).
+using ::mkernel::protocol::ring_detail::globaltimer_ns;
+using ::mkernel::protocol::ring_detail::ld_acquire_sys;
 
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;
