@@ -19,6 +19,7 @@
 
 #include "mkernel/proto/session.pb.h"
 #include "mkernel/protocol/version.h"
+#include "topology.h"
 
 namespace mkernel::daemon {
 
@@ -207,6 +208,19 @@ Status Daemon::start() {
     case config::GpuSelect::kHostSlots:
       for (uint32_t i = 0; i < cfg.gpus.host_slots; ++i) slots.emplace_back(i, false);
       break;
+  }
+  // The NIC each GPU would use (nearest in the PCI tree, or as configured).
+  {
+    const Topology topo;
+    const auto nearest = topo.nearest_nics(gpu_pci);
+    for (size_t i = 0; i < nearest.size(); ++i) {
+      const config::ProxySettings ps = config::proxy_settings(cfg, static_cast<uint32_t>(i));
+      if (ps.transport.nic != "auto")
+        spdlog::info("gpu{}: NIC {} (configured)", i, ps.transport.nic);
+      else
+        spdlog::info("gpu{}: nearest NIC {} ({})", i, nearest[i].nic.empty() ? "none" : nearest[i].nic,
+                     nearest[i].reason);
+    }
   }
   spdlog::info("transport: loopback inside this daemon for every proxy (the libfabric and ibverbs "
                "transports are not built into this version)");
