@@ -1,0 +1,90 @@
+// fabric_transport.h: the libfabric RDM transport (EFA SRD in production; tcp;ofi_rxm and shm
+// where there is no RDMA hardware).
+//
+// Design notes
+//  1. One FabricTransport is one communicator: its own fabric, domain, completion queue, address
+//     vector, endpoint and memory registrations, created in that order and closed in reverse.
+//  2. mr_mode: we offer FI_MR_LOCAL, FI_MR_VIRT_ADDR, FI_MR_ALLOCATED, FI_MR_PROV_KEY and
+//     FI_MR_ENDPOINT and obey what the provider keeps: descriptors carry a base that is the
+//     virtual address (FI_MR_VIRT_ADDR) or 0 (offset addressing), a key the provider chose
+//     (FI_MR_PROV_KEY) or one we chose, and registrations are bound to the endpoint and enabled
+//     when FI_MR_ENDPOINT is set. Every local buffer is registered, so FI_MR_LOCAL costs nothing.
+//  3. Signals: a write with a signal is fi_writedata; the 64-bit signal is packed into the
+//     provider's remote CQ data (see SignalEncoding) and the receiving transport reports an
+//     Arrival when the completion with that data comes out of its completion queue. A signal
+//     with no data (length 0; WriteOp's regions are then ignored) is a 1-byte write with data
+//     from our scratch region to the peer's, whose key and address travel in the endpoint
+//     blob. Providers whose mode has FI_RX_CQ_DATA get receives kept posted.
+//  5. Writes are delivery-complete where the provider offers it (tcp;ofi_rxm, shm, efa): a
+//     successful Completion means the data reached the target's memory, and a write the target
+//     refuses (withdrawn registration) comes back as an error. Capabilities::version says which.
+//  4. Progress is manual: poll() reads the completion queue; post_write reads it too when the
+//     provider answers -FI_EAGAIN, then retries a few times before returning kUnavailable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mkernel/common/status.h"
+#include "net_transport.h"
+
+namespace mkernel::daemon::net {
+
+struct FabricOptions {
+  // libfabric provider: "tcp;ofi_rxm", "shm", "efa", or "" for the first the library offers.
+  std::string provider;
+  // Domain (NIC) name, e.g. "lo" or "eth0" for tcp, "rdmap16s27-rdm" for EFA; "" = any.
+  std::string domain;
+  // Writes in flight before post_write answers kUnavailable (also capped by the provider's
+  // transmit queue size).
+  uint32_t max_inflight = 256;
+  // Receives kept posted when the provider's mode requires them for remote CQ data.
+  uint32_t posted_receives = 256;
+  // Address-vector size hint (peers of this communicator).
+  uint32_t av_size = 64;
+  // A write the provider has not completed after this long is reported as kDeadlineExceeded
+  // (some providers lose writes the target refuses); its context stays quarantined until the
+  // provider returns it, so a late answer is dropped, never reported twice.
+  uint32_t completion_timeout_ms = 30000;
+};
+
+// Opens a transport. Fails with kNotFound (and libfabric's reason) when no provider matches, or
+// kDeviceError when a resource cannot be created. Blocks for resource creation only.
+StatusOr<std::unique_ptr<Transport>> open_fabric(const FabricOptions& options);
+
+// ---- remote CQ data encoding (pure; tested directly) -------------------------------------------
+//
+// A signal (flag index, 64-bit value) travels in the provider's remote CQ data:
+//   8 bytes: bits 63..40 = index (24 bits), bits 39..0 = value's low 40 bits
+//   4 bytes: bits 31..12 = index (20 bits), bits 11..0  = value's low 12 bits (EFA)
+// The receiver rebuilds the full value as the smallest value greater than the last value it
+// saw for that (peer, flag) whose low bits match (the first value seen for a flag is taken as
+// its low bits). Limit: for each (peer, flag) the values the receiver observes must increase and
+// each step must be smaller than 2^value_bits (4096 with 4-byte data). The sender checks both
+// against the values it has posted; a provider that delivers out of order (EFA SRD) must
+// therefore not have two signals of one flag in flight when their order matters.
+struct SignalEncoding {
+  uint32_t cq_data_bytes = 0;  // 0: no signals
+  unsigned index_bits = 0;
+  unsigned value_bits = 0;
+};
+
+// The encoding for a provider's cq_data_size (8 or more -> 8-byte layout, 4..7 -> 4-byte
+// layout, less -> none).
+SignalEncoding signal_encoding_for(size_t cq_data_size);
+// Packs a signal; kInvalidArgument when the index does not fit.
+StatusOr<uint64_t> encode_signal(const SignalEncoding& encoding, uint32_t signal_idx,
+                                 uint64_t value);
+// Splits CQ data into index and low value bits.
+void decode_signal(const SignalEncoding& encoding, uint64_t data, uint32_t* signal_idx,
+                   uint64_t* low_value);
+// The smallest value greater than `last` whose low `value_bits` bits equal `low_value`; when
+// `has_last` is false, `low_value` itself. value_bits == 64 returns low_value.
+uint64_t unwrap_signal_value(bool has_last, uint64_t last, uint64_t low_value,
+                             unsigned value_bits);
+
+// "[FI_MR_LOCAL, FI_MR_VIRT_ADDR]" for logs and Capabilities::version.
+std::string mr_mode_string(uint64_t mr_mode);
+
+}  // namespace mkernel::daemon::net

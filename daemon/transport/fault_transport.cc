@@ -1,0 +1,147 @@
+// fault_transport.cc: see fault_transport.h.
+#include "fault_transport.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace mkernel::daemon::net {
+
+FaultTransport::FaultTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {
+  caps_ = inner_->capabilities();
+  caps_.provider = "fault(" + caps_.provider + ")";
+}
+
+void FaultTransport::fail_nth_post(uint64_t n, Status status) {
+  fail_post_at_ = n == 0 ? 0 : posts_seen_ + n;
+  fail_post_status_ = std::move(status);
+}
+
+void FaultTransport::drop_completion(uint64_t cookie) { drop_[cookie] = true; }
+
+void FaultTransport::delay_completion(uint64_t cookie, uint32_t polls) { delay_[cookie] = polls; }
+
+void FaultTransport::delay_all_completions(uint32_t polls) { delay_all_ = polls; }
+
+void FaultTransport::fail_completion(uint64_t cookie, Status status) {
+  fail_[cookie] = std::move(status);
+}
+
+void FaultTransport::drop_arrivals(uint32_t signal_idx) {
+  dropped_arrival_flags_.push_back(signal_idx);
+}
+
+void FaultTransport::refuse_add_peer(Status status) { refuse_peer_ = std::move(status); }
+
+void FaultTransport::corrupt_next_peer_address() { corrupt_peer_ = true; }
+
+void FaultTransport::refuse_register_memory(Status status) {
+  refuse_register_ = std::move(status);
+}
+
+void FaultTransport::corrupt_next_descriptor() { corrupt_descriptor_ = true; }
+
+void FaultTransport::refuse_import_region(Status status) { refuse_import_ = std::move(status); }
+
+StatusOr<uint32_t> FaultTransport::add_peer(std::span<const uint8_t> address) {
+  if (refuse_peer_) {
+    Status status = std::move(*refuse_peer_);
+    refuse_peer_.reset();
+    return status;
+  }
+  if (corrupt_peer_) {
+    corrupt_peer_ = false;
+    Blob bad(address.begin(), address.end());
+    for (uint8_t& b : bad) b = static_cast<uint8_t>(b ^ 0xa5);
+    return inner_->add_peer(bad);
+  }
+  return inner_->add_peer(address);
+}
+
+StatusOr<Registration> FaultTransport::register_memory(const RegisterRequest& request) {
+  if (refuse_register_) {
+    Status status = std::move(*refuse_register_);
+    refuse_register_.reset();
+    return status;
+  }
+  auto reg = inner_->register_memory(request);
+  if (reg.ok() && corrupt_descriptor_) {
+    corrupt_descriptor_ = false;
+    for (uint8_t& b : reg->descriptor) b = static_cast<uint8_t>(b ^ 0x5a);
+  }
+  return reg;
+}
+
+StatusOr<uint64_t> FaultTransport::import_region(uint32_t peer,
+                                                 std::span<const uint8_t> descriptor) {
+  if (refuse_import_) {
+    Status status = std::move(*refuse_import_);
+    refuse_import_.reset();
+    return status;
+  }
+  return inner_->import_region(peer, descriptor);
+}
+
+Status FaultTransport::post_write(const WriteOp& op) {
+  ++posts_seen_;
+  if (fail_post_at_ != 0 && posts_seen_ == fail_post_at_) {
+    fail_post_at_ = 0;
+    return fail_post_status_;
+  }
+  return inner_->post_write(op);
+}
+
+size_t FaultTransport::poll(std::vector<Completion>* completions, std::vector<Arrival>* arrivals) {
+  scratch_completions_.clear();
+  std::vector<Arrival> inner_arrivals;
+  (void)inner_->poll(&scratch_completions_, &inner_arrivals);
+  size_t appended = 0;
+
+  // Completions held from earlier polls come due first, in arrival order.
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->polls_left == 0) {
+      if (completions != nullptr) completions->push_back(std::move(it->completion));
+      ++appended;
+      it = held_.erase(it);
+    } else {
+      --it->polls_left;
+      ++it;
+    }
+  }
+
+  for (Completion& c : scratch_completions_) {
+    if (auto drop = drop_.find(c.cookie); drop != drop_.end()) {
+      drop_.erase(drop);
+      ++completions_dropped_;
+      continue;
+    }
+    if (auto fail = fail_.find(c.cookie); fail != fail_.end()) {
+      c.status = std::move(fail->second);
+      fail_.erase(fail);
+    }
+    uint32_t polls = delay_all_;
+    if (auto delay = delay_.find(c.cookie); delay != delay_.end()) {
+      polls = delay->second;
+      delay_.erase(delay);
+    }
+    if (polls > 0) {
+      // Counted from the next poll: it is reported by the poll `polls` calls after this one.
+      held_.push_back(Held{std::move(c), polls - 1});
+      continue;
+    }
+    if (completions != nullptr) completions->push_back(std::move(c));
+    ++appended;
+  }
+
+  for (const Arrival& a : inner_arrivals) {
+    if (std::find(dropped_arrival_flags_.begin(), dropped_arrival_flags_.end(), a.signal_idx) !=
+        dropped_arrival_flags_.end()) {
+      continue;
+    }
+    if (arrivals != nullptr) arrivals->push_back(a);
+    ++appended;
+  }
+  return appended;
+}
+
+}  // namespace mkernel::daemon::net

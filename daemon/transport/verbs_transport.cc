@@ -1,0 +1,852 @@
+// verbs_transport.cc: the libibverbs RC transport (design in verbs_transport.h).
+#include "verbs_transport.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "verbs_wire.h"
+
+namespace mkernel::daemon::net {
+namespace {
+
+namespace wire = verbs_wire;
+
+// ---- RAII handles: each releases through the api it came from --------------------------------
+
+template <class T, int (VerbsApi::*kRelease)(T*)>
+struct Release {
+  VerbsApi* api = nullptr;
+  // A failing destroy cannot be reported from a destructor; the object is gone to us either way.
+  void operator()(T* p) const {
+    if (p != nullptr) (void)(api->*kRelease)(p);
+  }
+};
+using ContextPtr = std::unique_ptr<ibv_context, Release<ibv_context, &VerbsApi::close_device>>;
+using PdPtr = std::unique_ptr<ibv_pd, Release<ibv_pd, &VerbsApi::dealloc_pd>>;
+using MrPtr = std::unique_ptr<ibv_mr, Release<ibv_mr, &VerbsApi::dereg_mr>>;
+using CqPtr = std::unique_ptr<ibv_cq, Release<ibv_cq, &VerbsApi::destroy_cq>>;
+using QpPtr = std::unique_ptr<ibv_qp, Release<ibv_qp, &VerbsApi::destroy_qp>>;
+
+class DeviceList {
+ public:
+  DeviceList(VerbsApi* api, ibv_device** list) : api_(api), list_(list) {}
+  ~DeviceList() {
+    if (list_ != nullptr) api_->free_device_list(list_);
+  }
+  DeviceList(const DeviceList&) = delete;
+  DeviceList& operator=(const DeviceList&) = delete;
+
+ private:
+  VerbsApi* api_;
+  ibv_device** list_;
+};
+
+Status device_error(const std::string& what, int err) {
+  return Status(StatusCode::kDeviceError, what + ": " + std::strerror(err));
+}
+
+// Seeds the initial PSNs. std::random_device may throw where no entropy source exists; a
+// clock-based seed is good enough for PSNs, which only need to differ between connections.
+uint32_t psn_seed() {
+  try {
+    return std::random_device{}();
+  } catch (...) {
+    return static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+}
+
+const char* port_state_name(ibv_port_state s) {
+  switch (s) {
+    case IBV_PORT_NOP: return "NOP";
+    case IBV_PORT_DOWN: return "DOWN";
+    case IBV_PORT_INIT: return "INIT";
+    case IBV_PORT_ARMED: return "ARMED";
+    case IBV_PORT_ACTIVE: return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+namespace {
+
+class VerbsTransportImpl final : public VerbsTransport {
+ public:
+  VerbsTransportImpl(std::shared_ptr<VerbsApi> api, const VerbsOptions& options)
+      : api_(std::move(api)), options_(options), rng_(psn_seed()) {}
+
+  // Reverse of the lifetime order, spelled out: queue pairs (last first), completion queue,
+  // memory regions (newest first), the staging region, protection domain, context.
+  ~VerbsTransportImpl() override {
+    while (!qps_.empty()) qps_.pop_back();
+    cq_.reset();
+    while (!regions_.empty()) regions_.erase(std::prev(regions_.end()));
+    staging_mr_.reset();
+    pd_.reset();
+    context_.reset();
+  }
+
+  Status open();
+
+  const Capabilities& capabilities() const override { return caps_; }
+  StatusOr<Blob> local_address() override;
+  StatusOr<uint32_t> add_peer(std::span<const uint8_t> address) override;
+  StatusOr<Registration> register_memory(const RegisterRequest& request) override;
+  Status deregister_memory(uint64_t local_id) override;
+  StatusOr<uint64_t> import_region(uint32_t peer, std::span<const uint8_t> descriptor) override;
+  Status post_write(const WriteOp& op) override;
+  size_t poll(std::vector<Completion>* completions, std::vector<Arrival>* arrivals) override;
+  Status set_signal_region(uint64_t local_id) override;
+
+ private:
+  struct LocalRegion {
+    MrPtr mr;
+    uint64_t addr = 0;  // the address work requests use (the GPU VA for dmabuf)
+    uint64_t length = 0;
+    bool remote_writable = false;
+    uint32_t inflight = 0;  // writes in flight that read from it
+  };
+  struct RemoteRegion {
+    uint32_t peer = 0;
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    uint32_t rkey = 0;
+  };
+  struct PendingWr {
+    uint64_t seq = 0;
+    bool signalled = false;
+    int staging_slot = -1;
+  };
+  struct PendingOp {
+    uint64_t cookie = 0;
+    uint64_t first_seq = 0;
+    uint64_t last_seq = 0;
+    uint64_t local_region = 0;  // 0: none (signal only)
+    Status status;
+  };
+  struct QueuePair {
+    QpPtr qp;
+    uint32_t psn = 0;
+    bool inline_signal = false;
+    bool connected = false;
+    bool failed = false;
+    Status failure;
+    uint64_t signal_addr = 0;
+    uint32_t signal_rkey = 0;
+    uint32_t signal_slots = 0;
+    uint32_t since_signal = 0;        // unsignalled work requests since the last signalled one
+    uint32_t signalled_inflight = 0;
+    bool tail_unsignalled = false;
+    uint64_t last_remote_addr = 0;    // target of the last write (for the flush write)
+    uint32_t last_rkey = 0;
+    std::deque<PendingWr> wrs;
+    std::deque<PendingOp> ops;
+  };
+
+  Status create_queue_pairs();
+  Status connect(uint32_t rank, const wire::Address& remote);
+  void record_wr(QueuePair& q, uint64_t seq, bool signalled, int slot, uint64_t raddr,
+                 uint32_t rkey);
+  void handle_completion(const ibv_wc& wc, std::vector<Completion>* completions);
+  void retire_through(QueuePair& q, uint64_t seq);
+  void complete(const PendingOp& op, std::vector<Completion>* completions);
+  void fail_queue_pair(uint32_t rank, const Status& why, std::vector<Completion>* completions);
+  void post_flush(uint32_t rank, std::vector<Completion>* completions);
+  std::string peer_name(uint32_t rank) const { return "peer " + std::to_string(rank); }
+
+  // Declared in the verbs lifetime order (verbs_transport.h note 5); the destructor releases
+  // them in reverse. api_ comes first so that it outlives every handle.
+  std::shared_ptr<VerbsApi> api_;
+  VerbsOptions options_;
+  Capabilities caps_;
+  ibv_port_attr port_attr_{};
+  ibv_gid gid_{};
+  uint64_t max_message_ = 0;
+
+  ContextPtr context_;
+  PdPtr pd_;
+  std::vector<uint64_t> staging_;  // signal values of flag writes in flight (host memory)
+  MrPtr staging_mr_;
+  std::map<uint64_t, LocalRegion> regions_;
+  CqPtr cq_;
+  std::vector<QueuePair> qps_;  // by rank; this endpoint's own entry has no queue pair
+
+  std::vector<int> free_slots_;
+  std::unordered_map<uint32_t, uint32_t> rank_by_qpn_;
+  std::map<uint64_t, RemoteRegion> remote_regions_;
+  uint64_t next_local_id_ = 1;
+  uint64_t next_remote_id_ = 1;
+  uint64_t next_seq_ = 1;
+  uint32_t outstanding_ = 0;
+  uint64_t signal_region_ = 0;
+  bool address_published_ = false;
+  Status broken_;  // set when the completion queue itself failed
+  std::mt19937 rng_;
+};
+
+Status VerbsTransportImpl::open() {
+  VerbsApi& api = *api_;
+  int num = 0;
+  ibv_device** list = api.get_device_list(&num);
+  DeviceList list_guard(&api, list);
+  if (list == nullptr || num <= 0) return Status(StatusCode::kUnavailable, kNoRdmaDeviceMessage);
+
+  const std::string port = std::to_string(options_.port);
+  std::string present;
+  std::string inactive;
+  std::string chosen;
+  bool named_seen = false;
+  for (int i = 0; i < num && !context_; ++i) {
+    const char* raw = api.get_device_name(list[i]);
+    const std::string name = raw != nullptr ? raw : "?";
+    present += (present.empty() ? "" : ", ") + name;
+    if (!options_.device.empty() && name != options_.device) continue;
+    named_seen = true;
+    ContextPtr ctx(api.open_device(list[i]), {&api});
+    if (!ctx) {
+      const int err = errno;
+      if (!options_.device.empty()) return device_error("ibv_open_device(" + name + ")", err);
+      inactive += (inactive.empty() ? "" : ", ") + name + " (open failed)";
+      continue;
+    }
+    ibv_port_attr attr{};
+    if (int rc = api.query_port(ctx.get(), options_.port, &attr); rc != 0) {
+      if (!options_.device.empty())
+        return device_error("ibv_query_port(" + name + ", port " + port + ")", rc);
+      inactive += (inactive.empty() ? "" : ", ") + name + " (port " + port + " query failed)";
+      continue;
+    }
+    if (attr.state != IBV_PORT_ACTIVE) {
+      inactive += (inactive.empty() ? "" : ", ") + name + " port " + port + " " +
+                  port_state_name(attr.state);
+      continue;
+    }
+    context_ = std::move(ctx);
+    port_attr_ = attr;
+    chosen = name;
+  }
+  if (!options_.device.empty() && !named_seen)
+    return Status(StatusCode::kNotFound, "device: \"" + options_.device +
+                                             "\" is not an RDMA device here; present: " + present);
+  if (!context_)
+    return Status(StatusCode::kUnavailable,
+                  "no RDMA device with port " + port + " active (" + inactive + ")");
+
+  ibv_device_attr dev{};
+  if (int rc = api.query_device(context_.get(), &dev); rc != 0)
+    return device_error("ibv_query_device(" + chosen + ")", rc);
+  const uint64_t cq_depth = 2ull * options_.max_outstanding_wr;
+  if (dev.max_qp_wr > 0 && options_.max_outstanding_wr > static_cast<uint32_t>(dev.max_qp_wr))
+    return Status(StatusCode::kInvalidArgument,
+                  "max_outstanding_wr: " + std::to_string(options_.max_outstanding_wr) +
+                      "; device " + chosen + " allows at most " + std::to_string(dev.max_qp_wr));
+  if (dev.max_cqe > 0 && cq_depth > static_cast<uint64_t>(dev.max_cqe))
+    return Status(StatusCode::kInvalidArgument,
+                  "max_outstanding_wr: " + std::to_string(options_.max_outstanding_wr) +
+                      "; needs a completion queue of " + std::to_string(cq_depth) +
+                      " entries and device " + chosen + " allows " + std::to_string(dev.max_cqe));
+  if (int rc = api.query_gid(context_.get(), options_.port, options_.gid_index, &gid_); rc != 0)
+    return device_error("ibv_query_gid(" + chosen + ", port " + port + ", gid_index " +
+                            std::to_string(options_.gid_index) + ")",
+                        rc < 0 ? errno : rc);
+  max_message_ = std::min<uint64_t>(port_attr_.max_msg_sz > 0 ? port_attr_.max_msg_sz : 1u << 31,
+                                    std::numeric_limits<uint32_t>::max());
+
+  pd_ = PdPtr(api.alloc_pd(context_.get()), {&api});
+  if (!pd_) return device_error("ibv_alloc_pd(" + chosen + ")", errno);
+
+  // Flag values of signal writes that do not go inline must stay in registered memory until
+  // their work request completes; the NIC only reads them (LOCAL_WRITE is what reg_mr needs).
+  staging_.assign(options_.max_outstanding_wr, 0);
+  staging_mr_ = MrPtr(api.reg_mr(pd_.get(), staging_.data(), staging_.size() * sizeof(uint64_t),
+                                 IBV_ACCESS_LOCAL_WRITE),
+                      {&api});
+  if (!staging_mr_) return device_error("ibv_reg_mr(signal staging)", errno);
+  for (int s = static_cast<int>(staging_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
+
+  cq_ = CqPtr(api.create_cq(context_.get(), static_cast<int>(cq_depth)), {&api});
+  if (!cq_) return device_error("ibv_create_cq(" + chosen + ")", errno);
+
+  caps_.provider = "verbs:" + chosen;
+  caps_.version = std::string("firmware ") + dev.fw_ver;
+  caps_.remote_write = true;
+  caps_.reports_arrivals = false;
+  caps_.ordered_writes = true;
+  caps_.dmabuf = true;
+  caps_.needs_host_staging = false;
+  caps_.cq_data_bytes = 0;
+  caps_.max_inflight = std::max<uint32_t>(1, options_.max_outstanding_wr / 2);
+  return Status::Ok();
+}
+
+Status VerbsTransportImpl::create_queue_pairs() {
+  std::vector<QueuePair> qps(options_.num_ranks);
+  for (uint32_t r = 0; r < options_.num_ranks; ++r) {
+    if (r == options_.rank) continue;
+    QueuePair& q = qps[r];
+    ibv_qp_init_attr init{};
+    init.send_cq = cq_.get();
+    init.recv_cq = cq_.get();
+    init.qp_type = IBV_QPT_RC;
+    init.sq_sig_all = 0;  // selective signalling (verbs_transport.h note 4)
+    init.cap.max_send_wr = options_.max_outstanding_wr;
+    init.cap.max_recv_wr = 1;  // nothing is ever received: peers only write
+    init.cap.max_send_sge = 1;
+    init.cap.max_recv_sge = 1;
+    init.cap.max_inline_data = options_.max_inline;
+    q.qp = QpPtr(api_->create_qp(pd_.get(), &init), {api_.get()});
+    if (!q.qp) return device_error("ibv_create_qp(for " + peer_name(r) + ")", errno);
+    q.inline_signal = init.cap.max_inline_data >= sizeof(uint64_t);
+    q.psn = static_cast<uint32_t>(rng_()) & 0xffffffu;
+
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = options_.port;
+    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;  // peers write into our registered regions
+    const int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    if (int rc = api_->modify_qp(q.qp.get(), &attr, mask); rc != 0)
+      return device_error("ibv_modify_qp(RESET->INIT, for " + peer_name(r) + ")", rc);
+  }
+  qps_ = std::move(qps);
+  for (uint32_t r = 0; r < qps_.size(); ++r)
+    if (qps_[r].qp) rank_by_qpn_[qps_[r].qp->qp_num] = r;
+  return Status::Ok();
+}
+
+StatusOr<Blob> VerbsTransportImpl::local_address() {
+  if (qps_.empty()) MK_RETURN_IF_ERROR(create_queue_pairs());
+  wire::Address a;
+  a.link_layer = port_attr_.link_layer;
+  a.mtu = static_cast<uint8_t>(port_attr_.active_mtu);
+  a.lid = port_attr_.lid;
+  a.rank = options_.rank;
+  a.num_ranks = options_.num_ranks;
+  std::memcpy(a.gid.data(), gid_.raw, a.gid.size());
+  if (signal_region_ != 0) {
+    const LocalRegion& s = regions_.at(signal_region_);
+    a.signal_addr = s.addr;
+    a.signal_rkey = s.mr->rkey;
+    a.signal_slots = static_cast<uint32_t>(
+        std::min<uint64_t>(s.length / sizeof(uint64_t), std::numeric_limits<uint32_t>::max()));
+  }
+  a.qps.resize(options_.num_ranks);
+  for (uint32_t r = 0; r < qps_.size(); ++r)
+    if (qps_[r].qp) a.qps[r] = {qps_[r].qp->qp_num, qps_[r].psn};
+  address_published_ = true;
+  return wire::encode_address(a);
+}
+
+Status VerbsTransportImpl::connect(uint32_t rank, const wire::Address& remote) {
+  QueuePair& q = qps_[rank];
+  // INIT -> RTR: where the peer is and what it expects.
+  ibv_qp_attr rtr{};
+  rtr.qp_state = IBV_QPS_RTR;
+  rtr.path_mtu = static_cast<ibv_mtu>(std::min<int>(port_attr_.active_mtu, remote.mtu));
+  rtr.dest_qp_num = remote.qps[options_.rank].qpn;
+  rtr.rq_psn = remote.qps[options_.rank].psn;
+  rtr.max_dest_rd_atomic = 1;
+  rtr.min_rnr_timer = options_.min_rnr_timer;
+  rtr.ah_attr.dlid = remote.lid;
+  rtr.ah_attr.sl = options_.service_level;
+  rtr.ah_attr.src_path_bits = 0;
+  rtr.ah_attr.port_num = options_.port;
+  // RoCE always routes by GID; InfiniBand needs the GRH only without a LID or across subnets.
+  const bool other_subnet = std::memcmp(remote.gid.data(), gid_.raw, 8) != 0;
+  if (port_attr_.link_layer == IBV_LINK_LAYER_ETHERNET || remote.lid == 0 || other_subnet) {
+    rtr.ah_attr.is_global = 1;
+    std::memcpy(rtr.ah_attr.grh.dgid.raw, remote.gid.data(), remote.gid.size());
+    rtr.ah_attr.grh.sgid_index = static_cast<uint8_t>(options_.gid_index);
+    rtr.ah_attr.grh.hop_limit = options_.hop_limit;
+    rtr.ah_attr.grh.traffic_class = options_.traffic_class;
+    rtr.ah_attr.grh.flow_label = 0;
+  }
+  const int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  if (int rc = api_->modify_qp(q.qp.get(), &rtr, rtr_mask); rc != 0)
+    return device_error("connecting to " + peer_name(rank) + ": ibv_modify_qp(INIT->RTR)", rc);
+
+  // RTR -> RTS: how this side retries.
+  ibv_qp_attr rts{};
+  rts.qp_state = IBV_QPS_RTS;
+  rts.timeout = options_.timeout;
+  rts.retry_cnt = options_.retry_cnt;
+  rts.rnr_retry = options_.rnr_retry;
+  rts.sq_psn = q.psn;
+  rts.max_rd_atomic = 1;
+  const int rts_mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+  if (int rc = api_->modify_qp(q.qp.get(), &rts, rts_mask); rc != 0)
+    return device_error("connecting to " + peer_name(rank) + ": ibv_modify_qp(RTR->RTS)", rc);
+  return Status::Ok();
+}
+
+StatusOr<uint32_t> VerbsTransportImpl::add_peer(std::span<const uint8_t> address) {
+  MK_ASSIGN_OR_RETURN(wire::Address remote, wire::decode_address(address));
+  if (remote.num_ranks != options_.num_ranks)
+    return Status(StatusCode::kInvalidArgument,
+                  "peer address: communicator of " + std::to_string(remote.num_ranks) +
+                      " ranks; this endpoint's has " + std::to_string(options_.num_ranks));
+  if (remote.rank == options_.rank)
+    return Status(StatusCode::kInvalidArgument,
+                  "peer address: rank " + std::to_string(remote.rank) + " is this endpoint");
+  if (remote.link_layer != port_attr_.link_layer)
+    return Status(StatusCode::kInvalidArgument,
+                  peer_name(remote.rank) +
+                      ": link layer differs from this port's (InfiniBand and RoCE do not mix)");
+  if (qps_.empty()) MK_RETURN_IF_ERROR(create_queue_pairs());
+  QueuePair& q = qps_[remote.rank];
+  if (q.connected)
+    return Status(StatusCode::kAlreadyExists, peer_name(remote.rank) + " is already connected");
+  if (q.failed)
+    return Status(StatusCode::kFailedPrecondition,
+                  peer_name(remote.rank) + ": an earlier connect failed: " + q.failure.message());
+  if (remote.qps[options_.rank].qpn == 0)
+    return Status(StatusCode::kProtocolError,
+                  peer_name(remote.rank) + "'s address has no queue pair for rank " +
+                      std::to_string(options_.rank));
+  if (Status s = connect(remote.rank, remote); !s.ok()) {
+    q.failed = true;  // the queue pair is in an unknown state: not used again
+    q.failure = s;
+    return s;
+  }
+  q.connected = true;
+  q.signal_addr = remote.signal_addr;
+  q.signal_rkey = remote.signal_rkey;
+  q.signal_slots = remote.signal_slots;
+  return remote.rank;
+}
+
+StatusOr<Registration> VerbsTransportImpl::register_memory(const RegisterRequest& request) {
+  if (request.length == 0)
+    return Status(StatusCode::kInvalidArgument, "register_memory: length 0; expected > 0");
+  if (request.addr == nullptr)
+    return Status(StatusCode::kInvalidArgument, "register_memory: no address given");
+  if (request.kind == MemoryKind::kDmabuf && request.dmabuf_fd < 0)
+    return Status(StatusCode::kInvalidArgument,
+                  "register_memory: dmabuf_fd " + std::to_string(request.dmabuf_fd) +
+                      "; expected a descriptor >= 0 for MemoryKind::kDmabuf");
+  // Peers may write only where the caller said so (net_transport.h note 4). Never
+  // IBV_ACCESS_RELAXED_ORDERING: these regions receive flags (verbs_transport.h note 3).
+  int access = IBV_ACCESS_LOCAL_WRITE;
+  if (request.remote_writable) access |= IBV_ACCESS_REMOTE_WRITE;
+  const uint64_t va = reinterpret_cast<uintptr_t>(request.addr);
+  ibv_mr* raw = nullptr;
+  const char* what = nullptr;
+  if (request.kind == MemoryKind::kHost) {
+    raw = api_->reg_mr(pd_.get(), request.addr, request.length, access);
+    what = "ibv_reg_mr(host memory, ";
+  } else if (request.kind == MemoryKind::kDmabuf) {
+    // The GPU virtual address is the region's iova, so work requests and peers use GPU VAs.
+    raw = api_->reg_dmabuf_mr(pd_.get(), request.dmabuf_offset, request.length, va,
+                              request.dmabuf_fd, access);
+    what = "ibv_reg_dmabuf_mr(GPU memory, ";
+  } else {
+    return Status(StatusCode::kInvalidArgument,
+                  "register_memory: kind " + std::to_string(static_cast<int>(request.kind)) +
+                      "; expected kHost or kDmabuf");
+  }
+  if (raw == nullptr)
+    return device_error(std::string(what) + std::to_string(request.length) + " bytes)", errno);
+  LocalRegion region;
+  region.mr = MrPtr(raw, {api_.get()});
+  region.addr = va;
+  region.length = request.length;
+  region.remote_writable = request.remote_writable;
+  Registration out;
+  out.local_id = next_local_id_++;
+  if (request.remote_writable)
+    out.descriptor = wire::encode_region({va, request.length, raw->rkey});
+  regions_.emplace(out.local_id, std::move(region));
+  return out;
+}
+
+Status VerbsTransportImpl::deregister_memory(uint64_t local_id) {
+  auto it = regions_.find(local_id);
+  if (it == regions_.end())
+    return Status(StatusCode::kNotFound,
+                  "deregister_memory: region " + std::to_string(local_id) + " is not registered");
+  if (local_id == signal_region_)
+    return Status(StatusCode::kFailedPrecondition,
+                  "deregister_memory: region " + std::to_string(local_id) +
+                      " is the signal region; it lives as long as the transport");
+  if (it->second.inflight > 0)
+    return Status(StatusCode::kFailedPrecondition,
+                  "deregister_memory: region " + std::to_string(local_id) + " has " +
+                      std::to_string(it->second.inflight) +
+                      " writes in flight; poll until they complete");
+  ibv_mr* mr = it->second.mr.release();
+  if (int rc = api_->dereg_mr(mr); rc != 0) {
+    it->second.mr.reset(mr);  // still registered: keep owning it
+    return device_error("ibv_dereg_mr(region " + std::to_string(local_id) + ")", rc);
+  }
+  regions_.erase(it);
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> VerbsTransportImpl::import_region(uint32_t peer,
+                                                     std::span<const uint8_t> descriptor) {
+  if (peer >= qps_.size() || !qps_[peer].connected)
+    return Status(StatusCode::kNotFound, "import_region: " + peer_name(peer) + " is not connected");
+  MK_ASSIGN_OR_RETURN(wire::Region r, wire::decode_region(descriptor));
+  const uint64_t id = next_remote_id_++;
+  remote_regions_[id] = RemoteRegion{peer, r.addr, r.length, r.rkey};
+  return id;
+}
+
+Status VerbsTransportImpl::set_signal_region(uint64_t local_id) {
+  if (address_published_)
+    return Status(StatusCode::kFailedPrecondition,
+                  "set_signal_region: the address was already taken; set the signal region "
+                  "before local_address()");
+  auto it = regions_.find(local_id);
+  if (it == regions_.end())
+    return Status(StatusCode::kNotFound,
+                  "set_signal_region: region " + std::to_string(local_id) + " is not registered");
+  const LocalRegion& r = it->second;
+  if (!r.remote_writable)
+    return Status(StatusCode::kInvalidArgument,
+                  "set_signal_region: region " + std::to_string(local_id) +
+                      " was registered without remote_writable; peers could not write flags");
+  if (r.length < sizeof(uint64_t) || r.length % sizeof(uint64_t) != 0 ||
+      r.addr % sizeof(uint64_t) != 0)
+    return Status(StatusCode::kInvalidArgument,
+                  "set_signal_region: region " + std::to_string(local_id) + " is " +
+                      std::to_string(r.length) +
+                      " bytes; expected 8-byte aligned, a non-zero multiple of 8 bytes");
+  signal_region_ = local_id;
+  return Status::Ok();
+}
+
+void VerbsTransportImpl::record_wr(QueuePair& q, uint64_t seq, bool signalled, int slot,
+                                   uint64_t raddr, uint32_t rkey) {
+  q.wrs.push_back({seq, signalled, slot});
+  ++outstanding_;
+  if (signalled) {
+    ++q.signalled_inflight;
+    q.since_signal = 0;
+  } else {
+    ++q.since_signal;
+  }
+  q.tail_unsignalled = !signalled;
+  q.last_remote_addr = raddr;
+  q.last_rkey = rkey;
+}
+
+Status VerbsTransportImpl::post_write(const WriteOp& op) {
+  if (!broken_.ok()) return broken_;
+  if (op.peer >= qps_.size() || !qps_[op.peer].connected)
+    return Status(StatusCode::kNotFound, "post_write: " + peer_name(op.peer) + " is not connected");
+  QueuePair& q = qps_[op.peer];
+  if (q.failed)
+    return Status(StatusCode::kFailedPrecondition,
+                  "post_write: " + peer_name(op.peer) +
+                      "'s queue pair failed earlier: " + q.failure.message());
+  if (op.length == 0 && !op.has_signal)
+    return Status(StatusCode::kInvalidArgument,
+                  "post_write: length 0 and no signal; nothing to write");
+
+  LocalRegion* local = nullptr;
+  const RemoteRegion* remote = nullptr;
+  if (op.length > 0) {
+    auto l = regions_.find(op.local_region);
+    if (l == regions_.end())
+      return Status(StatusCode::kNotFound, "post_write: local region " +
+                                               std::to_string(op.local_region) +
+                                               " is not registered");
+    local = &l->second;
+    auto r = remote_regions_.find(op.remote_region);
+    if (r == remote_regions_.end())
+      return Status(StatusCode::kNotFound, "post_write: remote region " +
+                                               std::to_string(op.remote_region) +
+                                               " was not imported");
+    remote = &r->second;
+    if (remote->peer != op.peer)
+      return Status(StatusCode::kInvalidArgument,
+                    "post_write: remote region " + std::to_string(op.remote_region) +
+                        " belongs to " + peer_name(remote->peer) + ", not " + peer_name(op.peer));
+    if (op.length > max_message_)
+      return Status(StatusCode::kInvalidArgument,
+                    "post_write: length " + std::to_string(op.length) +
+                        " exceeds one RDMA write's limit of " + std::to_string(max_message_));
+    if (op.local_offset > local->length || op.length > local->length - op.local_offset)
+      return Status(StatusCode::kInvalidArgument,
+                    "post_write: " + std::to_string(op.length) + " bytes at offset " +
+                        std::to_string(op.local_offset) + " run past local region " +
+                        std::to_string(op.local_region) + " (" + std::to_string(local->length) +
+                        " bytes)");
+    if (op.remote_offset > remote->length || op.length > remote->length - op.remote_offset)
+      return Status(StatusCode::kInvalidArgument,
+                    "post_write: " + std::to_string(op.length) + " bytes at offset " +
+                        std::to_string(op.remote_offset) + " run past remote region " +
+                        std::to_string(op.remote_region) + " (" +
+                        std::to_string(remote->length) + " bytes)");
+  }
+  if (op.has_signal) {
+    if (q.signal_slots == 0)
+      return Status(StatusCode::kFailedPrecondition,
+                    "post_write: " + peer_name(op.peer) + " published no signal region");
+    if (op.signal_idx >= q.signal_slots)
+      return Status(StatusCode::kInvalidArgument,
+                    "post_write: signal_idx " + std::to_string(op.signal_idx) + "; " +
+                        peer_name(op.peer) + " has " + std::to_string(q.signal_slots) +
+                        " signal slots");
+  }
+  const uint32_t need = (op.length > 0 ? 1u : 0u) + (op.has_signal ? 1u : 0u);
+  if (outstanding_ + need > options_.max_outstanding_wr)
+    return Status(StatusCode::kUnavailable,
+                  "post_write: " + std::to_string(outstanding_) + " of " +
+                      std::to_string(options_.max_outstanding_wr) +
+                      " work requests in flight; poll and retry");
+
+  // Build the chain: [data write] -> [signal write]. RC executes them in this order.
+  ibv_sge sge[2]{};
+  ibv_send_wr wr[2]{};
+  int n = 0;
+  uint64_t seq = next_seq_;
+  const uint64_t data_seq = seq;
+  int slot = -1;
+  if (op.length > 0) {
+    sge[n].addr = local->addr + op.local_offset;
+    sge[n].length = static_cast<uint32_t>(op.length);
+    sge[n].lkey = local->mr->lkey;
+    wr[n].wr_id = seq++;
+    wr[n].sg_list = &sge[n];
+    wr[n].num_sge = 1;
+    wr[n].opcode = IBV_WR_RDMA_WRITE;
+    // The signal write right behind it is signalled, which retires this one too.
+    const bool signalled = !op.has_signal && q.since_signal + 1 >= options_.signal_every;
+    wr[n].send_flags = signalled ? unsigned{IBV_SEND_SIGNALED} : 0u;
+    wr[n].wr.rdma.remote_addr = remote->addr + op.remote_offset;
+    wr[n].wr.rdma.rkey = remote->rkey;
+    ++n;
+  }
+  if (op.has_signal) {
+    slot = free_slots_.back();  // free_slots_ holds max_outstanding_wr >= outstanding_ + 1
+    staging_[static_cast<size_t>(slot)] = op.signal_value;
+    sge[n].addr = reinterpret_cast<uintptr_t>(&staging_[static_cast<size_t>(slot)]);
+    sge[n].length = sizeof(uint64_t);
+    sge[n].lkey = staging_mr_->lkey;
+    wr[n].wr_id = seq++;
+    wr[n].sg_list = &sge[n];
+    wr[n].num_sge = 1;
+    wr[n].opcode = IBV_WR_RDMA_WRITE;
+    wr[n].send_flags = IBV_SEND_SIGNALED | (q.inline_signal ? unsigned{IBV_SEND_INLINE} : 0u);
+    wr[n].wr.rdma.remote_addr = q.signal_addr + sizeof(uint64_t) * uint64_t{op.signal_idx};
+    wr[n].wr.rdma.rkey = q.signal_rkey;
+    if (n == 1) wr[0].next = &wr[1];
+    ++n;
+  }
+
+  ibv_send_wr* bad = nullptr;
+  const int rc = api_->post_send(q.qp.get(), &wr[0], &bad);
+  int posted = n;
+  if (rc != 0) posted = bad == nullptr ? 0 : static_cast<int>(bad - &wr[0]);
+  if (posted <= 0 || posted > n) {
+    if (rc == ENOMEM)
+      return Status(StatusCode::kUnavailable, "post_write: send queue of " + peer_name(op.peer) +
+                                                  " is full (ibv_post_send: " +
+                                                  std::strerror(rc) + "); poll and retry");
+    return device_error("post_write: ibv_post_send to " + peer_name(op.peer), rc);
+  }
+  PendingOp pending;
+  pending.cookie = op.cookie;
+  pending.first_seq = data_seq;
+  pending.local_region = op.length > 0 ? op.local_region : 0;
+  for (int i = 0; i < posted; ++i) {
+    const bool is_signal = op.has_signal && i == n - 1;
+    record_wr(q, wr[i].wr_id, (wr[i].send_flags & IBV_SEND_SIGNALED) != 0,
+              is_signal ? slot : -1, wr[i].wr.rdma.remote_addr, wr[i].wr.rdma.rkey);
+    if (is_signal) free_slots_.pop_back();
+  }
+  pending.last_seq = wr[posted - 1].wr_id;
+  if (posted < n)  // the data write went out, its signal did not: report it in the Completion
+    pending.status = device_error("signal write to " + peer_name(op.peer) +
+                                      " could not be posted after its data write (ibv_post_send)",
+                                  rc);
+  next_seq_ = pending.last_seq + 1;
+  if (local != nullptr) ++local->inflight;
+  q.ops.push_back(std::move(pending));
+  return Status::Ok();
+}
+
+void VerbsTransportImpl::complete(const PendingOp& op, std::vector<Completion>* completions) {
+  if (op.local_region != 0) {
+    auto it = regions_.find(op.local_region);
+    if (it != regions_.end() && it->second.inflight > 0) --it->second.inflight;
+  }
+  completions->push_back(Completion{op.cookie, op.status});
+}
+
+void VerbsTransportImpl::retire_through(QueuePair& q, uint64_t seq) {
+  while (!q.wrs.empty() && q.wrs.front().seq <= seq) {
+    const PendingWr& w = q.wrs.front();
+    if (w.signalled && q.signalled_inflight > 0) --q.signalled_inflight;
+    if (w.staging_slot >= 0) free_slots_.push_back(w.staging_slot);
+    if (outstanding_ > 0) --outstanding_;
+    q.wrs.pop_front();
+  }
+  if (q.wrs.empty()) q.tail_unsignalled = false;
+}
+
+void VerbsTransportImpl::fail_queue_pair(uint32_t rank, const Status& why,
+                                         std::vector<Completion>* completions) {
+  QueuePair& q = qps_[rank];
+  q.failed = true;
+  q.failure = why;
+  // Work requests behind the failure are flushed by the NIC; some providers report unsignalled
+  // ones, some do not. Fail them now and ignore whatever this queue pair reports later.
+  retire_through(q, std::numeric_limits<uint64_t>::max());
+  while (!q.ops.empty()) {
+    PendingOp& op = q.ops.front();
+    if (op.status.ok())
+      op.status = Status(why.code() == StatusCode::kOk ? StatusCode::kInternal : why.code(),
+                         "not executed: an earlier write to " + peer_name(rank) +
+                             " failed: " + why.message());
+    complete(op, completions);
+    q.ops.pop_front();
+  }
+}
+
+void VerbsTransportImpl::handle_completion(const ibv_wc& wc,
+                                           std::vector<Completion>* completions) {
+  auto found = rank_by_qpn_.find(wc.qp_num);
+  if (found == rank_by_qpn_.end()) return;
+  const uint32_t rank = found->second;
+  QueuePair& q = qps_[rank];
+  if (q.failed) return;  // already failed whole; these are its flushes
+  const uint64_t seq = wc.wr_id;
+  Status status;
+  if (wc.status != IBV_WC_SUCCESS) {
+    const char* text = api_->wc_status_str(wc.status);
+    char vendor[16];
+    std::snprintf(vendor, sizeof(vendor), "0x%x", wc.vendor_err);
+    status = Status(wc_status_code(wc.status),
+                    "RDMA write to " + peer_name(rank) + " failed: " +
+                        (text != nullptr ? text : "?") + " (" + wc_status_name(wc.status) +
+                        ", vendor error " + vendor + ")");
+  }
+  // In-order execution: a completion for `seq` means every earlier work request of this queue
+  // pair finished successfully (a failed one would have completed with its own error).
+  retire_through(q, seq);
+  while (!q.ops.empty()) {
+    PendingOp& op = q.ops.front();
+    if (op.first_seq > seq) break;
+    if (!status.ok() && op.last_seq >= seq && op.status.ok()) op.status = status;
+    if (op.last_seq > seq) break;
+    complete(op, completions);
+    q.ops.pop_front();
+  }
+  if (!status.ok()) fail_queue_pair(rank, status, completions);
+}
+
+void VerbsTransportImpl::post_flush(uint32_t rank, std::vector<Completion>* completions) {
+  QueuePair& q = qps_[rank];
+  // A signalled zero-length RDMA write at the last target: it moves no data and its completion
+  // retires the unsignalled work requests ahead of it.
+  ibv_send_wr wr{};
+  wr.wr_id = next_seq_;
+  wr.sg_list = nullptr;
+  wr.num_sge = 0;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = q.last_remote_addr;
+  wr.wr.rdma.rkey = q.last_rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = api_->post_send(q.qp.get(), &wr, &bad); rc != 0) {
+    if (rc == ENOMEM) return;  // full: a completion will come and the next poll retries
+    fail_queue_pair(rank,
+                    device_error("ibv_post_send(completion request to " + peer_name(rank) + ")",
+                                 rc),
+                    completions);
+    return;
+  }
+  record_wr(q, next_seq_, true, -1, q.last_remote_addr, q.last_rkey);
+  ++next_seq_;
+}
+
+size_t VerbsTransportImpl::poll(std::vector<Completion>* completions,
+                                std::vector<Arrival>* /*arrivals: none, see note 2*/) {
+  const size_t before = completions->size();
+  if (!broken_.ok() || !cq_) return 0;
+  constexpr int kBatch = 16;
+  constexpr int kMaxBatches = 8;  // bounds the time one poll() takes
+  ibv_wc wc[kBatch];
+  for (int b = 0; b < kMaxBatches; ++b) {
+    const int got = api_->poll_cq(cq_.get(), kBatch, wc);
+    if (got < 0) {
+      // The completion queue itself failed (overrun or device error): nothing in flight will
+      // ever be reported, so fail all of it, and every later post.
+      broken_ = Status(StatusCode::kDeviceError,
+                       "ibv_poll_cq failed (" + std::to_string(got) +
+                           "); the completion queue is unusable");
+      for (uint32_t r = 0; r < qps_.size(); ++r)
+        if (qps_[r].connected && !qps_[r].failed) fail_queue_pair(r, broken_, completions);
+      return completions->size() - before;
+    }
+    for (int i = 0; i < got; ++i) handle_completion(wc[i], completions);
+    if (got < kBatch) break;
+  }
+  for (uint32_t r = 0; r < qps_.size(); ++r) {
+    QueuePair& q = qps_[r];
+    if (q.connected && !q.failed && q.tail_unsignalled && q.signalled_inflight == 0 &&
+        outstanding_ < options_.max_outstanding_wr)
+      post_flush(r, completions);
+  }
+  return completions->size() - before;
+}
+
+}  // namespace
+
+Status validate(const VerbsOptions& o) {
+  auto bad = [](const std::string& field, uint64_t value, const std::string& expected) {
+    return Status(StatusCode::kInvalidArgument,
+                  field + ": " + std::to_string(value) + "; expected " + expected);
+  };
+  if (o.port == 0) return bad("port", o.port, "a port number >= 1");
+  if (o.gid_index < 0 || o.gid_index > 255)
+    return Status(StatusCode::kInvalidArgument,
+                  "gid_index: " + std::to_string(o.gid_index) + "; expected 0..255");
+  if (o.max_outstanding_wr < 2 || o.max_outstanding_wr > 32768)
+    return bad("max_outstanding_wr", o.max_outstanding_wr,
+               "2..32768 (a write with a signal takes two)");
+  if (o.signal_every < 1 || o.signal_every > o.max_outstanding_wr)
+    return bad("signal_every", o.signal_every, "1..max_outstanding_wr");
+  if (o.num_ranks < 1 || o.num_ranks > verbs_wire::kMaxRanks)
+    return bad("num_ranks", o.num_ranks, "1.." + std::to_string(verbs_wire::kMaxRanks));
+  if (o.rank >= o.num_ranks) return bad("rank", o.rank, "< num_ranks");
+  if (o.max_inline > 1024) return bad("max_inline", o.max_inline, "0..1024");
+  if (o.timeout > 31) return bad("timeout", o.timeout, "0..31");
+  if (o.retry_cnt > 7) return bad("retry_cnt", o.retry_cnt, "0..7");
+  if (o.rnr_retry > 7) return bad("rnr_retry", o.rnr_retry, "0..7 (7: retry forever)");
+  if (o.min_rnr_timer > 31) return bad("min_rnr_timer", o.min_rnr_timer, "0..31");
+  if (o.service_level > 15) return bad("service_level", o.service_level, "0..15");
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Transport>> open_verbs(const VerbsOptions& options) {
+  return open_verbs(options, real_verbs_api());
+}
+
+StatusOr<std::unique_ptr<Transport>> open_verbs(const VerbsOptions& options,
+                                                std::shared_ptr<VerbsApi> api) {
+  MK_RETURN_IF_ERROR(validate(options));
+  if (!api) return Status(StatusCode::kInvalidArgument, "open_verbs: no VerbsApi given");
+  auto t = std::make_unique<VerbsTransportImpl>(std::move(api), options);
+  MK_RETURN_IF_ERROR(t->open());
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace mkernel::daemon::net
