@@ -336,7 +336,8 @@ void Daemon::event_loop() {
       if (polled[i]->ended() && polled[i]->farewell_sent) continue;
       if (re & POLLIN) handle_readable(polled[i]);
       else if (re & (POLLHUP | POLLERR | POLLNVAL))
-        finish_session(polled[i], Status(StatusCode::kUnavailable, "client closed the connection"));
+        finish_session(polled[i], Status(StatusCode::kUnavailable, "client closed the connection"),
+                       /*client_left=*/true);
     }
     if (fds[0].revents & POLLIN) accept_clients();
     // Clients that connected but never said hello in time.
@@ -407,9 +408,11 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   // Clients never hand the daemon descriptors: exactly zero are accepted.
   const Status rs = mp::recv_message(s->socket_fd(), &req, 0, nullptr, 1000ms);
   if (!rs.ok()) {
-    finish_session(s, rs.code() == StatusCode::kUnavailable
-                          ? Status(StatusCode::kUnavailable, "client closed the connection")
-                          : rs.with_context("malformed request"));
+    if (rs.code() == StatusCode::kUnavailable)
+      finish_session(s, Status(StatusCode::kUnavailable, "client closed the connection"),
+                     /*client_left=*/true);
+    else
+      finish_session(s, rs.with_context("malformed request"));
     return;
   }
   if (s->ended()) return;
@@ -417,7 +420,7 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   reply.set_request_id(req.request_id());
   std::vector<int> fds;
   if (req.has_goodbye()) {
-    finish_session(s, Status(StatusCode::kOk, "client said goodbye"));
+    finish_session(s, Status(StatusCode::kOk, "client said goodbye"), /*client_left=*/true);
     return;
   }
   Status hs;
@@ -550,9 +553,8 @@ Status Daemon::handle_request(Session& s, const pb::Request& req, pb::Reply* rep
                                                 " carries no known body");
 }
 
-void Daemon::finish_session(const std::shared_ptr<Session>& s, Status why) {
+void Daemon::finish_session(const std::shared_ptr<Session>& s, Status why, bool client_left) {
   if (s->farewell_sent) return;
-  const bool client_left = why.code() == StatusCode::kOk || why.message() == "client closed the connection";
   s->end(why, client_left ? 0u : static_cast<uint32_t>(kRingErrSessionEnded), static_cast<uint32_t>(why.code()), 0);
   const Status reason = s->end_reason();
   if (!client_left) {

@@ -72,7 +72,9 @@ class Daemon final : public DaemonControl {
                         std::vector<int>* fds);
   Status handle_hello(const std::shared_ptr<Session>& s, const session::v1::Request& req,
                       session::v1::Reply* reply);
-  void finish_session(const std::shared_ptr<Session>& s, Status why);
+  // Ends a session (once): stops its producers, tells the client why unless the client itself
+  // left (closed or said goodbye), and lets go of it.
+  void finish_session(const std::shared_ptr<Session>& s, Status why, bool client_left = false);
   void republish_peers();
   void wake();
   bool proxy_alive(const Proxy& p) const;
