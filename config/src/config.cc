@@ -93,6 +93,16 @@ void write_transport(Writer& w, const TransportConfig& t) {
   w.close();
 }
 
+// `["unix:admin.sock", "tcp:[::]:50051"]`
+std::string listen_list(const std::vector<ListenAddress>& addresses) {
+  std::string out = "[";
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (i != 0) out += ", ";
+    out += quoted(to_string(addresses[i]));
+  }
+  return out + "]";
+}
+
 // ---- reload -----------------------------------------------------------------------------
 
 const GpuOverride* find_override(const DaemonConfig& c, uint32_t gpu) {
@@ -189,12 +199,7 @@ std::string to_yaml(const DaemonConfig& c) {
   w.close();
 
   w.open("grpc");
-  std::string listen = "[";
-  for (size_t i = 0; i < c.grpc.listen.size(); ++i) {
-    if (i != 0) listen += ", ";
-    listen += quoted(to_string(c.grpc.listen[i]));
-  }
-  w.line("listen", listen + "]");
+  w.line("listen", listen_list(c.grpc.listen));
   w.line("socket_group", quoted(c.grpc.socket_group));
   w.line("socket_mode", quoted(detail::format_mode(c.grpc.socket_mode)));
   w.open("tls");
@@ -202,6 +207,12 @@ std::string to_yaml(const DaemonConfig& c) {
   w.line("key", quoted(c.grpc.tls.key));
   w.line("client_ca", quoted(c.grpc.tls.client_ca));
   w.close();
+  w.close();
+
+  w.open("peer");
+  w.line("listen", listen_list(c.peer.listen));
+  w.line("advertise", quoted(c.peer.advertise));
+  w.line("max_forming", std::to_string(c.peer.max_forming));
   w.close();
 
   w.open("logging");
@@ -254,6 +265,8 @@ std::vector<std::string> restart_required_changes(const DaemonConfig& a, const D
   check(a.grpc.tls.cert != b.grpc.tls.cert, "grpc.tls.cert");
   check(a.grpc.tls.key != b.grpc.tls.key, "grpc.tls.key");
   check(a.grpc.tls.client_ca != b.grpc.tls.client_ca, "grpc.tls.client_ca");
+  check(a.peer.listen != b.peer.listen, "peer.listen");
+  check(a.peer.advertise != b.peer.advertise, "peer.advertise");
   check(a.metrics.enabled != b.metrics.enabled, "metrics.enabled");
   check(a.metrics.host != b.metrics.host || a.metrics.port != b.metrics.port, "metrics.listen");
   return out;
@@ -267,6 +280,7 @@ DaemonConfig hot_reloaded(const DaemonConfig& running, const DaemonConfig& loade
   out.timeouts = loaded.timeouts;
   out.client_socket.allowed_uids = loaded.client_socket.allowed_uids;
   out.client_socket.allowed_gids = loaded.client_socket.allowed_gids;
+  out.peer.max_forming = loaded.peer.max_forming;
   out.logging = loaded.logging;
 
   // Per GPU: polling and batching from `loaded`, affinity and transport from `running`.
@@ -312,6 +326,14 @@ std::string client_socket_path(const DaemonConfig& c) {
 std::string grpc_uri(const DaemonConfig& c, const ListenAddress& a) {
   if (a.kind == ListenKind::kUnix) return "unix:" + runtime_path(c, a.path);
   return detail::format_host_port(a.host, a.port);
+}
+
+std::string peer_advertise_target(const DaemonConfig& c) {
+  if (c.peer.advertise.empty()) {
+    return c.peer.listen.empty() ? std::string() : grpc_uri(c, c.peer.listen.front());
+  }
+  const std::optional<ListenAddress> a = detail::parse_listen(c.peer.advertise);
+  return a ? grpc_uri(c, *a) : std::string();
 }
 
 std::string to_string(const ListenAddress& a) {

@@ -714,7 +714,7 @@ void read_overrides(Ctx& ctx, const Section& top, const DaemonConfig& base,
   }
 }
 
-// One grpc.listen item as written, with its place in the file.
+// One grpc.listen or peer.listen item as written, with its place in the file.
 struct ListenItem {
   std::string path;
   std::string text;
@@ -809,16 +809,48 @@ void read_metrics(const Section& s, MetricsConfig& out) {
   out.port = hp->port;
 }
 
-// Checks across sections, on fields read without error: socket path lengths, gRPC listeners
-// against each other, the client socket and TLS.
+void read_peer(const Section& s, PeerConfig& out) {
+  read_string(s, "advertise",
+              "\"unix:PATH\" or \"tcp:HOST:PORT\", or \"\" for the first peer.listen address",
+              [](const std::string& t) { return t.empty() || detail::parse_listen(t).has_value(); },
+              out.advertise);
+  read_uint(s, "max_forming", 1, detail::kMaxPeerForming, out.max_forming);
+}
+
+std::string too_long(const std::string& full) {
+  return "a path of at most " + std::to_string(kMaxSocketPathBytes) +
+         " bytes once joined to node.runtime_dir (it would be " + std::to_string(full.size()) +
+         ")";
+}
+
+// Two listeners clash when these are equal: the socket's full path, or TCP host and port.
+std::string listen_id(const DaemonConfig& c, const ListenAddress& a) {
+  return a.kind == ListenKind::kUnix ? "unix:" + runtime_path(c, a.path)
+                                     : "tcp:" + detail::format_host_port(a.host, a.port);
+}
+
+// The listeners of one service to check: those read from the file or, when `key` was not
+// written, the defaults, placed at node.runtime_dir (their unix paths depend on it).
+std::vector<ListenItem> listeners_to_check(const Ctx& ctx, const Section& node,
+                                           const std::string& key,
+                                           const std::vector<ListenItem>& read,
+                                           const std::vector<ListenAddress>& addresses) {
+  if (!read.empty() || ctx.bad_under(key)) return read;
+  const Entry* dir = node.get("runtime_dir");
+  std::vector<ListenItem> items;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    items.push_back(ListenItem{key + "[" + std::to_string(i) + "]", to_string(addresses[i]),
+                               dir != nullptr ? dir->value_pos : Pos{}, addresses[i]});
+  }
+  return items;
+}
+
+// Checks across sections, on fields read without error: socket path lengths; gRPC and peer
+// listeners against each other, the client socket and TLS.
 void check_sockets(Ctx& ctx, const Section& node, const Section& sock,
-                   const std::vector<ListenItem>& listen, const DaemonConfig& c) {
+                   const std::vector<ListenItem>& grpc_listen,
+                   const std::vector<ListenItem>& peer_listen, const DaemonConfig& c) {
   if (ctx.bad("node.runtime_dir")) return;
-  const auto too_long = [&](const std::string& full) {
-    return "a path of at most " + std::to_string(kMaxSocketPathBytes) +
-           " bytes once joined to node.runtime_dir (it would be " + std::to_string(full.size()) +
-           ")";
-  };
   const std::string client_path = client_socket_path(c);
   const bool client_ok = !ctx.bad("client_socket.path");
   if (client_ok && client_path.size() > kMaxSocketPathBytes) {
@@ -827,44 +859,97 @@ void check_sockets(Ctx& ctx, const Section& node, const Section& sock,
     const Pos pos = p != nullptr ? p->value_pos : dir != nullptr ? dir->value_pos : Pos{};
     ctx.invalid(pos, "client_socket.path", c.client_socket.path, too_long(client_path));
   }
-  const bool have_tls = !c.grpc.tls.cert.empty() && !c.grpc.tls.key.empty();
-  const bool tls_ok = !ctx.bad_under("grpc.tls");
-  // Listeners not written in the file are the defaults: check them where runtime_dir is set.
-  std::vector<ListenItem> items = listen;
-  if (items.empty() && !ctx.bad_under("grpc.listen")) {
-    const Entry* dir = node.get("runtime_dir");
-    for (size_t i = 0; i < c.grpc.listen.size(); ++i) {
-      items.push_back(ListenItem{"grpc.listen[" + std::to_string(i) + "]",
-                                 to_string(c.grpc.listen[i]),
-                                 dir != nullptr ? dir->value_pos : Pos{}, c.grpc.listen[i]});
-    }
-  }
-  std::vector<std::string> seen;
-  for (const ListenItem& item : items) {
-    const ListenAddress& a = item.address;
-    const std::string id = a.kind == ListenKind::kUnix ? "unix:" + runtime_path(c, a.path)
-                                                        : "tcp:" + detail::format_host_port(
-                                                                       a.host, a.port);
+  // Within one service: no repeats; a unix socket fits sun_path and is not the client socket.
+  // False when the item was reported.
+  const auto check_item = [&](const ListenItem& item, std::vector<std::string>& seen) {
+    const std::string id = listen_id(c, item.address);
     if (std::find(seen.begin(), seen.end(), id) != seen.end()) {
       ctx.invalid(item.pos, item.path, item.text, "an address not already listed");
-      continue;
+      return false;
     }
     seen.push_back(id);
-    if (a.kind == ListenKind::kTcp) {
-      if (!have_tls && tls_ok) {
-        ctx.invalid(item.pos, item.path, item.text,
-                    "a \"unix:\" address unless grpc.tls.cert and grpc.tls.key are set");
-      }
-      continue;
-    }
-    const std::string full = runtime_path(c, a.path);
+    if (item.address.kind == ListenKind::kTcp) return true;
+    const std::string full = runtime_path(c, item.address.path);
     if (full.size() > kMaxSocketPathBytes) {
       ctx.invalid(item.pos, item.path, item.text, too_long(full));
-    } else if (client_ok && full == client_path) {
+      return false;
+    }
+    if (client_ok && full == client_path) {
       ctx.invalid(item.pos, item.path, item.text,
                   "a socket other than the client socket (" + client_path + ")");
+      return false;
+    }
+    return true;
+  };
+
+  // The admin service serves TCP only with TLS.
+  const bool have_tls = !c.grpc.tls.cert.empty() && !c.grpc.tls.key.empty();
+  const bool tls_ok = !ctx.bad_under("grpc.tls");
+  std::vector<std::string> grpc_ids;
+  std::vector<std::pair<std::string, const ListenItem*>> grpc_taken;  // id, first item
+  const std::vector<ListenItem> grpc =
+      listeners_to_check(ctx, node, "grpc.listen", grpc_listen, c.grpc.listen);
+  for (const ListenItem& item : grpc) {
+    const std::string id = listen_id(c, item.address);
+    if (std::none_of(grpc_taken.begin(), grpc_taken.end(),
+                     [&](const auto& taken) { return taken.first == id; })) {
+      grpc_taken.emplace_back(id, &item);
+    }
+    if (!check_item(item, grpc_ids)) continue;
+    if (item.address.kind == ListenKind::kTcp && !have_tls && tls_ok) {
+      ctx.invalid(item.pos, item.path, item.text,
+                  "a \"unix:\" address unless grpc.tls.cert and grpc.tls.key are set");
     }
   }
+
+  // The peer service serves TCP without TLS (its calls carry the communicator's token), on
+  // addresses of its own.
+  std::vector<std::string> peer_ids;
+  for (const ListenItem& item :
+       listeners_to_check(ctx, node, "peer.listen", peer_listen, c.peer.listen)) {
+    if (!check_item(item, peer_ids)) continue;
+    const std::string id = listen_id(c, item.address);
+    for (const auto& [grpc_id, grpc_item] : grpc_taken) {
+      if (grpc_id != id) continue;
+      const std::string where = item.address.kind == ListenKind::kUnix
+                                    ? "a socket other than " + grpc_item->path + " (" +
+                                          runtime_path(c, item.address.path) + ")"
+                                    : "an address other than " + grpc_item->path + " (" +
+                                          grpc_item->text + ")";
+      ctx.invalid(item.pos, item.path, item.text, where);
+      break;
+    }
+  }
+}
+
+// peer.advertise is what other nodes dial: a wildcard host cannot be dialed, so one must be
+// given when the first listener is on one.
+void check_peer_advertise(Ctx& ctx, const Section& peer, const std::vector<ListenItem>& listen,
+                          const DaemonConfig& c) {
+  if (ctx.bad("peer.advertise")) return;
+  const Entry* advertise = peer.get("advertise");
+  if (!c.peer.advertise.empty()) {
+    const std::optional<ListenAddress> a = detail::parse_listen(c.peer.advertise);
+    if (!a) return;  // reported when read
+    if (a->kind == ListenKind::kTcp && detail::is_wildcard_host(a->host)) {
+      ctx.invalid(*advertise,
+                  "an address other nodes can dial, not a wildcard host (0.0.0.0 or ::)");
+    } else if (a->kind == ListenKind::kUnix && !ctx.bad("node.runtime_dir")) {
+      const std::string full = runtime_path(c, a->path);
+      if (full.size() > kMaxSocketPathBytes) ctx.invalid(*advertise, too_long(full));
+    }
+    return;
+  }
+  if (ctx.bad_under("peer.listen") || c.peer.listen.empty()) return;
+  const ListenAddress& first = c.peer.listen.front();
+  if (first.kind != ListenKind::kTcp || !detail::is_wildcard_host(first.host)) return;
+  const Pos pos = advertise != nullptr ? advertise->value_pos
+                  : !listen.empty()    ? listen.front().pos
+                                       : Pos{};
+  ctx.invalid(pos, "peer.advertise", "",
+              "\"tcp:HOST:PORT\" with this node's address on the cluster network, because "
+              "peer.listen[0] (" + quoted(to_string(first)) +
+                  ") is a wildcard address other nodes cannot dial");
 }
 
 // Where each of the first three documents of `text` starts.
@@ -973,17 +1058,22 @@ LoadResult load(std::string_view yaml, std::string source) {
   read_client_socket(sock, c.client_socket);
 
   const Section grpc = top.sub("grpc", "grpc");
-  const std::vector<ListenItem> listen = read_listen(ctx, grpc, c.grpc.listen);
+  const std::vector<ListenItem> grpc_listen = read_listen(ctx, grpc, c.grpc.listen);
   read_string(grpc, "socket_group", kGroupExpected, is_group, c.grpc.socket_group);
   read_mode(grpc, "socket_mode", c.grpc.socket_mode);
   read_tls(ctx, grpc, grpc.sub("tls", "grpc.tls"), c.grpc.tls);
+
+  const Section peer = top.sub("peer", "peer");
+  const std::vector<ListenItem> peer_listen = read_listen(ctx, peer, c.peer.listen);
+  read_peer(peer, c.peer);
 
   const Section logging = top.sub("logging", "logging");
   read_enum(logging, "level", detail::log_level_names(), c.logging.level);
   read_enum(logging, "format", detail::log_format_names(), c.logging.format);
   read_metrics(top.sub("metrics", "metrics"), c.metrics);
 
-  check_sockets(ctx, node, sock, listen, c);
+  check_sockets(ctx, node, sock, grpc_listen, peer_listen, c);
+  check_peer_advertise(ctx, peer, peer_listen, c);
   return finish(ctx, std::move(c));
 }
 

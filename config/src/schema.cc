@@ -9,9 +9,10 @@ namespace {
 
 using namespace std::string_view_literals;
 
-constexpr std::array kTopKeys{"node"sv,     "gpus"sv,          "proxy"sv, "transport"sv,
-                              "overrides"sv, "rings"sv,         "clients"sv, "timeouts"sv,
-                              "client_socket"sv, "grpc"sv,      "logging"sv, "metrics"sv};
+constexpr std::array kTopKeys{"node"sv,          "gpus"sv,  "proxy"sv,   "transport"sv,
+                              "overrides"sv,     "rings"sv, "clients"sv, "timeouts"sv,
+                              "client_socket"sv, "grpc"sv,  "peer"sv,    "logging"sv,
+                              "metrics"sv};
 constexpr std::array kNodeKeys{"name"sv, "runtime_dir"sv};
 constexpr std::array kGpusKeys{"select"sv, "ids"sv, "host_slots"sv, "fallback_host_slots"sv};
 constexpr std::array kProxyKeys{"cpu_affinity"sv, "poll"sv, "batch"sv};
@@ -29,6 +30,7 @@ constexpr std::array kClientSocketKeys{"path"sv, "group"sv, "mode"sv, "allowed_u
                                        "allowed_gids"sv};
 constexpr std::array kGrpcKeys{"listen"sv, "socket_group"sv, "socket_mode"sv, "tls"sv};
 constexpr std::array kTlsKeys{"cert"sv, "key"sv, "client_ca"sv};
+constexpr std::array kPeerKeys{"listen"sv, "advertise"sv, "max_forming"sv};
 constexpr std::array kLoggingKeys{"level"sv, "format"sv};
 constexpr std::array kMetricsKeys{"enabled"sv, "listen"sv};
 
@@ -51,6 +53,7 @@ const std::array kSections{
     SectionSchema{"client_socket"sv, kClientSocketKeys},
     SectionSchema{"grpc"sv, kGrpcKeys},
     SectionSchema{"grpc.tls"sv, kTlsKeys},
+    SectionSchema{"peer"sv, kPeerKeys},
     SectionSchema{"logging"sv, kLoggingKeys},
     SectionSchema{"metrics"sv, kMetricsKeys},
 };

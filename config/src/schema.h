@@ -50,6 +50,7 @@ inline constexpr uint64_t kMaxQuotaInflight = uint64_t{1} << 24;
 inline constexpr uint64_t kMinTimeoutMs = 1;
 inline constexpr uint64_t kMaxTimeoutMs = 3'600'000;  // one hour
 inline constexpr uint64_t kMaxId = 4'294'967'294;     // uid/gid; (uid_t)-1 means "none"
+inline constexpr uint64_t kMaxPeerForming = 1'000'000;
 inline constexpr size_t kMaxNameBytes = 64;
 
 }  // namespace mkernel::config::detail

@@ -222,6 +222,13 @@ std::optional<ListenAddress> parse_listen(std::string_view text) {
   return std::nullopt;
 }
 
+bool is_wildcard_host(std::string_view host) {
+  if (host == "0.0.0.0") return true;
+  // An IPv6 address written with zeros and colons only is all zero bits.
+  return host.find(':') != std::string_view::npos &&
+         std::all_of(host.begin(), host.end(), [](char c) { return c == '0' || c == ':'; });
+}
+
 std::string join_path(const std::string& dir, const std::string& path) {
   if (!path.empty() && path.front() == '/') return path;
   if (!dir.empty() && dir.back() == '/') return dir + path;

@@ -53,6 +53,10 @@ std::string format_host_port(const std::string& host, uint16_t port);
 // "unix:PATH" or "tcp:HOST:PORT".
 std::optional<ListenAddress> parse_listen(std::string_view text);
 
+// True for a host that means "every interface": 0.0.0.0, or the IPv6 unspecified address in
+// any spelling ("::", "0::0", "0:0:0:0:0:0:0:0"). A listener may bind it; no peer can dial it.
+bool is_wildcard_host(std::string_view host);
+
 // `path` if absolute, otherwise `dir` + "/" + `path`.
 std::string join_path(const std::string& dir, const std::string& path);
 

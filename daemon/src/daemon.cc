@@ -17,8 +17,11 @@
 #include <cstring>
 #include <set>
 
+#include <grpcpp/grpcpp.h>
+
 #include "mkernel/proto/session.pb.h"
 #include "mkernel/protocol/version.h"
+#include "rendezvous.h"
 #include "topology.h"
 
 namespace mkernel::daemon {
@@ -33,6 +36,9 @@ constexpr uint32_t kMaxRegionsPerSession = 4096;
 constexpr uint32_t kMaxFlagsPerSession = 1u << 20;
 constexpr auto kProxyAliveBound = 500ms;  // health answers within a second of a stall
 constexpr size_t kMaxNameBytes = 256;
+constexpr size_t kMaxConnectsAtOnce = 256;
+constexpr size_t kMinTokenBytes = 16, kMaxTokenBytes = 256;
+constexpr uint32_t kMaxConnectTimeoutMs = 3600000;
 
 uint64_t make_epoch() {
   // Nanoseconds of wall-clock time: distinct for every start, growing across restarts.
@@ -222,10 +228,16 @@ Status Daemon::start() {
                      nearest[i].reason);
     }
   }
-  spdlog::info("transport: loopback inside this daemon for every proxy (the libfabric and ibverbs "
-               "transports are not built into this version)");
+  MK_RETURN_IF_ERROR(start_peer_service());
   for (const auto& [index, is_gpu] : slots) {
     const config::ProxySettings ps = config::proxy_settings(cfg, index);
+    // Ranks on this daemon are reached by a copy inside it; ranks on other daemons through the
+    // network transport the probe finds (what it found is logged once per proxy).
+    TransportProbe probe = probe_transport(ps.transport, target_host(peer_address_));
+    spdlog::info("{}{}: communicators spanning daemons use {}", is_gpu ? "gpu" : "host", index, probe.summary());
+    if (!probe.status.ok())
+      spdlog::warn("{}{}: only communicators whose ranks all use this daemon can connect", is_gpu ? "gpu" : "host",
+                   index);
     ProxyOptions po;
     po.index = index;
     po.name = (is_gpu ? "gpu" : "host") + std::to_string(index);
@@ -241,6 +253,13 @@ Status Daemon::start() {
     po.spin_for = ps.poll.spin;
     po.sleep_for = ps.poll.sleep;
     po.batch = ps.batch.max_commands;
+    po.command_timeout = cfg.timeouts.command;
+    if (probe.status.ok()) {
+      po.network = (probe.choice.kind == config::TransportKind::kVerbs ? "verbs:" : "fabric:") +
+                   probe.capabilities.provider;
+      po.nic = probe.choice.domain;
+    }
+    probes_.push_back(std::move(probe));
     auto proxy = std::make_unique<Proxy>(std::move(po), std::make_unique<LoopbackTransport>(),
                                          [this](uint64_t id) {
                                            {
@@ -271,8 +290,22 @@ Status Daemon::start() {
 void Daemon::stop() {
   if (stopped_.exchange(true)) return;
   stop_.store(true, std::memory_order_release);
+  // Rendezvous in progress ends first (joins waiting at this root are cancelled, ours too).
+  if (peer_server_) peer_server_->Shutdown(std::chrono::system_clock::now() + 2s);
+  cancel_connects(0);
   wake();
   if (loop_thread_.joinable()) loop_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(connects_mu_);
+    for (auto& job : connects_)
+      if (job->worker.joinable()) job->worker.join();
+    connects_.clear();
+  }
+  if (peer_server_) {
+    peer_server_->Wait();
+    peer_server_.reset();
+    if (peer_address_.rfind("unix:", 0) == 0) ::unlink(peer_address_.substr(5).c_str());
+  }
   // The loop has ended every session; now the proxies.
   for (auto& p : proxies_) p->stop();
   proxies_.clear();
@@ -315,6 +348,7 @@ void Daemon::event_loop() {
       uint64_t v;
       [[maybe_unused]] const ssize_t n = ::read(wake_fd_.get(), &v, sizeof(v));
     }
+    finish_connects();
     // Sessions that proxies ended: tell the clients and let go.
     std::vector<uint64_t> ended;
     {
@@ -340,6 +374,10 @@ void Daemon::event_loop() {
                        /*client_left=*/true);
     }
     if (fds[0].revents & POLLIN) accept_clients();
+    // A proxy that stopped checking in for longer than the command timeout is stuck (in a
+    // provider call, typically): its sessions cannot make progress, so they end with that
+    // reason instead of leaving their producers and peers waiting. Health already says so.
+    end_sessions_of_stuck_proxies();
     // Clients that connected but never said hello in time.
     const auto now = std::chrono::steady_clock::now();
     for (auto& s : polled)
@@ -421,6 +459,15 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   std::vector<int> fds;
   if (req.has_goodbye()) {
     finish_session(s, Status(StatusCode::kOk, "client said goodbye"), /*client_left=*/true);
+    return;
+  }
+  if (req.has_connect() && s->has_hello()) {
+    // Answered by finish_connects once the rendezvous ended; an immediate refusal now.
+    const Status cs = start_connect(s, req);
+    if (cs.ok()) return;
+    fill_error(&reply, cs);
+    const Status ss = mp::send_message(s->socket_fd(), reply, {}, 1000ms);
+    if (!ss.ok()) finish_session(s, ss.with_context("reply to client"));
     return;
   }
   Status hs;
@@ -511,6 +558,8 @@ Status Daemon::handle_hello(const std::shared_ptr<Session>& s, const pb::Request
   hr->set_max_commands_in_flight(s->quota().max_inflight);
   hr->set_max_ring_capacity_log2(s->quota().max_ring_capacity_log2);
   hr->set_max_flags(s->quota().max_flags);
+  hr->set_peer_address(peer_address_);
+  hr->set_node(node_name());
   spdlog::info("session {}: \"{}\" pid {} uid {}: communicator \"{}\" rank {}/{} on {}", s->id(),
                h.client_name(), s->creds().pid, s->creds().uid, h.communicator(), h.rank(),
                h.world_size(), proxy->options().name);
@@ -531,6 +580,11 @@ Status Daemon::handle_request(Session& s, const pb::Request& req, pb::Reply* rep
     fds->push_back(ring->mapping.fd());
     return Status::Ok();
   }
+  if ((req.has_create_region() || req.has_create_flags()) && s.connect_started)
+    return Status(StatusCode::kFailedPrecondition,
+                  std::string(req.has_create_region() ? "create_region" : "create_flags") +
+                      ": the session already connected its communicator; create every region and "
+                      "the flags before connect");
   if (req.has_create_region()) {
     MK_ASSIGN_OR_RETURN(const Region* region,
                         s.add_region(req.create_region().bytes(), req.create_region().remote_writable()));
@@ -565,6 +619,7 @@ void Daemon::finish_session(const std::shared_ptr<Session>& s, Status why, bool 
   }
   ::shutdown(s->socket_fd(), SHUT_RDWR);
   s->farewell_sent = true;
+  if (s->connect_started) cancel_connects(s->id());
   if (s->has_hello())
     for (auto& p : proxies_)
       if (p->options().index == s->identity().gpu) p->remove_session(s->id());
@@ -593,6 +648,214 @@ void Daemon::republish_peers() {
   }
   std::shared_ptr<const PeerTable> frozen = std::move(table);
   for (auto& p : proxies_) p->set_peers(frozen);
+}
+
+void Daemon::end_sessions_of_stuck_proxies() {
+  std::chrono::milliseconds bound;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    bound = std::max<std::chrono::milliseconds>(options_.config.timeouts.command, 1000ms);
+  }
+  for (auto& p : proxies_) {
+    const auto silent = p->since_heartbeat();
+    if (silent < bound) continue;
+    std::vector<std::shared_ptr<Session>> victims;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      for (auto& [id, s] : sessions_)
+        if (s->has_hello() && !s->ended() && s->identity().gpu == p->options().index) victims.push_back(s);
+    }
+    for (auto& s : victims) {
+      const Status why(StatusCode::kDeadlineExceeded,
+                       "proxy " + p->options().name + " has not checked in for " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+                           " ms (more than the command timeout); its sessions cannot make progress");
+      spdlog::error("session {}: {}", s->id(), why.message());
+      s->end(why, kRingErrTransport, static_cast<uint32_t>(why.code()), 0);
+      finish_session(s, s->end_reason());
+    }
+  }
+}
+
+// ---- communicators across daemons ---------------------------------------------------------------
+
+std::string Daemon::node_name() const {
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    if (!options_.config.node.name.empty()) return options_.config.node.name;
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+namespace {
+// Whether a server answers on the stream socket at `path` (gRPC's Unix sockets are streams).
+bool stream_socket_live(const std::string& path) {
+  mp::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  if (!fd.valid() || path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+}  // namespace
+
+Status Daemon::start_peer_service() {
+  const config::DaemonConfig& cfg = options_.config;
+  RendezvousOptions ro;
+  ro.timeout = cfg.timeouts.rendezvous;
+  ro.max_pending = cfg.peer.max_forming;
+  rendezvous_ = std::make_unique<RendezvousService>(ro);
+  grpc::ServerBuilder builder;
+  std::vector<std::string> uris;
+  std::vector<std::unique_ptr<int>> ports;
+  for (size_t i = 0; i < cfg.peer.listen.size(); ++i) {
+    const config::ListenAddress& a = cfg.peer.listen[i];
+    const std::string uri = config::grpc_uri(cfg, a);
+    if (a.kind == config::ListenKind::kUnix) {
+      const std::string path = uri.substr(5);
+      if (::access(path.c_str(), F_OK) == 0) {
+        if (stream_socket_live(path))
+          return Status(StatusCode::kAlreadyExists, "peer.listen[" + std::to_string(i) + "]: another server answers on " +
+                                                        path + "; give this mkerneld another --runtime-dir");
+        ::unlink(path.c_str());
+      }
+    }
+    ports.push_back(std::make_unique<int>(0));
+    builder.AddListeningPort(uri, grpc::InsecureServerCredentials(), ports.back().get());
+    uris.push_back(uri);
+  }
+  builder.RegisterService(rendezvous_.get());
+  peer_server_ = builder.BuildAndStart();
+  std::string all;
+  for (const auto& u : uris) all += (all.empty() ? "" : ", ") + u;
+  if (!peer_server_) return Status(StatusCode::kUnavailable, "peer.listen: cannot listen on " + all);
+  for (size_t i = 0; i < uris.size(); ++i) {
+    if (*ports[i] == 0) {
+      peer_server_->Shutdown();
+      peer_server_.reset();
+      return Status(StatusCode::kUnavailable,
+                    "peer.listen[" + std::to_string(i) + "]: cannot listen on " + uris[i] +
+                        " (address in use, or not an address of this node)");
+    }
+    if (uris[i].rfind("unix:", 0) == 0) ::chmod(uris[i].substr(5).c_str(), 0660);
+  }
+  peer_address_ = config::peer_advertise_target(cfg);
+  spdlog::info("peer service (rendezvous) on {}; other daemons reach it at {}", all, peer_address_);
+  return Status::Ok();
+}
+
+Status Daemon::start_connect(const std::shared_ptr<Session>& s, const pb::Request& req) {
+  const pb::Connect& c = req.connect();
+  if (s->connect_started)
+    return Status(StatusCode::kFailedPrecondition,
+                  "connect: the session already connected its communicator (or is connecting it)");
+  if (c.token().size() < kMinTokenBytes || c.token().size() > kMaxTokenBytes)
+    return Status(StatusCode::kInvalidArgument, "token: " + std::to_string(c.token().size()) + " bytes; expected " +
+                                                    std::to_string(kMinTokenBytes) + ".." +
+                                                    std::to_string(kMaxTokenBytes));
+  if (c.timeout_ms() > kMaxConnectTimeoutMs)
+    return Status(StatusCode::kInvalidArgument, "timeout_ms: " + std::to_string(c.timeout_ms()) +
+                                                    "; expected 0 (the daemon's default) .. " +
+                                                    std::to_string(kMaxConnectTimeoutMs));
+  if (c.root().size() > 1024)
+    return Status(StatusCode::kInvalidArgument,
+                  "root: " + std::to_string(c.root().size()) + " bytes; expected a peer address of at most 1024");
+  const TransportProbe* probe = nullptr;
+  for (size_t i = 0; i < proxies_.size(); ++i)
+    if (proxies_[i]->options().index == s->identity().gpu) probe = &probes_[i];
+  if (probe == nullptr) return Status(StatusCode::kInternal, "connect: the session's proxy is gone");
+  if (!probe->status.ok())
+    return Status(StatusCode::kUnavailable,
+                  "connect: this mkerneld has no network transport for gpu " + std::to_string(s->identity().gpu) +
+                      ": " + probe->status.message());
+  ConnectRequest cr;
+  cr.root = c.root().empty() ? peer_address_ : peer_target(c.root());
+  cr.token = c.token();
+  cr.network_for_local = c.network_for_local();
+  cr.node = node_name();
+  cr.instance = epoch_;
+  cr.choice = probe->choice;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    cr.timeout = c.timeout_ms() != 0 ? std::chrono::milliseconds(c.timeout_ms()) : options_.config.timeouts.rendezvous;
+    cr.open.command_timeout = options_.config.timeouts.command;
+  }
+  std::lock_guard<std::mutex> lock(connects_mu_);
+  if (connects_.size() >= kMaxConnectsAtOnce)
+    return Status(StatusCode::kResourceExhausted, "connect: " + std::to_string(connects_.size()) +
+                                                      " sessions are connecting; at most " +
+                                                      std::to_string(kMaxConnectsAtOnce) + " at once");
+  auto job = std::make_unique<ConnectJob>();
+  job->session = s;
+  job->request_id = req.request_id();
+  ConnectJob* j = job.get();
+  s->connect_started = true;
+  spdlog::info("session {}: connecting communicator \"{}\" rank {}/{} through root {} ({} ms bound)", s->id(),
+               s->identity().communicator, s->identity().rank, s->identity().world_size, cr.root, cr.timeout.count());
+  j->worker = std::thread([this, j, cr] {
+    auto r = connect_session(*j->session, cr, *j->cancel);
+    if (r.ok()) j->network = std::move(r).value();
+    else j->status = r.status();
+    j->finished.store(true, std::memory_order_release);
+    wake();
+  });
+  pthread_setname_np(j->worker.native_handle(), "mkd-connect");
+  connects_.push_back(std::move(job));
+  return Status::Ok();
+}
+
+void Daemon::finish_connects() {
+  std::vector<std::unique_ptr<ConnectJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(connects_mu_);
+    for (auto it = connects_.begin(); it != connects_.end();) {
+      if ((*it)->finished.load(std::memory_order_acquire)) {
+        done.push_back(std::move(*it));
+        it = connects_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& j : done) {
+    j->worker.join();
+    const std::shared_ptr<Session>& s = j->session;
+    if (s->ended() || s->farewell_sent) continue;  // its network (if any) goes with the job
+    pb::Reply reply;
+    reply.set_request_id(j->request_id);
+    if (!j->status.ok()) {
+      s->connect_started = false;  // it may try again
+      fill_error(&reply, j->status);
+      spdlog::warn("session {}: connecting communicator \"{}\" failed: {}", s->id(), s->identity().communicator,
+                   j->status.to_string());
+    } else {
+      pb::Connected* c = reply.mutable_connected();
+      c->set_transport(j->network->description);
+      uint32_t over_network = 0;
+      for (const RankRoute& r : j->network->ranks) {
+        pb::RankRoute* e = c->add_ranks();
+        e->set_rank(r.rank);
+        e->set_node(r.node);
+        e->set_network(r.network);
+        e->set_regions(static_cast<uint32_t>(r.region_bytes.size()));
+        e->set_flags(r.flags);
+        over_network += r.network ? 1 : 0;
+      }
+      spdlog::info("session {}: communicator \"{}\" connected: {} ranks, {} through {}", s->id(),
+                   s->identity().communicator, j->network->ranks.size(), over_network, j->network->description);
+      s->set_network(std::move(j->network));
+    }
+    const Status ss = mp::send_message(s->socket_fd(), reply, {}, 1000ms);
+    if (!ss.ok()) finish_session(s, ss.with_context("reply to client"));
+  }
+}
+
+void Daemon::cancel_connects(uint64_t session_id) {
+  std::lock_guard<std::mutex> lock(connects_mu_);
+  for (auto& j : connects_)
+    if (session_id == 0 || j->session->id() == session_id) j->cancel->cancel();
 }
 
 // ---- control ----------------------------------------------------------------------------------
@@ -746,10 +1009,12 @@ ReloadResult Daemon::reload(const std::string& path_in) {
     if (!(next.logging == running.logging)) r.applied_changes.push_back("logging");
     if (!(next.rings == running.rings)) r.applied_changes.push_back("rings");
     if (!(next.metrics == running.metrics)) r.applied_changes.push_back("metrics");
+    if (!(next.peer == running.peer)) r.applied_changes.push_back("peer");
     options_.config = next;
     options_.config_source = path;
     ++config_generation_;
   }
+  if (rendezvous_) rendezvous_->set_max_pending(next.peer.max_forming);
   for (auto& p : proxies_) {
     const config::ProxySettings ps = config::proxy_settings(next, p->options().index);
     p->set_polling(ps.poll.mode == config::PollMode::kSpin, ps.poll.spin, ps.poll.sleep,

@@ -17,10 +17,15 @@
 #include <vector>
 
 #include "control.h"
+#include "network.h"
 #include "mkernel/config/config.h"
 #include "mkernel/protocol/session_wire.h"
 #include "proxy.h"
 #include "session.h"
+
+namespace grpc {
+class Server;
+}
 
 namespace mkernel::session::v1 {
 class Request;
@@ -28,6 +33,8 @@ class Reply;
 }  // namespace mkernel::session::v1
 
 namespace mkernel::daemon {
+
+class RendezvousService;
 
 struct DaemonOptions {
   config::DaemonConfig config;
@@ -51,6 +58,8 @@ class Daemon final : public DaemonControl {
   const config::DaemonConfig& config() const;
   std::string client_socket_path() const { return socket_path_; }
   uint64_t epoch() const { return epoch_; }
+  // The address other daemons dial for rendezvous ("unix:/abs" or "host:port").
+  std::string peer_address() const { return peer_address_; }
 
   // DaemonControl
   DaemonStatus status() const override;
@@ -76,6 +85,13 @@ class Daemon final : public DaemonControl {
   // left (closed or said goodbye), and lets go of it.
   void finish_session(const std::shared_ptr<Session>& s, Status why, bool client_left = false);
   void republish_peers();
+  // Multi-daemon communicators (network.h): the peer service, connect workers.
+  Status start_peer_service();
+  Status start_connect(const std::shared_ptr<Session>& s, const session::v1::Request& req);
+  void finish_connects();
+  void cancel_connects(uint64_t session_id);  // 0 = all
+  void end_sessions_of_stuck_proxies();
+  std::string node_name() const;
   void wake();
   bool proxy_alive(const Proxy& p) const;
   SessionQuota quota_from_config() const;
@@ -101,6 +117,23 @@ class Daemon final : public DaemonControl {
   std::map<uint64_t, std::shared_ptr<Session>> sessions_;
   uint64_t next_session_id_ = 1;
   std::vector<uint64_t> ended_by_proxy_;  // guarded by sessions_mu_
+
+  // Network side.
+  std::vector<TransportProbe> probes_;  // by position in proxies_
+  std::string peer_address_;
+  std::unique_ptr<RendezvousService> rendezvous_;
+  std::unique_ptr<grpc::Server> peer_server_;
+  struct ConnectJob {
+    std::shared_ptr<Session> session;
+    uint64_t request_id = 0;
+    std::shared_ptr<JoinCancel> cancel = std::make_shared<JoinCancel>();
+    std::thread worker;
+    std::atomic<bool> finished{false};
+    Status status;
+    std::unique_ptr<SessionNetwork> network;
+  };
+  std::mutex connects_mu_;
+  std::vector<std::unique_ptr<ConnectJob>> connects_;
 };
 
 // GPUs this node has, without the CUDA runtime: NVIDIA's driver lists them (by PCI address)

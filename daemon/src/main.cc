@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <thread>
 #include <cstdio>
 #include <iostream>
 
@@ -172,8 +174,26 @@ int main(int argc, char** argv) {
     }
   }
   ops.value()->notify_stopping();
+  // A proxy thread can be stuck inside a provider call (libfabric's shm provider spins forever
+  // on a peer that died holding its lock) and then cannot be joined: stopping is bounded, and a
+  // stop that overruns ends the process with a plain message instead of hanging.
+  std::atomic<bool> stopped{false};
+  std::thread stop_guard([&stopped, bound = daemon.config().timeouts.drain + std::chrono::seconds(5)] {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    while (!stopped.load()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        spdlog::error("mkerneld: stopping took longer than timeouts.drain_ms + 5 s (a proxy is stuck in its "
+                      "transport); exiting without waiting for it");
+        spdlog::shutdown();
+        ::_exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
   ops.value()->stop();
   daemon.stop();
+  stopped.store(true);
+  stop_guard.join();
   spdlog::info("mkerneld: stopped");
   return 0;
 }

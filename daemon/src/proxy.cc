@@ -101,11 +101,11 @@ ProxyStats Proxy::stats() const {
   ProxyStats s;
   s.gpu = options_.index;
   s.name = options_.name;
-  s.transport = transport_->name();
-  s.nic = transport_->nic();
+  s.transport = options_.network.empty() ? transport_->name() : transport_->name() + "+" + options_.network;
+  s.nic = options_.nic.empty() ? transport_->nic() : options_.nic;
   s.consumed = consumed_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < kNumOutcomes; ++i) s.by_outcome[i] = by_outcome_[i].load(std::memory_order_relaxed);
-  s.in_flight = 0;  // the loopback transport completes inline
+  s.in_flight = in_flight_.load(std::memory_order_relaxed);
   s.bytes = bytes_.load(std::memory_order_relaxed);
   s.errors = errors_.load(std::memory_order_relaxed);
   s.ring_occupancy = occupancy_.load(std::memory_order_relaxed);
@@ -130,12 +130,21 @@ void Proxy::apply_changes() {
     seen_version_ = version_.load(std::memory_order_acquire);
   }
   // Additions first: a session added and removed between two looks must end up removed.
-  for (auto& s : add) sessions_.push_back(Tracked{std::move(s), {}, nullptr});
+  for (auto& s : add) {
+    Tracked t;
+    t.session = std::move(s);
+    sessions_.push_back(std::move(t));
+  }
   for (uint64_t id : remove) {
     auto it = std::find_if(sessions_.begin(), sessions_.end(),
                            [id](const Tracked& t) { return t.session->id() == id; });
     if (it != sessions_.end()) {
-      for (auto& c : it->consumers) c->publish_tail();
+      if (!it->flushed) {  // what it still had taken is accounted before it goes
+        Tally tally;
+        flush_ended(*it, tally);
+        publish(*it, tally, 0);
+      }
+      for (auto& r : it->rings) r.consumer->publish_tail();
       sessions_.erase(it);
     }
   }
@@ -149,14 +158,16 @@ void Proxy::apply_changes() {
 
 void Proxy::refresh_consumers(Tracked& t) {
   const uint32_t n = t.session->num_rings();
-  while (t.consumers.size() < n) {
-    const SessionRing* r = t.session->ring(static_cast<uint32_t>(t.consumers.size()));
+  while (t.rings.size() < n) {
+    const SessionRing* r = t.session->ring(static_cast<uint32_t>(t.rings.size()));
     mp::ConsumerOptions o;
     o.limits.num_ranks = t.session->identity().world_size;
     o.limits.num_regions = t.session->quota().max_regions;
     o.limits.num_signals = mp::kNoSignal;  // flag bounds are checked at the destination
     o.tail_batch = 32;
-    t.consumers.push_back(std::make_unique<mp::RingConsumer>(r->view, o));
+    RingTrack track;
+    track.consumer = std::make_unique<mp::RingConsumer>(r->view, o);
+    t.rings.push_back(std::move(track));
   }
 }
 
@@ -169,66 +180,287 @@ void Proxy::end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, 
   }
 }
 
+namespace {
+// A WriteOp cookie: the ring index and the low bits of the command's ring position.
+constexpr unsigned kCookiePosBits = 48;
+constexpr uint64_t kCookiePosMask = (uint64_t{1} << kCookiePosBits) - 1;
+}  // namespace
+
+void Proxy::Tally::finish(Outcome o, int64_t taken_ns, int64_t now) {
+  ++outcomes[static_cast<size_t>(o)];
+  ++latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(static_cast<uint64_t>(std::max<int64_t>(0, now - taken_ns))))];
+}
+
+void Proxy::advance(RingTrack& r) {
+  uint64_t k = 0;
+  while (!r.pending.empty() && r.pending.front().done) {
+    r.pending.pop_front();
+    ++k;
+  }
+  if (k) {
+    r.base += k;
+    r.consumer->add_completed(k);
+  }
+}
+
+Proxy::Exec Proxy::execute(Tracked& t, uint32_t ri, const mp::Command& cmd, uint64_t pos, Tally& tally) {
+  Session& s = *t.session;
+  RingTrack& r = t.rings[ri];
+  Pending& p = r.pending[pos - r.base];
+  const bool is_write = cmd.op == mp::kOpWrite || cmd.op == mp::kOpWriteSignal;
+  mp::RejectReason reject = mp::kRejectNone;
+  auto wait = [&](const char* why) {
+    if (!r.waiting) {
+      r.waiting = true;
+      r.waiting_cmd = cmd;
+      r.waiting_pos = pos;
+      r.waiting_since_ns = now_ns();
+    }
+    r.waiting_for = why;
+    return Exec::kWaiting;
+  };
+  auto finish_rejected = [&](mp::RejectReason why) {
+    p.done = true;
+    tally.finish(Outcome::kRejected, p.taken_ns, now_ns());
+    end_session(t,
+                Status(StatusCode::kInvalidArgument,
+                       std::string("command at ring ") + std::to_string(ri) + " position " +
+                           std::to_string(pos) + " rejected: " + mp::reject_reason_name(why)),
+                kRingErrRejected, why, pos);
+    return Exec::kDone;
+  };
+  auto finish_error = [&](const Status& st) {
+    p.done = true;
+    tally.finish(Outcome::kError, p.taken_ns, now_ns());
+    ++tally.errors;
+    end_session(t, st.with_context("command at ring " + std::to_string(ri) + " position " + std::to_string(pos)),
+                kRingErrTransport, static_cast<uint32_t>(st.code()), pos);
+    return Exec::kDone;
+  };
+
+  // Source checks: the region is this session's and the range lies inside it.
+  if (is_write) {
+    const Region* src = s.region(cmd.src_region);
+    if (src == nullptr) return finish_rejected(mp::kRejectBadRegion);
+    if (cmd.src_offset > src->bytes || cmd.num_bytes > src->bytes - cmd.src_offset)
+      return finish_rejected(mp::kRejectBadOffset);
+  }
+  if (cmd.op == mp::kOpFence) {
+    if (r.posted > 0) return wait("earlier commands of the ring to complete");
+    p.done = true;
+    tally.finish(Outcome::kOk, p.taken_ns, now_ns());
+    return Exec::kDone;
+  }
+  SessionNetwork* net = s.network();
+  const RankRoute* route =
+      net != nullptr && cmd.dst_rank < net->ranks.size() && net->ranks[cmd.dst_rank].network
+          ? &net->ranks[cmd.dst_rank]
+          : nullptr;
+  if (route == nullptr) {
+    // Inside this daemon: carried out now.
+    static const PeerList kNoPeers;
+    const Status st = transport_->execute(s, t.peers ? *t.peers : kNoPeers, cmd, &reject);
+    if (reject != mp::kRejectNone) return finish_rejected(reject);
+    if (!st.ok()) return finish_error(st);
+    p.done = true;
+    if (is_write) tally.bytes += cmd.num_bytes;
+    tally.finish(Outcome::kOk, p.taken_ns, now_ns());
+    return Exec::kDone;
+  }
+
+  // Through the network: destination checks against the rendezvous table, then post.
+  net::WriteOp op;
+  op.cookie = (uint64_t{ri} << kCookiePosBits) | (pos & kCookiePosMask);
+  op.peer = route->peer;
+  if (is_write) {
+    if (cmd.dst_region >= route->region_ids.size() || route->region_ids[cmd.dst_region] == UINT64_MAX)
+      return finish_rejected(mp::kRejectBadRegion);
+    const uint64_t dst_bytes = route->region_bytes[cmd.dst_region];
+    if (cmd.dst_offset > dst_bytes || cmd.num_bytes > dst_bytes - cmd.dst_offset)
+      return finish_rejected(mp::kRejectBadOffset);
+    op.local_region = net->local_regions[cmd.src_region];
+    op.local_offset = cmd.src_offset;
+    op.remote_region = route->region_ids[cmd.dst_region];
+    op.remote_offset = cmd.dst_offset;
+    op.length = cmd.num_bytes;
+  }
+  if (cmd.op == mp::kOpWriteSignal || cmd.op == mp::kOpSignal) {
+    if (cmd.signal_idx >= route->flags) return finish_rejected(mp::kRejectBadSignal);
+    op.has_signal = true;
+    op.signal_idx = cmd.signal_idx;
+    op.signal_value = cmd.signal_value;
+  }
+  if (cmd.op == mp::kOpSignal && !net->transport->capabilities().ordered_writes) {
+    auto it = r.posted_to.find(cmd.dst_rank);
+    if (it != r.posted_to.end() && it->second > 0) return wait("earlier writes to the rank to complete");
+  }
+  if (t.posted >= s.quota().max_inflight) return wait("the session's commands in flight (quota) to drop");
+  const Status st = net->transport->post_write(op);
+  if (st.code() == StatusCode::kUnavailable) return wait("room in the transport's queue");
+  if (!st.ok()) return finish_error(st.with_context("posting to rank " + std::to_string(cmd.dst_rank)));
+  p.posted = true;
+  p.dst_rank = cmd.dst_rank;
+  p.bytes = is_write ? cmd.num_bytes : 0;
+  ++r.posted;
+  ++r.posted_to[cmd.dst_rank];
+  ++t.posted;
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
+  return Exec::kPosted;
+}
+
+size_t Proxy::progress_network(Tracked& t, SessionNetwork& net, Tally& tally) {
+  completions_.clear();
+  arrivals_.clear();
+  const size_t n = net.transport->poll(&completions_, &arrivals_);
+  if (n == 0) return 0;
+  Session& s = *t.session;
+  const int64_t now = now_ns();
+  for (const net::Completion& c : completions_) {
+    const uint64_t ri = c.cookie >> kCookiePosBits;
+    if (ri >= t.rings.size()) continue;
+    RingTrack& r = t.rings[ri];
+    // Rebuild the full position from its low bits: it lies in [base, base + pending).
+    const uint64_t idx = ((c.cookie & kCookiePosMask) - (r.base & kCookiePosMask)) & kCookiePosMask;
+    if (idx >= r.pending.size() || !r.pending[idx].posted || r.pending[idx].done) {
+      spdlog::error("proxy {}: session {}: a completion names no command in flight (ring {})",
+                    options_.name, s.id(), ri);
+      continue;
+    }
+    Pending& p = r.pending[idx];
+    p.done = true;
+    --r.posted;
+    if (auto it = r.posted_to.find(p.dst_rank); it != r.posted_to.end() && --it->second == 0)
+      r.posted_to.erase(it);
+    --t.posted;
+    in_flight_.fetch_sub(1, std::memory_order_relaxed);
+    if (c.status.ok()) {
+      tally.finish(Outcome::kOk, p.taken_ns, now);
+      tally.bytes += p.bytes;
+    } else {
+      tally.finish(Outcome::kError, p.taken_ns, now);
+      ++tally.errors;
+      const uint64_t pos = r.base + idx;
+      end_session(t,
+                  c.status.with_context("write to rank " + std::to_string(p.dst_rank) + " (command at ring " +
+                                        std::to_string(ri) + " position " + std::to_string(pos) + ")"),
+                  kRingErrTransport, static_cast<uint32_t>(c.status.code()), pos);
+    }
+  }
+  // Peers' signals: raise this session's flags (never lower one: signals of one flag may
+  // arrive out of order on unordered transports).
+  uint64_t* flags = s.flags();
+  const uint32_t nflags = s.num_flags();
+  for (const net::Arrival& a : arrivals_) {
+    if (flags == nullptr || a.signal_idx >= nflags) {
+      spdlog::warn("proxy {}: session {}: a peer raised flag {} of {}; ignored", options_.name, s.id(),
+                   a.signal_idx, nflags);
+      continue;
+    }
+    uint64_t cur = __atomic_load_n(&flags[a.signal_idx], __ATOMIC_RELAXED);
+    while (cur < a.signal_value &&
+           !__atomic_compare_exchange_n(&flags[a.signal_idx], &cur, a.signal_value, true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED)) {
+    }
+  }
+  for (RingTrack& r : t.rings) advance(r);
+  return n;
+}
+
+void Proxy::flush_ended(Tracked& t, Tally& tally) {
+  // A session that ended takes nothing more and its transport is no longer driven: whatever it
+  // had posted or held back is finished now, as an error, so every command taken is accounted.
+  const int64_t now = now_ns();
+  for (RingTrack& r : t.rings) {
+    uint64_t k = 0;
+    for (Pending& p : r.pending) {
+      if (!p.done) {
+        tally.finish(Outcome::kError, p.taken_ns, now);
+        ++tally.errors;
+      }
+      ++k;
+    }
+    r.pending.clear();
+    r.base += k;
+    if (k) r.consumer->add_completed(k);
+    r.posted = 0;
+    r.posted_to.clear();
+    r.waiting = false;
+  }
+  in_flight_.fetch_sub(t.posted, std::memory_order_relaxed);
+  t.posted = 0;
+  t.flushed = true;
+}
+
+void Proxy::publish(Tracked& t, const Tally& tally, size_t taken) {
+  for (size_t i = 0; i < kNumOutcomes; ++i)
+    if (tally.outcomes[i]) by_outcome_[i].fetch_add(tally.outcomes[i], std::memory_order_relaxed);
+  for (size_t i = 0; i < kLatencyBuckets; ++i)
+    if (tally.latency[i]) latency_[i].fetch_add(tally.latency[i], std::memory_order_relaxed);
+  if (tally.bytes) bytes_.fetch_add(tally.bytes, std::memory_order_relaxed);
+  if (tally.errors) errors_.fetch_add(tally.errors, std::memory_order_relaxed);
+  if (taken) {
+    t.session->commands.fetch_add(taken, std::memory_order_relaxed);
+    consumed_.fetch_add(taken, std::memory_order_release);
+  }
+}
+
 size_t Proxy::poll_session(Tracked& t) {
   Session& s = *t.session;
-  if (s.ended()) return 0;
+  Tally tally;
+  if (s.ended()) {
+    if (!t.flushed) {
+      flush_ended(t, tally);
+      publish(t, tally, 0);
+    }
+    return 0;
+  }
   refresh_consumers(t);
   const uint32_t batch = batch_.load(std::memory_order_relaxed);
-  size_t taken = 0;
-  // Counted locally and published once per poll: the command path takes no atomic per command.
-  std::array<uint64_t, kNumOutcomes> outcomes{};
-  std::array<uint64_t, kLatencyBuckets> latency{};
-  uint64_t bytes = 0, errors = 0;
-  for (size_t ri = 0; ri < t.consumers.size() && !s.ended(); ++ri) {
-    mp::RingConsumer& c = *t.consumers[ri];
-    uint64_t done = 0;
-    // Latency of a command: from the end of the previous one (the moment this one was taken,
-    // in a polling loop that does nothing else) to its completion. One clock read per command.
-    int64_t mark = now_ns();
-    auto stamp = [&] {
-      const int64_t now = now_ns();
-      ++latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(static_cast<uint64_t>(now - mark)))];
-      mark = now;
-    };
-    // Each callback returns whether to go on: nothing more is taken from a session once it ended.
+  const int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.command_timeout).count();
+  size_t work = 0, taken = 0;
+  SessionNetwork* net = s.network();
+  if (net != nullptr && net->transport) work += progress_network(t, *net, tally);
+  for (uint32_t ri = 0; ri < t.rings.size() && !s.ended(); ++ri) {
+    RingTrack& r = t.rings[ri];
+    if (r.waiting) {
+      const Exec e = execute(t, ri, r.waiting_cmd, r.waiting_pos, tally);
+      if (e == Exec::kWaiting) {
+        if (now_ns() - r.waiting_since_ns > timeout_ns) {
+          Pending& p = r.pending[r.waiting_pos - r.base];
+          p.done = true;
+          tally.finish(Outcome::kError, p.taken_ns, now_ns());
+          ++tally.errors;
+          r.waiting = false;
+          end_session(t,
+                      Status(StatusCode::kDeadlineExceeded,
+                             "command at ring " + std::to_string(ri) + " position " + std::to_string(r.waiting_pos) +
+                                 " waited " + std::to_string(options_.command_timeout.count()) + " ms for " +
+                                 r.waiting_for),
+                      kRingErrTransport, static_cast<uint32_t>(StatusCode::kDeadlineExceeded), r.waiting_pos);
+        }
+        advance(r);
+        continue;
+      }
+      r.waiting = false;
+      ++work;
+    }
+    if (s.ended()) break;
+    // Each callback returns whether to go on: nothing more is taken from a session once it
+    // ended, nor from a ring whose command waits.
     auto on_command = [&](const mp::Command& cmd, uint64_t pos) -> bool {
-      ++done;
-      mp::RejectReason reject = mp::kRejectNone;
-      Status st;
-      // Source checks: the region is this session's and the range lies inside it.
-      if (cmd.op == mp::kOpWrite || cmd.op == mp::kOpWriteSignal) {
-        const Region* src = s.region(cmd.src_region);
-        if (src == nullptr) reject = mp::kRejectBadRegion;
-        else if (cmd.src_offset > src->bytes || cmd.num_bytes > src->bytes - cmd.src_offset)
-          reject = mp::kRejectBadOffset;
-      }
-      if (reject == mp::kRejectNone) {
-        static const PeerList kNoPeers;
-        st = transport_->execute(s, t.peers ? *t.peers : kNoPeers, cmd, &reject);
-      }
-      stamp();
-      if (reject != mp::kRejectNone) {
-        ++outcomes[static_cast<size_t>(Outcome::kRejected)];
-        end_session(t,
-                    Status(StatusCode::kInvalidArgument,
-                           std::string("command at ring ") + std::to_string(ri) + " position " +
-                               std::to_string(pos) + " rejected: " + mp::reject_reason_name(reject)),
-                    kRingErrRejected, reject, pos);
-      } else if (!st.ok()) {
-        ++outcomes[static_cast<size_t>(Outcome::kError)];
-        ++errors;
-        end_session(t, st.with_context("command at position " + std::to_string(pos)),
-                    kRingErrTransport, static_cast<uint32_t>(st.code()), pos);
-      } else {
-        ++outcomes[static_cast<size_t>(Outcome::kOk)];
-        if (cmd.op == mp::kOpWrite || cmd.op == mp::kOpWriteSignal) bytes += cmd.num_bytes;
-      }
-      return !s.ended();
+      ++taken;
+      Pending p;
+      p.taken_ns = now_ns();
+      r.pending.push_back(p);
+      const Exec e = execute(t, ri, cmd, pos, tally);
+      return e != Exec::kWaiting && !s.ended();
     };
     auto on_reject = [&](const mp::CommandRecord&, mp::RejectReason why, uint64_t pos) -> bool {
-      ++done;
-      stamp();
-      ++outcomes[static_cast<size_t>(Outcome::kRejected)];
+      ++taken;
+      tally.finish(Outcome::kRejected, now_ns(), now_ns());
+      Pending p;
+      p.done = true;
+      r.pending.push_back(p);
       end_session(t,
                   Status(StatusCode::kInvalidArgument,
                          std::string("record at ring ") + std::to_string(ri) + " position " +
@@ -236,31 +468,20 @@ size_t Proxy::poll_session(Tracked& t) {
                   kRingErrRejected, why, pos);
       return false;
     };
-    const size_t n = c.poll(batch, on_command, on_reject);
-    if (n) {
-      c.add_completed(done);
-      taken += n;
-    }
+    const size_t n = r.waiting || t.posted >= s.quota().max_inflight ? 0 : r.consumer->poll(batch, on_command, on_reject);
+    work += n;
+    advance(r);
   }
-  if (taken) {
-    // Outcomes first, then consumed: a reader that sees `consumed` sees its outcomes too.
-    for (size_t i = 0; i < kNumOutcomes; ++i)
-      if (outcomes[i]) by_outcome_[i].fetch_add(outcomes[i], std::memory_order_relaxed);
-    for (size_t i = 0; i < kLatencyBuckets; ++i)
-      if (latency[i]) latency_[i].fetch_add(latency[i], std::memory_order_relaxed);
-    if (bytes) bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    if (errors) errors_.fetch_add(errors, std::memory_order_relaxed);
-    s.commands.fetch_add(taken, std::memory_order_relaxed);
-    consumed_.fetch_add(taken, std::memory_order_release);
-  }
-  return taken;
+  publish(t, tally, taken);
+  return work;
 }
 
 void Proxy::publish_occupancy() {
   uint64_t occ = 0, cap = 0, rings = 0;
   for (Tracked& t : sessions_) {
     if (t.session->ended()) continue;
-    for (auto& c : t.consumers) {
+    for (auto& ring : t.rings) {
+      auto& c = ring.consumer;
       occ += c->occupancy();
       cap += c->view().capacity();
       ++rings;
@@ -314,7 +535,7 @@ void Proxy::run() {
   }
   // Leave the tails published for anyone still looking.
   for (Tracked& t : sessions_)
-    for (auto& c : t.consumers) c->publish_tail();
+    for (auto& r : t.rings) r.consumer->publish_tail();
   sessions_.clear();
 }
 

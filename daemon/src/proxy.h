@@ -11,12 +11,23 @@
 //     completion counter advances for every one. A rejected or failed command ends its session
 //     (ring error word set, the event loop told) and no other.
 //  4. The thread stamps a heartbeat every loop; health turns NOT_SERVING when it goes stale.
+//  5. Commands to ranks on other daemons go through the session's network transport
+//     (network.h): posted, then finished when the transport's completion comes back, in any
+//     order. A ring's `completed` counter advances only over the finished prefix, so a producer
+//     may reuse a source buffer once `completed` passed its command. A signal-only command to a
+//     rank waits until this ring's earlier writes to that rank completed (unless the transport
+//     orders writes), a fence until every earlier command of the ring did; a command the
+//     transport cannot take yet (queue full) waits likewise. A ring with a waiting command takes
+//     nothing else. Nothing waits longer than the command timeout: expiry is an error.
+//  6. The proxy keeps polling every connected session's transport (manual progress): peers'
+//     writes into this session and their signals, which raise this session's flags.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -42,6 +53,9 @@ struct ProxyOptions {
   std::chrono::microseconds spin_for{1000};
   std::chrono::microseconds sleep_for{20};
   uint32_t batch = 64;
+  std::chrono::milliseconds command_timeout{30000};
+  std::string network;  // what multi-daemon communicators use, for stats ("fabric:tcp;ofi_rxm")
+  std::string nic;      // its NIC / domain, "" when none
 };
 
 class Proxy {
@@ -73,15 +87,50 @@ class Proxy {
   bool started() const { return started_.load(std::memory_order_acquire); }
 
  private:
+  // A command taken off a ring and not finished yet, by ring position.
+  struct Pending {
+    int64_t taken_ns = 0;
+    uint64_t bytes = 0;     // payload counted when it finishes ok
+    uint32_t dst_rank = 0;
+    bool posted = false;    // handed to the network transport
+    bool done = false;
+  };
+  struct RingTrack {
+    std::unique_ptr<protocol::RingConsumer> consumer;
+    uint64_t base = 0;                 // first position not finished
+    std::deque<Pending> pending;       // positions base, base + 1, ...
+    uint32_t posted = 0;               // in the transport now
+    std::unordered_map<uint32_t, uint32_t> posted_to;  // by destination rank
+    bool waiting = false;              // a taken command waits to be carried out (note 5)
+    protocol::Command waiting_cmd;
+    uint64_t waiting_pos = 0;
+    int64_t waiting_since_ns = 0;
+    const char* waiting_for = "";
+  };
   struct Tracked {
     std::shared_ptr<Session> session;
-    std::vector<std::unique_ptr<protocol::RingConsumer>> consumers;
+    std::vector<RingTrack> rings;
     std::shared_ptr<const PeerList> peers;
+    uint32_t posted = 0;  // all rings
+    bool flushed = false;
   };
+  // Counted locally in a poll and published once.
+  struct Tally {
+    std::array<uint64_t, kNumOutcomes> outcomes{};
+    std::array<uint64_t, kLatencyBuckets> latency{};
+    uint64_t bytes = 0, errors = 0;
+    void finish(Outcome o, int64_t taken_ns, int64_t now_ns);
+  };
+  enum class Exec : uint8_t { kDone, kPosted, kWaiting };
 
   void run();
   void apply_changes();
   size_t poll_session(Tracked& t);
+  Exec execute(Tracked& t, uint32_t ri, const protocol::Command& cmd, uint64_t pos, Tally& tally);
+  size_t progress_network(Tracked& t, SessionNetwork& net, Tally& tally);
+  void advance(RingTrack& r);
+  void flush_ended(Tracked& t, Tally& tally);
+  void publish(Tracked& t, const Tally& tally, size_t taken);
   void refresh_consumers(Tracked& t);
   void end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, uint64_t pos);
   void publish_occupancy();
@@ -108,6 +157,8 @@ class Proxy {
   uint64_t seen_version_ = 0;
   std::vector<Tracked> sessions_;
   std::shared_ptr<const PeerTable> peers_;
+  std::vector<net::Completion> completions_;
+  std::vector<net::Arrival> arrivals_;
 
   // Anyone reads.
   std::atomic<int64_t> heartbeat_ns_{0};
@@ -115,6 +166,7 @@ class Proxy {
   std::array<std::atomic<uint64_t>, kNumOutcomes> by_outcome_{};
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> in_flight_{0};
   std::atomic<uint64_t> occupancy_{0};
   std::atomic<uint64_t> capacity_{0};
   std::atomic<uint32_t> num_sessions_{0};

@@ -40,6 +40,11 @@ std::string missing_ranks(uint32_t size, const std::map<uint32_t, pb::RankEntry>
 
 }  // namespace
 
+void RendezvousService::set_max_pending(size_t max_pending) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.max_pending = max_pending;
+}
+
 size_t RendezvousService::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return forming_.size();
@@ -65,6 +70,8 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const pb::Joi
   mine.set_node(req->node());
   mine.set_endpoint(req->endpoint());
   *mine.mutable_regions() = req->regions();
+  mine.set_flags(req->flags());
+  mine.set_instance(req->instance());
 
   const auto own_deadline = Clock::now() + options_.timeout;
   // Give up a little before the caller does, so the caller gets our reason (the missing ranks)

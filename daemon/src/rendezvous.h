@@ -41,6 +41,8 @@ class RendezvousService final : public peer::v1::Peer::Service {
                     peer::v1::JoinReply* reply) override;
 
   size_t pending() const;
+  // Reload: a new bound on communicators forming at once (those already forming stay).
+  void set_max_pending(size_t max_pending);
 
  private:
   struct Forming {

@@ -26,6 +26,7 @@
 #include "mkernel/protocol/ring_host.h"
 #include "mkernel/protocol/session_wire.h"
 #include "mkernel/protocol/shm.h"
+#include "network.h"
 
 namespace mkernel::daemon {
 
@@ -94,6 +95,16 @@ class Session {
   int flags_fd() const { return flags_mapping_.fd(); }
   uint64_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
 
+  // ---- network (multi-daemon communicators) ----
+  // Set once by the event loop when the session's communicator connected; read by the proxy.
+  void set_network(std::unique_ptr<SessionNetwork> n) {
+    network_owner_ = std::move(n);
+    network_.store(network_owner_.get(), std::memory_order_release);
+  }
+  SessionNetwork* network() const { return network_.load(std::memory_order_acquire); }
+  // A connect is under way or done: regions and flags are frozen (event loop only).
+  bool connect_started = false;
+
   // ---- ending ----
   // Returns true for the call that ended it. Stores the reason and, when `ring_code` is not 0,
   // writes it into every ring's error word so producers stop waiting.
@@ -127,6 +138,10 @@ class Session {
   std::atomic<uint64_t*> flags_ptr_{nullptr};
   std::atomic<uint32_t> num_flags_{0};
   std::atomic<uint64_t> registered_bytes_{0};
+
+  // Declared after the mappings: the transport (and its registrations of them) goes first.
+  std::unique_ptr<SessionNetwork> network_owner_;
+  std::atomic<SessionNetwork*> network_{nullptr};
 
   std::atomic<bool> ended_{false};
   mutable std::mutex end_mu_;

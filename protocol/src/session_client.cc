@@ -41,18 +41,47 @@ StatusOr<std::unique_ptr<SessionClient>> SessionClient::connect(const Options& o
   c->proxy_ = hr.proxy();
   c->limits_ = {hr.max_rings(), hr.max_registered_bytes(), hr.max_commands_in_flight(),
                 hr.max_ring_capacity_log2(), hr.max_flags()};
+  c->peer_address_ = hr.peer_address();
+  c->node_ = hr.node();
   return c;
 }
 
-Status SessionClient::call(const pb::Request& req_in, int expected_fds, pb::Reply* reply,
+Status SessionClient::call(const pb::Request& req, int expected_fds, pb::Reply* reply,
                            std::vector<UniqueFd>* fds) {
+  return call_for(req, expected_fds, reply, fds, options_.timeout);
+}
+
+StatusOr<ConnectInfo> SessionClient::connect_communicator(const ConnectOptions& options) {
+  pb::Request req;
+  pb::Connect* c = req.mutable_connect();
+  c->set_root(options.root);
+  c->set_token(options.token);
+  c->set_timeout_ms(static_cast<uint32_t>(options.timeout.count()));
+  c->set_network_for_local(options.network_for_local);
+  // The daemon answers once the rendezvous ended either way; it bounds that by the timeout (or
+  // its default, at most an hour), so wait that long plus this client's own bound.
+  const auto wait = (options.timeout.count() > 0 ? options.timeout : std::chrono::milliseconds(3600000)) +
+                    options_.timeout;
+  pb::Reply reply;
+  MK_RETURN_IF_ERROR(call_for(req, 0, &reply, nullptr, wait).with_context("connect"));
+  if (!reply.has_connected())
+    return Status(StatusCode::kProtocolError, "connect: daemon answered without Connected");
+  ConnectInfo info;
+  info.transport = reply.connected().transport();
+  for (const auto& r : reply.connected().ranks())
+    info.ranks.push_back({r.rank(), r.node(), r.network(), r.regions(), r.flags()});
+  return info;
+}
+
+Status SessionClient::call_for(const pb::Request& req_in, int expected_fds, pb::Reply* reply,
+                               std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout) {
   if (!ended_.ok()) return ended_;
   if (!sock_.valid()) return Status(StatusCode::kFailedPrecondition, "session is closed");
   pb::Request req = req_in;
   req.set_request_id(next_request_++);
   MK_RETURN_IF_ERROR(send_message(sock_.get(), req, {}, options_.timeout));
   std::vector<UniqueFd> got;
-  MK_RETURN_IF_ERROR(recv_message_any_fds(sock_.get(), reply, &got, options_.timeout));
+  MK_RETURN_IF_ERROR(recv_message_any_fds(sock_.get(), reply, &got, timeout));
   if (reply->has_ended()) {
     ended_ = Status(StatusCode::kFailedPrecondition,
                     "mkerneld ended the session: " + reply->ended().reason());

@@ -255,6 +255,71 @@ const BadConfig kBadConfigs[] = {
      "mkerneld.yaml:3:16: grpc.tls.client_ca: value \"/etc/mkernel/ca.pem\" is invalid; expected "
      "\"\" unless grpc.tls.cert and grpc.tls.key are set"},
 
+    // -- peer -----------------------------------------------------------------------------
+    {"unknown_key_peer_advertize", "peer:\n  advertize: \"tcp:10.0.0.7:7000\"\n",
+     "mkerneld.yaml:2:3: unknown key \"peer.advertize\"; did you mean \"peer.advertise\"?"},
+    {"unknown_section_peers", "peers:\n  max_forming: 8\n",
+     "mkerneld.yaml:1:1: unknown key \"peers\"; did you mean \"peer\"?"},
+    {"peer_listen_bad_scheme", "peer:\n  listen: [\"udp:0.0.0.0:7000\"]\n",
+     "mkerneld.yaml:2:12: peer.listen[0]: value \"udp:0.0.0.0:7000\" is invalid; expected "
+     "\"unix:PATH\" or \"tcp:HOST:PORT\""},
+    {"peer_listen_ipv6_without_brackets", "peer:\n  listen: [\"tcp:fd00::7:7000\"]\n",
+     "mkerneld.yaml:2:12: peer.listen[0]: value \"tcp:fd00::7:7000\" is invalid; expected "
+     "\"unix:PATH\" or \"tcp:HOST:PORT\""},
+    {"peer_listen_not_a_list", "peer:\n  listen: \"tcp:10.0.0.7:7000\"\n",
+     "mkerneld.yaml:2:11: peer.listen: value \"tcp:10.0.0.7:7000\" is invalid; expected a list "
+     "of addresses, each \"unix:PATH\" or \"tcp:HOST:PORT\""},
+    {"peer_listen_empty", "peer:\n  listen: []\n",
+     "mkerneld.yaml:2:11: peer.listen: value \"[]\" is invalid; expected at least one address"},
+    {"peer_listen_same_socket_twice",
+     "peer:\n  listen:\n    - unix:peer.sock\n    - unix:/run/mkerneld/peer.sock\n",
+     "mkerneld.yaml:4:7: peer.listen[1]: value \"unix:/run/mkerneld/peer.sock\" is invalid; "
+     "expected an address not already listed"},
+    {"peer_listen_same_tcp_twice",
+     "peer:\n  listen: [\"tcp:[fd00::7]:7000\", \"tcp:[fd00::7]:7000\"]\n  advertise: "
+     "\"tcp:node7:7000\"\n",
+     "mkerneld.yaml:2:34: peer.listen[1]: value \"tcp:[fd00::7]:7000\" is invalid; expected an "
+     "address not already listed"},
+    {"peer_listen_on_client_socket", "peer:\n  listen: [\"unix:mkerneld.sock\"]\n",
+     "mkerneld.yaml:2:12: peer.listen[0]: value \"unix:mkerneld.sock\" is invalid; expected a "
+     "socket other than the client socket (/run/mkerneld/mkerneld.sock)"},
+    {"peer_listen_on_admin_socket", "peer:\n  listen: [\"unix:/run/mkerneld/admin.sock\"]\n",
+     "mkerneld.yaml:2:12: peer.listen[0]: value \"unix:/run/mkerneld/admin.sock\" is invalid; "
+     "expected a socket other than grpc.listen[0] (/run/mkerneld/admin.sock)"},
+    {"peer_listen_on_admin_tcp",
+     "grpc:\n  listen: [\"unix:admin.sock\", \"tcp:10.0.0.7:50051\"]\n  tls: {cert: /c.pem, key: "
+     "/k.pem}\npeer:\n  listen: [\"tcp:10.0.0.7:50051\"]\n",
+     "mkerneld.yaml:5:12: peer.listen[0]: value \"tcp:10.0.0.7:50051\" is invalid; expected an "
+     "address other than grpc.listen[1] (tcp:10.0.0.7:50051)"},
+    {"peer_listen_socket_too_long",
+     "node:\n  runtime_dir: /var/lib/mkernel/run\npeer:\n  listen: [\"unix:this-socket-name-is-"
+     "far-too-long-for-a-unix-domain-socket-address-because-sun-path-holds-108.sock\"]\n",
+     "mkerneld.yaml:4:12: peer.listen[0]: value \"unix:this-socket-name-is-far-too-long-for-a-"
+     "unix-domain-socket-address-becaus...\" is invalid; expected a path of at most 107 bytes "
+     "once joined to node.runtime_dir (it would be 118)"},
+    {"peer_wildcard_without_advertise", "peer:\n  listen: [\"tcp:0.0.0.0:7000\"]\n",
+     "mkerneld.yaml:2:12: peer.advertise: value \"\" is invalid; expected \"tcp:HOST:PORT\" "
+     "with this node's address on the cluster network, because peer.listen[0] "
+     "(\"tcp:0.0.0.0:7000\") is a wildcard address other nodes cannot dial"},
+    {"peer_ipv6_wildcard_with_empty_advertise",
+     "peer:\n  listen: [\"tcp:[::]:7000\", \"unix:peer.sock\"]\n  advertise: \"\"\n",
+     "mkerneld.yaml:3:14: peer.advertise: value \"\" is invalid; expected \"tcp:HOST:PORT\" "
+     "with this node's address on the cluster network, because peer.listen[0] "
+     "(\"tcp:[::]:7000\") is a wildcard address other nodes cannot dial"},
+    {"peer_advertise_without_scheme", "peer:\n  advertise: 10.0.0.7:7000\n",
+     "mkerneld.yaml:2:14: peer.advertise: value \"10.0.0.7:7000\" is invalid; expected "
+     "\"unix:PATH\" or \"tcp:HOST:PORT\", or \"\" for the first peer.listen address"},
+    {"peer_advertise_wildcard",
+     "peer:\n  listen: [\"tcp:0.0.0.0:7000\"]\n  advertise: \"tcp:0.0.0.0:7000\"\n",
+     "mkerneld.yaml:3:14: peer.advertise: value \"tcp:0.0.0.0:7000\" is invalid; expected an "
+     "address other nodes can dial, not a wildcard host (0.0.0.0 or ::)"},
+    {"peer_max_forming_zero", "peer:\n  max_forming: 0\n",
+     "mkerneld.yaml:2:16: peer.max_forming: value \"0\" is invalid; expected an integer in "
+     "1..1000000"},
+    {"peer_max_forming_too_big", "peer:\n  max_forming: 1000001\n",
+     "mkerneld.yaml:2:16: peer.max_forming: value \"1000001\" is invalid; expected an integer "
+     "in 1..1000000"},
+
     // -- logging, metrics -----------------------------------------------------------------
     {"log_level_unknown", "logging:\n  level: verbose\n",
      "mkerneld.yaml:2:10: logging.level: value \"verbose\" is invalid; expected one of "
@@ -430,6 +495,12 @@ TEST(ConfigDefaults, BuiltInDefaultServesWithoutGpuOrRdma) {
   EXPECT_EQ(grpc_uri(c, c.grpc.listen[0]), "unix:/run/mkerneld/admin.sock");
   EXPECT_EQ(c.client_socket.mode, 0660u);
   EXPECT_EQ(c.grpc.socket_mode, 0600u);
+  // The peer service too: a local socket, dialed at that socket.
+  ASSERT_EQ(c.peer.listen.size(), 1u);
+  EXPECT_EQ(c.peer.listen[0], (ListenAddress{ListenKind::kUnix, "peer.sock", "", 0}));
+  EXPECT_EQ(grpc_uri(c, c.peer.listen[0]), "unix:/run/mkerneld/peer.sock");
+  EXPECT_EQ(c.peer.advertise, "");
+  EXPECT_EQ(peer_advertise_target(c), "unix:/run/mkerneld/peer.sock");
 }
 
 TEST(ConfigDefaults, ProductionValues) {
@@ -454,6 +525,15 @@ TEST(ConfigDefaults, ProductionValues) {
   EXPECT_EQ(c.logging.format, LogFormat::kText);
   EXPECT_EQ(c.metrics.host, "127.0.0.1");
   EXPECT_EQ(c.metrics.port, 9464);
+  EXPECT_EQ(c.peer.max_forming, 1024u);
+}
+
+TEST(ConfigDefaults, PrintedDefaultHoldsThePeerSection) {
+  EXPECT_NE(to_yaml(default_config())
+                .find("\npeer:\n  listen: [\"unix:peer.sock\"]\n  advertise: \"\"\n"
+                      "  max_forming: 1024\n"),
+            std::string::npos)
+      << to_yaml(default_config());
 }
 
 TEST(ConfigDefaults, EmptyAndCommentOnlyFilesGiveTheDefault) {
@@ -557,6 +637,78 @@ grpc:
   EXPECT_EQ(grpc_uri(c, c.grpc.listen[2]), "[::]:50052");
   EXPECT_EQ(c.grpc.listen[2].host, "::");
   EXPECT_EQ(to_string(c.grpc.listen[2]), "tcp:[::]:50052");
+}
+
+TEST(GoodConfig, PeerOnTcpWithoutTls) {
+  const DaemonConfig c = load_ok(R"(
+peer:
+  listen: ["tcp:0.0.0.0:7000", "unix:peer.sock", "tcp:[::]:7001"]
+  advertise: "tcp:gpu-node-07.cluster:7000"
+  max_forming: 4096
+)");
+  ASSERT_EQ(c.peer.listen.size(), 3u);
+  EXPECT_EQ(c.peer.listen[0], (ListenAddress{ListenKind::kTcp, "", "0.0.0.0", 7000}));
+  EXPECT_EQ(grpc_uri(c, c.peer.listen[0]), "0.0.0.0:7000");
+  EXPECT_EQ(grpc_uri(c, c.peer.listen[1]), "unix:/run/mkerneld/peer.sock");
+  EXPECT_EQ(grpc_uri(c, c.peer.listen[2]), "[::]:7001");
+  EXPECT_EQ(c.peer.advertise, "tcp:gpu-node-07.cluster:7000");
+  EXPECT_EQ(c.peer.max_forming, 4096u);
+  EXPECT_EQ(peer_advertise_target(c), "gpu-node-07.cluster:7000");
+  EXPECT_TRUE(c.grpc.tls.cert.empty());  // TCP for peers needs no TLS
+  EXPECT_EQ(c.grpc, GrpcConfig{});
+}
+
+TEST(GoodConfig, PeerAdvertiseTargets) {
+  // Empty: the first listener, IPv6 in brackets, without the "tcp:" prefix.
+  EXPECT_EQ(peer_advertise_target(load_ok("peer:\n  listen: [\"tcp:[fd00::7]:7000\"]\n")),
+            "[fd00::7]:7000");
+  EXPECT_EQ(peer_advertise_target(load_ok("peer:\n  listen: [\"tcp:10.0.0.7:7000\"]\n")),
+            "10.0.0.7:7000");
+  // Only the first listener matters: a wildcard after it needs no advertise.
+  EXPECT_EQ(peer_advertise_target(
+                load_ok("peer:\n  listen: [\"tcp:10.0.0.7:7000\", \"tcp:0.0.0.0:7001\"]\n")),
+            "10.0.0.7:7000");
+  // Unix paths are resolved against node.runtime_dir, for listeners and advertise alike.
+  EXPECT_EQ(peer_advertise_target(
+                load_ok("node: {runtime_dir: /tmp/mk}\npeer:\n  listen: [\"unix:p/peer.sock\"]\n")),
+            "unix:/tmp/mk/p/peer.sock");
+  EXPECT_EQ(peer_advertise_target(load_ok(
+                "node: {runtime_dir: /tmp/mk}\npeer:\n  listen: [\"tcp:0.0.0.0:7000\"]\n"
+                "  advertise: \"unix:relay.sock\"\n")),
+            "unix:/tmp/mk/relay.sock");
+  EXPECT_EQ(peer_advertise_target(load_ok("peer:\n  advertise: \"tcp:[::1]:7000\"\n")),
+            "[::1]:7000");
+  // A config the loader would refuse has no target.
+  DaemonConfig none;
+  none.peer.listen.clear();
+  EXPECT_EQ(peer_advertise_target(none), "");
+  none.peer.advertise = "10.0.0.7:7000";
+  EXPECT_EQ(peer_advertise_target(none), "");
+}
+
+TEST(GoodConfig, PeerAndAdminOnTheSameHostDifferentPorts) {
+  const DaemonConfig c = load_ok(R"(
+grpc:
+  listen: ["tcp:10.0.0.7:50051"]
+  tls: {cert: /etc/mkernel/tls/node.pem, key: /etc/mkernel/tls/node.key}
+peer:
+  listen: ["tcp:10.0.0.7:7000"]
+)");
+  EXPECT_EQ(peer_advertise_target(c), "10.0.0.7:7000");
+}
+
+TEST(GoodConfig, PeerDefaultSocketClashIsNamed) {
+  // The default peer socket is checked against a client socket moved onto it. There is no
+  // peer.listen value in the file to point at, so the message has no position (as for grpc).
+  const LoadResult r = load_config_string("client_socket:\n  path: peer.sock\n", "m.yaml");
+  EXPECT_EQ(messages(r),
+            "m.yaml: peer.listen[0]: value \"unix:peer.sock\" is invalid; expected a socket "
+            "other than the client socket (/run/mkerneld/peer.sock)");
+  // ... and the default admin socket against a peer listener moved onto it.
+  const LoadResult g = load_config_string("peer:\n  listen: [unix:admin.sock]\n", "m.yaml");
+  EXPECT_EQ(messages(g),
+            "m.yaml:2:12: peer.listen[0]: value \"unix:admin.sock\" is invalid; expected a "
+            "socket other than grpc.listen[0] (/run/mkerneld/admin.sock)");
 }
 
 TEST(GoodConfig, ScalarSpellings) {
@@ -703,6 +855,11 @@ TEST(ConfigKnownKeys, ListsLeavesInSchemaOrder) {
   EXPECT_NE(std::find(keys.begin(), keys.end(), "overrides[].transport.nic"), keys.end());
   EXPECT_NE(std::find(keys.begin(), keys.end(), "clients.quota.registered_bytes"), keys.end());
   EXPECT_EQ(std::find(keys.begin(), keys.end(), "clients.quota"), keys.end());  // not a leaf
+  const auto at = [&](const char* key) { return std::find(keys.begin(), keys.end(), key); };
+  ASSERT_NE(at("peer.listen"), keys.end());
+  EXPECT_EQ(at("peer.listen") + 1, at("peer.advertise"));
+  EXPECT_EQ(at("peer.advertise") + 1, at("peer.max_forming"));
+  EXPECT_EQ(at("grpc.tls.client_ca") + 1, at("peer.listen"));
 }
 
 // ---- round trips ----------------------------------------------------------------------------
@@ -743,6 +900,11 @@ DaemonConfig unusual_config() {
   c.grpc.socket_group = "0";
   c.grpc.socket_mode = 0;
   c.grpc.tls = {"/etc/tls/cert.pem", "/etc/tls/key.pem", ""};
+  c.peer.listen = {ListenAddress{ListenKind::kTcp, "", "::", 7000},
+                   ListenAddress{ListenKind::kUnix, "/tmp/peer \"x\".sock", "", 0},
+                   ListenAddress{ListenKind::kTcp, "", "admin.example.com", 7001}};
+  c.peer.advertise = "tcp:[fe80::2]:7000";
+  c.peer.max_forming = 1000000;
   c.logging = {LogLevel::kTrace, LogFormat::kJson};
   c.metrics = {true, "::", 1};
   return c;
@@ -797,6 +959,7 @@ clients:
   quota: {rings: 1, registered_bytes: 1GiB, inflight_commands: 10}
 timeouts: {handshake_ms: 1, rendezvous_ms: 2, connect_ms: 3, command_ms: 4, drain_ms: 5}
 client_socket: {allowed_uids: [1000], allowed_gids: [100]}
+peer: {max_forming: 8}
 overrides:
   - gpu: 0
     poll: {sleep_us: 1}
@@ -831,6 +994,10 @@ grpc:
   socket_group: wheel
   socket_mode: "0660"
   tls: {cert: /c.pem, key: /k.pem, client_ca: /ca.pem}
+peer:
+  listen: ["tcp:0.0.0.0:7000"]
+  advertise: "tcp:10.0.0.7:7000"
+  max_forming: 1
 metrics: {enabled: true, listen: "0.0.0.0:9100"}
 logging: {level: warn}
 )");
@@ -841,9 +1008,30 @@ logging: {level: warn}
       "rings.capacity",     "client_socket.path", "client_socket.group",
       "client_socket.mode", "grpc.listen",        "grpc.socket_group",
       "grpc.socket_mode",   "grpc.tls.cert",      "grpc.tls.key",
-      "grpc.tls.client_ca", "metrics.enabled",    "metrics.listen"};
+      "grpc.tls.client_ca", "peer.listen",        "peer.advertise",
+      "metrics.enabled",    "metrics.listen"};
   EXPECT_EQ(restart_required_changes(old_config, neu), expected);
   EXPECT_TRUE(restart_required_changes(neu, neu).empty());
+}
+
+TEST(ConfigReload, PeerListenersNeedRestartMaxFormingIsHot) {
+  const DaemonConfig running = default_config();
+  const DaemonConfig tcp = load_ok(
+      "peer:\n  listen: [\"tcp:10.0.0.7:7000\"]\n  max_forming: 16\n");
+  EXPECT_EQ(restart_required_changes(running, tcp), std::vector<std::string>{"peer.listen"});
+  const DaemonConfig advertised = load_ok("peer:\n  advertise: \"unix:/run/relay.sock\"\n");
+  EXPECT_EQ(restart_required_changes(running, advertised),
+            std::vector<std::string>{"peer.advertise"});
+
+  // A reload takes the new forming limit and keeps the listeners the daemon has bound.
+  const DaemonConfig result = hot_reloaded(running, tcp);
+  EXPECT_EQ(result.peer.max_forming, 16u);
+  EXPECT_EQ(result.peer.listen, running.peer.listen);
+  EXPECT_TRUE(restart_required_changes(running, result).empty());
+
+  const DaemonConfig limit_only = load_ok("peer:\n  max_forming: 1000000\n");
+  EXPECT_TRUE(restart_required_changes(running, limit_only).empty());
+  EXPECT_EQ(hot_reloaded(running, limit_only), limit_only);
 }
 
 TEST(ConfigReload, OverrideAddedOrRemovedIsNamed) {
@@ -860,6 +1048,7 @@ TEST(ConfigReload, HotReloadKeepsRestartFieldsAndTakesHotOnes) {
   DaemonConfig loaded = default_config();
   loaded.logging.level = LogLevel::kError;
   loaded.timeouts.command = 42ms;
+  loaded.peer.max_forming = 3;
   GpuOverride o;
   o.gpu = 0;
   o.batch = BatchConfig{7};
@@ -875,6 +1064,9 @@ TEST(ConfigReload, HotReloadKeepsRestartFieldsAndTakesHotOnes) {
   EXPECT_EQ(result.proxy.poll, loaded.proxy.poll);
   EXPECT_EQ(result.node, running.node);
   EXPECT_EQ(result.grpc, running.grpc);
+  EXPECT_EQ(result.peer.listen, running.peer.listen);
+  EXPECT_EQ(result.peer.advertise, running.peer.advertise);
+  EXPECT_EQ(result.peer.max_forming, 3u);
   EXPECT_EQ(proxy_settings(result, 0).batch.max_commands, 7u);
   EXPECT_EQ(proxy_settings(result, 0).transport, proxy_settings(running, 0).transport);
   // GPU 7 had only hot settings, which the loaded file drops.
@@ -965,6 +1157,15 @@ TEST(ConfigTextHelpers, ModesAndAddresses) {
   EXPECT_FALSE(detail::parse_host_port("host:0"));
   EXPECT_FALSE(detail::parse_listen("unix:"));
   EXPECT_EQ(detail::parse_host_port("[::1]:80")->host, "::1");
+}
+
+TEST(ConfigTextHelpers, WildcardHosts) {
+  for (const char* host : {"0.0.0.0", "::", "0::0", "::0", "0:0:0:0:0:0:0:0"}) {
+    EXPECT_TRUE(detail::is_wildcard_host(host)) << host;
+  }
+  for (const char* host : {"127.0.0.1", "::1", "10.0.0.0", "0", "00", "fd00::", "localhost", ""}) {
+    EXPECT_FALSE(detail::is_wildcard_host(host)) << host;
+  }
 }
 
 }  // namespace

@@ -183,6 +183,16 @@ struct GrpcConfig {
   bool operator==(const GrpcConfig&) const = default;
 };
 
+// The peer service: rendezvous between the daemons of different nodes (protocol/proto/
+// peer.proto). Every call carries its communicator's secret token, so TCP is allowed without
+// TLS here; keep TCP listeners on the cluster's private network.
+struct PeerConfig {
+  std::vector<ListenAddress> listen{ListenAddress{ListenKind::kUnix, "peer.sock", "", 0}};
+  std::string advertise;        // "" = first listen entry; else "unix:PATH" or "tcp:HOST:PORT"
+  uint32_t max_forming = 1024;  // communicators whose rendezvous is in progress here at once
+  bool operator==(const PeerConfig&) const = default;
+};
+
 struct LoggingConfig {
   LogLevel level = LogLevel::kInfo;
   LogFormat format = LogFormat::kText;
@@ -207,6 +217,7 @@ struct DaemonConfig {
   TimeoutConfig timeouts;
   ClientSocketConfig client_socket;
   GrpcConfig grpc;
+  PeerConfig peer;
   LoggingConfig logging;
   MetricsConfig metrics;
   bool operator==(const DaemonConfig&) const = default;
@@ -262,15 +273,17 @@ std::string to_yaml(const DaemonConfig& config);
 // ---- reload ---------------------------------------------------------------------------------
 
 // Dotted names of the fields that differ between `old_config` and `new_config` and need a
-// restart to take effect (runtime directory, sockets, gRPC listeners, GPU selection, transport,
-// CPU affinity, ring capacity, metrics endpoint; per GPU as `overrides[gpu=1].transport`).
+// restart to take effect (runtime directory, sockets, gRPC and peer listeners, the advertised
+// peer address, GPU selection, transport, CPU affinity, ring capacity, metrics endpoint; per GPU
+// as `overrides[gpu=1].transport`).
 // Empty: the new config can be applied to a running daemon as a whole.
 std::vector<std::string> restart_required_changes(const DaemonConfig& old_config,
                                                   const DaemonConfig& new_config);
 
 // The config a running daemon continues with after reloading `loaded`: the hot fields (logging,
-// quotas, client limits, allow lists, timeouts, polling, batching) from `loaded`, everything
-// that needs a restart from `running`. restart_required_changes(running, result) is empty.
+// quotas, client limits, allow lists, timeouts, polling, batching, peer.max_forming) from
+// `loaded`, everything that needs a restart from `running`. restart_required_changes(running,
+// result) is empty.
 DaemonConfig hot_reloaded(const DaemonConfig& running, const DaemonConfig& loaded);
 
 // ---- helpers for the daemon -----------------------------------------------------------------
@@ -292,9 +305,15 @@ std::string runtime_path(const DaemonConfig& config, const std::string& path);
 // The client socket's full path.
 std::string client_socket_path(const DaemonConfig& config);
 
-// A listen address as a gRPC server URI: "unix:/run/mkerneld/admin.sock", "0.0.0.0:50051",
-// "[::1]:50051".
+// A listen address (of grpc.listen or peer.listen) as a gRPC server URI:
+// "unix:/run/mkerneld/admin.sock", "0.0.0.0:50051", "[::1]:50051".
 std::string grpc_uri(const DaemonConfig& config, const ListenAddress& address);
+
+// The address peers dial, as a gRPC target: "unix:/abs/path" or "host:port" ("[v6]:port").
+// peer.advertise if set, otherwise the first peer.listen entry; unix paths are resolved against
+// node.runtime_dir. "" only for a config the loader would refuse (no peer.listen entry, or a
+// peer.advertise that does not parse).
+std::string peer_advertise_target(const DaemonConfig& config);
 
 // A listen address as written in the file: "unix:admin.sock", "tcp:[::]:50051".
 std::string to_string(const ListenAddress& address);

@@ -51,6 +51,26 @@ struct SessionLimits {
   uint32_t max_flags = 0;
 };
 
+struct ConnectOptions {
+  std::string root;   // rank 0's daemon peer address (its SessionClient::peer_address()); "" = ours
+  std::string token;  // per-communicator secret, 16..256 bytes, the same on every rank
+  std::chrono::milliseconds timeout{0};  // rendezvous bound; 0 = the daemon's default
+  bool network_for_local = false;        // route ranks on this daemon through the network too
+};
+
+struct RankRoute {
+  uint32_t rank = 0;
+  std::string node;
+  bool network = false;
+  uint32_t regions = 0;
+  uint32_t flags = 0;
+};
+
+struct ConnectInfo {
+  std::vector<RankRoute> ranks;  // by rank
+  std::string transport;
+};
+
 class SessionClient {
  public:
   struct Options {
@@ -69,6 +89,10 @@ class SessionClient {
   StatusOr<ClientRing*> create_ring(uint32_t capacity_log2);
   StatusOr<ClientRegion*> create_region(uint64_t bytes, bool remote_writable);
   StatusOr<ClientFlags*> create_flags(uint32_t count);
+  // Joins the communicator across daemons (after every region and the flags were created; the
+  // daemon refuses new regions afterwards). Waits for the rendezvous: up to options.timeout, or
+  // the daemon's default plus this client's own timeout when that is 0.
+  StatusOr<ConnectInfo> connect_communicator(const ConnectOptions& options);
   // Round trip to the daemon; also fails if the daemon's epoch differs from the session's.
   Status ping();
   // Waits up to `wait` for the daemon to say something unasked (SessionEnded) or close the
@@ -81,12 +105,17 @@ class SessionClient {
   uint64_t epoch() const { return epoch_; }
   uint32_t proxy() const { return proxy_; }
   const SessionLimits& limits() const { return limits_; }
+  // The daemon's peer address (what rank 0 hands the other ranks as the root) and node name.
+  const std::string& peer_address() const { return peer_address_; }
+  const std::string& node() const { return node_; }
   int socket_fd() const { return sock_.get(); }
 
  private:
   SessionClient() = default;
   Status call(const session::v1::Request& req, int expected_fds, session::v1::Reply* reply,
               std::vector<UniqueFd>* fds);
+  Status call_for(const session::v1::Request& req, int expected_fds, session::v1::Reply* reply,
+                  std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout);
 
   Options options_;
   UniqueFd sock_;
@@ -95,6 +124,8 @@ class SessionClient {
   uint64_t epoch_ = 0;
   uint32_t proxy_ = 0;
   SessionLimits limits_;
+  std::string peer_address_;
+  std::string node_;
   Status ended_;
   std::vector<std::unique_ptr<ClientRing>> rings_;
   std::vector<std::unique_ptr<ClientRegion>> regions_;
