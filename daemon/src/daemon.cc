@@ -766,10 +766,6 @@ Status Daemon::start_connect(const std::shared_ptr<Session>& s, const pb::Reques
   for (size_t i = 0; i < proxies_.size(); ++i)
     if (proxies_[i]->options().index == s->identity().gpu) probe = &probes_[i];
   if (probe == nullptr) return Status(StatusCode::kInternal, "connect: the session's proxy is gone");
-  if (!probe->status.ok())
-    return Status(StatusCode::kUnavailable,
-                  "connect: this mkerneld has no network transport for gpu " + std::to_string(s->identity().gpu) +
-                      ": " + probe->status.message());
   ConnectRequest cr;
   cr.root = c.root().empty() ? peer_address_ : peer_target(c.root());
   cr.token = c.token();
@@ -777,6 +773,7 @@ Status Daemon::start_connect(const std::shared_ptr<Session>& s, const pb::Reques
   cr.node = node_name();
   cr.instance = epoch_;
   cr.choice = probe->choice;
+  cr.transport_status = probe->status;  // without one, only ranks on this daemon can be reached
   {
     std::lock_guard<std::mutex> lock(config_mu_);
     cr.timeout = c.timeout_ms() != 0 ? std::chrono::milliseconds(c.timeout_ms()) : options_.config.timeouts.rendezvous;

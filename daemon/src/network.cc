@@ -196,12 +196,17 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
   OpenOptions oo = req.open;
   oo.rank = id.rank;
   oo.world_size = id.world_size;
-  MK_ASSIGN_OR_RETURN(net->transport, open_transport(req.choice, oo));
-  net::Transport& t = *net->transport;
-  const net::Capabilities& caps = t.capabilities();
-  net->description = req.choice.kind == config::TransportKind::kVerbs
-                         ? "verbs " + caps.provider + " " + caps.version
-                         : "fabric " + caps.provider + " " + caps.version;
+  const bool have_transport = req.transport_status.ok();
+  if (have_transport) {
+    MK_ASSIGN_OR_RETURN(net->transport, open_transport(req.choice, oo));
+    const net::Capabilities& caps = net->transport->capabilities();
+    net->description = req.choice.kind == config::TransportKind::kVerbs
+                           ? "verbs " + caps.provider + " " + caps.version
+                           : "fabric " + caps.provider + " " + caps.version;
+  } else {
+    net->description = "in-daemon only (no network transport)";
+  }
+  net::Transport* t = net->transport.get();
 
   pb::JoinRequest join;
   join.set_communicator(id.communicator);
@@ -216,32 +221,35 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
   const uint32_t nregions = session.num_regions();
   for (uint32_t r = 0; r < nregions; ++r) {
     const Region* region = session.region(r);
+    pb::RegionDescriptor* d = join.add_regions();
+    d->set_region_id(r);
+    d->set_bytes(region->bytes);
+    if (t == nullptr) continue;
     net::RegisterRequest rr;
     rr.kind = net::MemoryKind::kHost;
     rr.addr = region->data();
     rr.length = region->bytes;
     rr.remote_writable = region->remote_writable;
-    auto reg = t.register_memory(rr);
+    auto reg = t->register_memory(rr);
     if (!reg.ok()) return reg.status().with_context("registering region " + std::to_string(r));
-    net->local_regions.push_back(reg->local_id);
-    pb::RegionDescriptor* d = join.add_regions();
-    d->set_region_id(r);
-    d->set_bytes(region->bytes);
-    if (region->remote_writable) d->set_blob(reg->descriptor.data(), reg->descriptor.size());
+    net->local_regions.push_back(reg.value().local_id);
+    if (region->remote_writable) d->set_blob(reg.value().descriptor.data(), reg.value().descriptor.size());
   }
 #if defined(MKERNEL_HAVE_VERBS)
   // Verbs writes signals straight into the flag array: it is the endpoint's signal region.
-  if (req.choice.kind == config::TransportKind::kVerbs && session.num_flags() > 0) {
+  if (t != nullptr && req.choice.kind == config::TransportKind::kVerbs && session.num_flags() > 0) {
     net::RegisterRequest rr;
     rr.addr = session.flags();
     rr.length = size_t{session.num_flags()} * sizeof(uint64_t);
     rr.remote_writable = true;
-    MK_ASSIGN_OR_RETURN(net::Registration reg, t.register_memory(rr));
-    MK_RETURN_IF_ERROR(static_cast<net::VerbsTransport&>(t).set_signal_region(reg.local_id));
+    MK_ASSIGN_OR_RETURN(net::Registration reg, t->register_memory(rr));
+    MK_RETURN_IF_ERROR(static_cast<net::VerbsTransport*>(t)->set_signal_region(reg.local_id));
   }
 #endif
-  MK_ASSIGN_OR_RETURN(net::Blob endpoint, t.local_address());
-  join.set_endpoint(endpoint.data(), endpoint.size());
+  if (t != nullptr) {
+    MK_ASSIGN_OR_RETURN(net::Blob endpoint, t->local_address());
+    join.set_endpoint(endpoint.data(), endpoint.size());
+  }
 
   if (cancel.cancelled()) return Status(StatusCode::kUnavailable, "connect cancelled");
   grpc::ChannelArguments args;
@@ -279,7 +287,11 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
       route.region_bytes.push_back(e.regions(i).bytes());
     }
     if (!route.network) continue;
-    auto peer = t.add_peer(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.endpoint().data()),
+    if (t == nullptr)
+      return Status(StatusCode::kUnavailable,
+                    "rank " + std::to_string(e.rank()) + " uses the daemon on node \"" + e.node() +
+                        "\", but this daemon has no network transport: " + req.transport_status.message());
+    auto peer = t->add_peer(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.endpoint().data()),
                                                     e.endpoint().size()));
     if (!peer.ok())
       return peer.status().with_context("adding rank " + std::to_string(e.rank()) + " on " + e.node());
@@ -289,7 +301,7 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
         route.region_ids.push_back(UINT64_MAX);
         continue;
       }
-      auto imported = t.import_region(
+      auto imported = t->import_region(
           route.peer, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(d.blob().data()), d.blob().size()));
       if (!imported.ok())
         return imported.status().with_context("importing region " + std::to_string(d.region_id()) +

@@ -113,6 +113,7 @@ struct ConnectRequest {
   std::string node;        // our node name
   uint64_t instance = 0;   // our epoch
   TransportChoice choice;
+  Status transport_status;  // not ok: no network transport here (only in-daemon ranks work)
   OpenOptions open;
 };
 

@@ -60,7 +60,7 @@ class [[nodiscard]] StatusOr {
  public:
   StatusOr(T value) : value_(std::move(value)), has_(true) {}  // NOLINT: implicit by design
   StatusOr(Status status) : status_(std::move(status)) {       // NOLINT
-    if (status_.ok()) status_ = Status(StatusCode::kInternal, "StatusOr built from an ok Status");
+    if (status_.ok()) static_cast<void>(status_ = Status(StatusCode::kInternal, "StatusOr built from an ok Status"));
   }
   bool ok() const { return has_; }
   const Status& status() const { return status_; }

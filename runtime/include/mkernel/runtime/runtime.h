@@ -1,0 +1,128 @@
+// runtime.h: libmkernel, what an application links: a communicator over the local mkerneld,
+// its buffers mapped for the GPU, and the device view kernels use (device.cuh).
+//
+// Design notes
+//  1. A Communicator is one rank: one session with the local daemon (on the proxy of its GPU),
+//     one command ring, `buffers` regions of the same sizes on every rank (symmetric), one flag
+//     array. Everything the daemon hands over (memfd segments) is registered with CUDA as mapped
+//     pinned memory, so kernels push commands and read and write buffers and flags directly.
+//  2. Staging: the libfabric build Debian ships cannot reach GPU memory (no FI_HMEM), so buffers
+//     the network carries live in pinned host memory that kernels read and write over PCIe
+//     ("host staging"); staging() says which mode a communicator uses. NVLink peers and dmabuf
+//     registration of GPU memory are later steps.
+//  3. Bootstrap: rank 0 makes a UniqueId (get_unique_id: a fresh communicator id, a random
+//     secret token, and its daemon's peer address as the root) and hands it to the other ranks
+//     by any means (MPI, torch.distributed, a file); or every rank calls create_from_env with
+//     the usual launcher variables. create() returns once every rank joined, within the bound.
+//  4. Errors: every host call returns a Status. Device-side errors (bounded waits that expired,
+//     pushes refused) land in a status word that check() turns into a Status; so does a
+//     daemon that ended the session or went away. A monitor thread watches the daemon
+//     connection and marks the ring when the daemon is gone, so GPU waits end at once rather
+//     than at their timeout.
+//  5. Nothing here calls exit or abort; the destructor says goodbye and unregisters everything.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mkernel/common/status.h"
+#include "mkernel/runtime/device.cuh"
+
+namespace mkernel::protocol {
+class SessionClient;
+}
+
+namespace mkernel::rt {
+
+// Opaque bootstrap handle, made by rank 0 and copied to every rank (plain bytes).
+struct UniqueId {
+  std::array<char, 1024> bytes{};
+};
+std::string to_string(const UniqueId& id);                  // printable, for env variables and files
+StatusOr<UniqueId> unique_id_from_string(const std::string& text);
+
+enum class Staging : uint8_t {
+  kHostPinned,  // buffers in pinned host memory, mapped into the GPU (note 2)
+};
+const char* staging_name(Staging s);
+
+struct Options {
+  std::string socket_path = "/run/mkerneld/mkerneld.sock";  // MKERNEL_SOCKET overrides it
+  int cuda_device = -1;          // -1: the current device
+  int32_t proxy = -1;            // the daemon proxy (GPU index) to use; -1: cuda_device
+  std::string client_name = "libmkernel";
+  std::chrono::milliseconds timeout{5000};               // each request to the daemon
+  std::chrono::milliseconds rendezvous_timeout{60000};   // create(): all ranks joining
+  uint64_t device_wait_timeout_ns = 2000000000ull;       // bound on every device-side wait
+  uint32_t ring_capacity_log2 = 12;
+  uint32_t num_flags = 1024;
+  bool network_for_local = false;  // reach ranks on this daemon through the network too
+};
+
+// Rank 0: a new communicator id and token, with the local daemon's peer address as the root.
+StatusOr<UniqueId> get_unique_id(const Options& options);
+
+class Communicator {
+ public:
+  // Joins `size` ranks. `buffer_bytes[i]` is the size of buffer i (the same list on every rank).
+  static StatusOr<std::unique_ptr<Communicator>> create(uint32_t rank, uint32_t size, const UniqueId& id,
+                                                        const std::vector<uint64_t>& buffer_bytes,
+                                                        const Options& options);
+  // The launcher's environment: RANK, WORLD_SIZE, LOCAL_RANK (the CUDA device), MASTER_ADDR and
+  // MASTER_PORT (name the communicator), MKERNEL_TOKEN (the secret, 16..256 bytes) and
+  // MKERNEL_PEER_PORT (the root daemon's peer port on MASTER_ADDR, default 7100).
+  static StatusOr<std::unique_ptr<Communicator>> create_from_env(const std::vector<uint64_t>& buffer_bytes,
+                                                                 Options options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Enqueues the start of a launch on `stream` (note 2 of device.cuh); capturable.
+  Status begin_launch(cudaStream_t stream);
+  // The view kernels take (valid while this Communicator lives).
+  const DeviceComm& device() const { return device_; }
+  // Host pointer of buffer i (the same memory the kernels see).
+  void* host_buffer(uint32_t i) const;
+  uint64_t buffer_bytes(uint32_t i) const;
+  // Host view of the flags (read with acquire).
+  const uint64_t* host_flags() const;
+
+  // Errors reported since creation: device status word, ring error word, session ended or
+  // daemon gone. Ok when none. Does not block.
+  Status check() const;
+  // The launch counter as the host last saw it (synchronises nothing).
+  uint64_t launches_begun() const { return launches_; }
+
+  uint32_t rank() const { return rank_; }
+  uint32_t size() const { return size_; }
+  Staging staging() const { return Staging::kHostPinned; }
+  const std::string& transport() const { return transport_; }
+  // Whether rank r is reached through the network transport (else inside the daemon).
+  bool through_network(uint32_t r) const { return r < network_.size() && network_[r]; }
+
+ private:
+  Communicator() = default;
+  Status setup(uint32_t rank, uint32_t size, const UniqueId& id, const std::vector<uint64_t>& buffer_bytes,
+               const Options& options);
+  void monitor();
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  DeviceComm device_{};
+  uint32_t rank_ = 0, size_ = 1;
+  uint64_t launches_ = 0;
+  std::string transport_;
+  std::vector<bool> network_;
+  std::thread monitor_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace mkernel::rt

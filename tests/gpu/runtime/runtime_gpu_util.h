@@ -1,0 +1,138 @@
+// Shared pieces of the runtime GPU tests: starting mkerneld processes, skipping without a GPU,
+// the tile pattern kernels write and check.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mkernel/protocol/session_wire.h"
+
+namespace mkt {
+
+// Exits 77 (ctest: skipped) with the reason unless `need` Hopper GPUs are usable.
+inline void require_gpus_or_skip(const char* test, int need) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n < need) {
+    std::printf("SKIPPED %s: needs %d CUDA GPU(s), found %d%s%s\n", test, need, err == cudaSuccess ? n : 0,
+                err != cudaSuccess ? ": " : "", err != cudaSuccess ? cudaGetErrorString(err) : "");
+    std::exit(77);
+  }
+  for (int d = 0; d < need; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess || prop.major != 9) {
+      std::printf("SKIPPED %s: GPU %d is not a Hopper GPU (sm_90a builds)\n", test, d);
+      std::exit(77);
+    }
+  }
+}
+
+// The same check without touching CUDA in this process (for tests that fork before any CUDA
+// call): count the driver's GPUs.
+inline int driver_gpu_count() {
+  int n = 0;
+  if (FILE* p = ::popen("ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l", "r")) {
+    if (std::fscanf(p, "%d", &n) != 1) n = 0;
+    ::pclose(p);
+  }
+  return n;
+}
+
+class Daemon {
+ public:
+  Daemon(std::string dir, const std::string& yaml) : dir_(std::move(dir)) {
+    ::mkdir(dir_.c_str(), 0755);
+    std::ofstream(dir_ + "/mkerneld.yaml") << yaml;
+  }
+  ~Daemon() { kill(SIGTERM); }
+  std::string socket() const { return dir_ + "/mkerneld.sock"; }
+  const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+
+  bool start() {
+    const char* path = std::getenv("MKERNELD");
+    const std::string exe = path != nullptr ? path : MKERNELD_PATH;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open((dir_ + "/mkerneld.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      const std::string cfg = dir_ + "/mkerneld.yaml";
+      ::execl(exe.c_str(), exe.c_str(), "--foreground", "--runtime-dir", dir_.c_str(), "--config", cfg.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        std::printf("mkerneld exited at start; log %s/mkerneld.log\n", dir_.c_str());
+        return false;
+      }
+      if (mkernel::protocol::connect_unix(socket(), std::chrono::milliseconds(100)).ok()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    std::printf("mkerneld did not answer within 20 s; log %s/mkerneld.log\n", dir_.c_str());
+    return false;
+  }
+
+  void kill(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    int st = 0;
+    while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &st, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    pid_ = -1;
+  }
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+inline std::string temp_dir(const char* name) {
+  std::string t = std::string("/tmp/mkernel-gpu-") + name + "-XXXXXX";
+  std::vector<char> b(t.begin(), t.end());
+  b.push_back('\0');
+  return ::mkdtemp(b.data()) ? std::string(b.data()) : t;
+}
+
+// A daemon config for GPU tests: GPUs `ids`, libfabric `provider`, peers on a Unix socket.
+inline std::string daemon_yaml(const std::string& provider, const std::string& gpu_ids) {
+  return "gpus: {select: list, ids: [" + gpu_ids + "]}\n"
+         "transport: {kind: fabric, provider: \"" + provider + "\"" + (provider == "shm" ? "" : ", nic: lo") + "}\n"
+         "proxy: {poll: {mode: spin}, cpu_affinity: none}\n"
+         "timeouts: {command_ms: 5000, rendezvous_ms: 30000}\n";
+}
+
+__host__ __device__ inline uint32_t tile_word(uint32_t from, uint32_t tile, uint64_t launch, uint32_t i) {
+  uint32_t x = from * 0x9E3779B9u ^ tile * 0x85EBCA6Bu ^ static_cast<uint32_t>(launch) * 0xC2B2AE35u ^ i;
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  return x;
+}
+
+}  // namespace mkt
