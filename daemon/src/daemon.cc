@@ -37,6 +37,7 @@ constexpr uint32_t kMaxFlagsPerSession = 1u << 20;
 constexpr auto kProxyAliveBound = 500ms;  // health answers within a second of a stall
 constexpr size_t kMaxNameBytes = 256;
 constexpr size_t kMaxConnectsAtOnce = 256;
+constexpr size_t kMaxHandlesPerSession = 64;
 constexpr size_t kMinTokenBytes = 16, kMaxTokenBytes = 256;
 constexpr uint32_t kMaxConnectTimeoutMs = 3600000;
 
@@ -443,8 +444,10 @@ void Daemon::accept_clients() {
 
 void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   pb::Request req;
-  // Clients never hand the daemon descriptors: exactly zero are accepted.
-  const Status rs = mp::recv_message(s->socket_fd(), &req, 0, nullptr, 1000ms);
+  // Clients hand the daemon a descriptor only with ShareHandle (exactly one); any other request
+  // carrying one is malformed.
+  std::vector<mp::UniqueFd> in_fds;
+  const Status rs = mp::recv_message_any_fds(s->socket_fd(), &req, &in_fds, 1000ms);
   if (!rs.ok()) {
     if (rs.code() == StatusCode::kUnavailable)
       finish_session(s, Status(StatusCode::kUnavailable, "client closed the connection"),
@@ -454,8 +457,33 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
     return;
   }
   if (s->ended()) return;
+  if (in_fds.size() != (req.has_share_handle() ? 1u : 0u)) {
+    finish_session(s, Status(StatusCode::kProtocolError,
+                             "malformed request: " + std::to_string(in_fds.size()) + " descriptor(s) attached; " +
+                                 (req.has_share_handle() ? "ShareHandle carries exactly one"
+                                                         : "only ShareHandle may carry one")));
+    return;
+  }
   pb::Reply reply;
   reply.set_request_id(req.request_id());
+  if (req.has_share_handle() && s->has_hello()) {
+    const std::string& key = req.share_handle().key();
+    Status hs;
+    if (key.empty() || key.size() > 128)
+      hs = Status(StatusCode::kInvalidArgument, "key: " + std::to_string(key.size()) + " bytes; expected 1..128");
+    else if (s->shared_handles.size() >= kMaxHandlesPerSession && !s->shared_handles.count(key))
+      hs = Status(StatusCode::kResourceExhausted, "share_handle: this session already shares " +
+                                                      std::to_string(kMaxHandlesPerSession) + " handles");
+    if (hs.ok()) {
+      s->shared_handles[key] = std::move(in_fds[0]);
+      reply.mutable_handle_shared();
+    } else {
+      fill_error(&reply, hs);
+    }
+    const Status ss = mp::send_message(s->socket_fd(), reply, {}, 1000ms);
+    if (!ss.ok()) finish_session(s, ss.with_context("reply to client"));
+    return;
+  }
   std::vector<int> fds;
   if (req.has_goodbye()) {
     finish_session(s, Status(StatusCode::kOk, "client said goodbye"), /*client_left=*/true);
@@ -597,6 +625,30 @@ Status Daemon::handle_request(Session& s, const pb::Request& req, pb::Reply* rep
     MK_RETURN_IF_ERROR(s.add_flags(req.create_flags().count()));
     reply->mutable_flags()->set_count(s.num_flags());
     fds->push_back(s.flags_fd());
+    return Status::Ok();
+  }
+  if (req.has_fetch_handle()) {
+    const pb::FetchHandle& f = req.fetch_handle();
+    if (f.rank() >= s.identity().world_size)
+      return Status(StatusCode::kInvalidArgument, "rank: " + std::to_string(f.rank()) + "; expected 0.." +
+                                                      std::to_string(s.identity().world_size - 1));
+    std::shared_ptr<Session> owner;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      for (auto& [id, o] : sessions_)
+        if (o->has_hello() && !o->ended() && o->identity().communicator == s.identity().communicator &&
+            o->identity().rank == f.rank())
+          owner = o;
+    }
+    if (!owner)
+      return Status(StatusCode::kNotFound, "rank " + std::to_string(f.rank()) + " of communicator \"" +
+                                               s.identity().communicator + "\" has no session on this daemon");
+    auto it = owner->shared_handles.find(f.key());
+    if (it == owner->shared_handles.end())
+      return Status(StatusCode::kNotFound, "rank " + std::to_string(f.rank()) + " has not shared a handle \"" +
+                                               f.key() + "\" (yet)");
+    reply->mutable_handle_fetched();
+    fds->push_back(it->second.get());
     return Status::Ok();
   }
   if (req.has_ping()) {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -104,6 +105,8 @@ class Session {
   SessionNetwork* network() const { return network_.load(std::memory_order_acquire); }
   // A connect is under way or done: regions and flags are frozen (event loop only).
   bool connect_started = false;
+  // GPU memory handles this session shared with its communicator (event loop only).
+  std::map<std::string, protocol::UniqueFd> shared_handles;
 
   // ---- ending ----
   // Returns true for the call that ended it. Stores the reason and, when `ring_code` is not 0,

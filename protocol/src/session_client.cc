@@ -73,13 +73,36 @@ StatusOr<ConnectInfo> SessionClient::connect_communicator(const ConnectOptions& 
   return info;
 }
 
+Status SessionClient::share_handle(const std::string& key, int fd) {
+  pb::Request req;
+  req.mutable_share_handle()->set_key(key);
+  pb::Reply reply;
+  MK_RETURN_IF_ERROR(call_for(req, 0, &reply, nullptr, options_.timeout, {fd}).with_context("share_handle"));
+  if (!reply.has_handle_shared())
+    return Status(StatusCode::kProtocolError, "share_handle: daemon answered without HandleShared");
+  return Status::Ok();
+}
+
+StatusOr<UniqueFd> SessionClient::fetch_handle(uint32_t rank, const std::string& key) {
+  pb::Request req;
+  req.mutable_fetch_handle()->set_rank(rank);
+  req.mutable_fetch_handle()->set_key(key);
+  pb::Reply reply;
+  std::vector<UniqueFd> fds;
+  MK_RETURN_IF_ERROR(call(req, 1, &reply, &fds));
+  if (!reply.has_handle_fetched() || fds.size() != 1)
+    return Status(StatusCode::kProtocolError, "fetch_handle: daemon answered without HandleFetched");
+  return std::move(fds[0]);
+}
+
 Status SessionClient::call_for(const pb::Request& req_in, int expected_fds, pb::Reply* reply,
-                               std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout) {
+                               std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout,
+                               const std::vector<int>& send_fds) {
   if (!ended_.ok()) return ended_;
   if (!sock_.valid()) return Status(StatusCode::kFailedPrecondition, "session is closed");
   pb::Request req = req_in;
   req.set_request_id(next_request_++);
-  MK_RETURN_IF_ERROR(send_message(sock_.get(), req, {}, options_.timeout));
+  MK_RETURN_IF_ERROR(send_message(sock_.get(), req, send_fds, options_.timeout));
   std::vector<UniqueFd> got;
   MK_RETURN_IF_ERROR(recv_message_any_fds(sock_.get(), reply, &got, timeout));
   if (reply->has_ended()) {

@@ -1,6 +1,7 @@
 #include "mkernel/runtime/runtime.h"
 
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <mutex>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 
 #include "mkernel/protocol/session_client.h"
+#include "vmm.h"
 
 namespace mkernel::rt {
 
@@ -143,6 +145,7 @@ struct Communicator::Impl {
   std::vector<mp::ClientRegion*> regions;
   mp::ClientFlags* flags = nullptr;
   std::vector<void*> registered;  // host ranges registered with CUDA
+  std::vector<std::unique_ptr<VmmBuffer>> nvl;  // own NVLink buffer first, then peers' mappings
   mp::RingDeviceState* ring_state = nullptr;
   unsigned long long* launch_counter = nullptr;
   DeviceStatus* status_host = nullptr;
@@ -153,6 +156,8 @@ struct Communicator::Impl {
 
   ~Impl() {
     if (client) client->close();
+    if (!nvl.empty()) (void)cudaDeviceSynchronize();
+    nvl.clear();
     for (void* p : registered) (void)cudaHostUnregister(p);
     if (ring_state) (void)cudaFree(ring_state);
     if (launch_counter) (void)cudaFree(launch_counter);
@@ -288,6 +293,8 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   device_.wait_timeout_ns = options.device_wait_timeout_ns;
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return cuda_status("cudaDeviceSynchronize", e);
 
+  if (options.nvlink_bytes > 0) MK_RETURN_IF_ERROR(setup_nvlink(options));
+
   // Join the other ranks (through the daemons).
   mp::ConnectOptions co;
   co.root = pid.root;
@@ -299,7 +306,51 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   network_.assign(size, false);
   for (const mp::RankRoute& r : info.ranks)
     if (r.rank < size) network_[r.rank] = r.network;
+  if (options.nvlink_bytes > 0) MK_RETURN_IF_ERROR(map_nvlink_peers(options));
   monitor_ = std::thread([this] { monitor(); });
+  return Status::Ok();
+}
+
+namespace {
+constexpr const char* kNvlKey = "nvlink-buffer";
+}
+
+Status Communicator::setup_nvlink(const Options& options) {
+  Impl& m = *impl_;
+  if (rank_ >= kMaxNvlRanks)
+    return Status(StatusCode::kInvalidArgument, "nvlink_bytes: rank " + std::to_string(rank_) +
+                                                    " cannot have an NVLink buffer; only ranks below " +
+                                                    std::to_string(kMaxNvlRanks) + " can");
+  const uint64_t bytes = options.nvlink_bytes + uint64_t{kNvlFlags} * sizeof(uint64_t);
+  MK_ASSIGN_OR_RETURN(VmmBuffer * raw, VmmBuffer::allocate(m.cuda_device, bytes));
+  m.nvl.emplace_back(raw);
+  if (cudaError_t e = cudaMemset(raw->ptr(), 0, raw->size()); e != cudaSuccess) return cuda_status("cudaMemset", e);
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return cuda_status("cudaDeviceSynchronize", e);
+  MK_ASSIGN_OR_RETURN(int fd, raw->export_fd());
+  const Status shared = m.client->share_handle(kNvlKey, fd);
+  ::close(fd);
+  MK_RETURN_IF_ERROR(shared.with_context("sharing the NVLink buffer"));
+  device_.nvl[rank_] = static_cast<uint8_t*>(raw->ptr());
+  device_.nvl_bytes = options.nvlink_bytes;
+  return Status::Ok();
+}
+
+Status Communicator::map_nvlink_peers(const Options& options) {
+  // Every rank shared its buffer before the rendezvous, so after it each one is there.
+  Impl& m = *impl_;
+  const size_t size = m.nvl.front()->size();
+  for (uint32_t r = 0; r < size_ && r < kMaxNvlRanks; ++r) {
+    if (r == rank_ || network_[r]) continue;
+    MK_ASSIGN_OR_RETURN(mp::UniqueFd fd, m.client->fetch_handle(r, kNvlKey));
+    auto imported = VmmBuffer::import(fd.get(), m.cuda_device, size);
+    if (!imported.ok())
+      return imported.status().with_context("mapping rank " + std::to_string(r) +
+                                            "'s NVLink buffer (is its GPU reachable over NVLink from GPU " +
+                                            std::to_string(m.cuda_device) + "?)");
+    m.nvl.emplace_back(imported.value());
+    device_.nvl[r] = static_cast<uint8_t*>(imported.value()->ptr());
+  }
+  (void)options;
   return Status::Ok();
 }
 

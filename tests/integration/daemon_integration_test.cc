@@ -273,7 +273,7 @@ TEST_F(DaemonTest, HostileClientsEndAloneAndHealthyOnesNeverNotice) {
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (std::chrono::steady_clock::now() < deadline && (s = h.client->check_alive(50ms)).ok()) {
     }
-    EXPECT_NE(s.message().find("file descriptors: 1 attached; expected 0"), std::string::npos)
+    EXPECT_NE(s.message().find("1 descriptor(s) attached; only ShareHandle may carry one"), std::string::npos)
         << s.to_string();
   }
   std::this_thread::sleep_for(100ms);
@@ -308,6 +308,51 @@ TEST_F(DaemonTest, ClientNoticesADaemonRestartWithinOneSecond) {
   ASSERT_TRUE(again.client);
   EXPECT_NE(again.client->epoch(), epoch);
   EXPECT_NE(again.ring->view.header->epoch, epoch);
+}
+
+// GPU memory handles between ranks of one communicator on one daemon: shared descriptors reach
+// the same communicator only, a missing one is named, and ShareHandle without a descriptor ends
+// the session. (A memfd stands in for cuMemExportToShareableHandle's descriptor.)
+TEST_F(DaemonTest, HandlesAreBrokeredWithinACommunicatorOnly) {
+  ASSERT_TRUE(daemon_->start());
+  Peer r0 = join(*daemon_, "nvl", 0, 2), r1 = join(*daemon_, "nvl", 1, 2), other = join(*daemon_, "other", 1, 2);
+  ASSERT_TRUE(r0.client && r1.client && other.client);
+  const int fd = ::memfd_create("handle", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const char text[] = "gpu memory stand-in";
+  ASSERT_EQ(::write(fd, text, sizeof(text)), static_cast<ssize_t>(sizeof(text)));
+  ASSERT_TRUE(r0.client->share_handle("buf0", fd).ok());
+  ::close(fd);  // the daemon holds its own copy
+
+  auto got = r1.client->fetch_handle(0, "buf0");
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  char back[sizeof(text)] = {};
+  EXPECT_EQ(::pread(got.value().get(), back, sizeof(back), 0), static_cast<ssize_t>(sizeof(back)));
+  EXPECT_STREQ(back, text);
+
+  auto missing = r1.client->fetch_handle(0, "buf1");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("has not shared a handle \"buf1\""), std::string::npos)
+      << missing.status().to_string();
+  auto stranger = other.client->fetch_handle(0, "buf0");
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_EQ(stranger.status().code(), mkernel::StatusCode::kNotFound) << stranger.status().to_string();
+  auto bad_key = r0.client->share_handle("", r0.region->mapping.fd());
+  EXPECT_NE(bad_key.message().find("key: 0 bytes; expected 1..128"), std::string::npos) << bad_key.to_string();
+
+  // ShareHandle with no descriptor is malformed: the session ends with that reason.
+  mkernel::session::v1::Request req;
+  req.set_request_id(77);
+  req.mutable_share_handle()->set_key("nofd");
+  ASSERT_TRUE(mp::send_message(r0.client->socket_fd(), req, {}, 1s).ok());
+  mkernel::Status s;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline && (s = r0.client->check_alive(50ms)).ok()) {
+  }
+  EXPECT_NE(s.message().find("ShareHandle carries exactly one"), std::string::npos) << s.to_string();
+  // Its handles went with it.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(r1.client->fetch_handle(0, "buf0").ok());
 }
 
 TEST_F(DaemonTest, DrainTurnsHealthNotServingWithinASecond) {

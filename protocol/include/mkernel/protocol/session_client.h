@@ -93,6 +93,11 @@ class SessionClient {
   // daemon refuses new regions afterwards). Waits for the rendezvous: up to options.timeout, or
   // the daemon's default plus this client's own timeout when that is 0.
   StatusOr<ConnectInfo> connect_communicator(const ConnectOptions& options);
+  // Hands the daemon a descriptor (a GPU memory handle) for ranks of this communicator on the
+  // same daemon; this process keeps its own copy of `fd`.
+  Status share_handle(const std::string& key, int fd);
+  // The descriptor rank `rank` shared under `key`; kNotFound when it has not (yet).
+  StatusOr<UniqueFd> fetch_handle(uint32_t rank, const std::string& key);
   // Round trip to the daemon; also fails if the daemon's epoch differs from the session's.
   Status ping();
   // Waits up to `wait` for the daemon to say something unasked (SessionEnded) or close the
@@ -115,7 +120,8 @@ class SessionClient {
   Status call(const session::v1::Request& req, int expected_fds, session::v1::Reply* reply,
               std::vector<UniqueFd>* fds);
   Status call_for(const session::v1::Request& req, int expected_fds, session::v1::Reply* reply,
-                  std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout);
+                  std::vector<UniqueFd>* fds, std::chrono::milliseconds timeout,
+                  const std::vector<int>& send_fds = {});
 
   Options options_;
   UniqueFd sock_;

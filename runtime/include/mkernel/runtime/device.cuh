@@ -26,6 +26,10 @@
 namespace mkernel::rt {
 
 inline constexpr uint32_t kMaxBuffers = 16;
+// NVLink: ranks 0..kMaxNvlRanks-1 on the same node can map each other's NVLink buffer; each
+// buffer ends with kNvlFlags 64-bit flags.
+inline constexpr uint32_t kMaxNvlRanks = 8;
+inline constexpr uint32_t kNvlFlags = 512;
 
 // Codes of DeviceStatus::code.
 enum DeviceError : uint32_t {
@@ -61,6 +65,10 @@ struct DeviceComm {
   const unsigned long long* launch_counter = nullptr;  // device memory (note 2)
   DeviceStatus* status = nullptr;       // device address (mapped host memory)
   uint64_t wait_timeout_ns = 2000000000ull;
+  // NVLink buffers (Options::nvlink_bytes): by rank, that rank's buffer as mapped here (this
+  // rank's own included), null for ranks not on this node or not NVLink-reachable.
+  uint8_t* nvl[kMaxNvlRanks] = {};
+  uint64_t nvl_bytes = 0;  // data bytes of each; kNvlFlags flags follow them
 };
 
 #if defined(__CUDACC__)
@@ -119,6 +127,39 @@ __device__ __forceinline__ bool wait_flag(const DeviceComm& c, uint32_t flag, ui
       if (err != 0) return report(c, kDeviceRingError, err, where), false;
       if (rd::ld_acquire_sys(&c.status->code) != 0) return false;  // another thread already failed
       if (rd::globaltimer_ns() - start > c.wait_timeout_ns) return report(c, kDeviceWaitTimeout, flag, where), false;
+    }
+  }
+  return true;
+}
+
+// ---- NVLink: plain stores into a peer's buffer, a release store of its flag ----
+
+__device__ __forceinline__ uint64_t* nvl_flag(const DeviceComm& c, uint32_t rank, uint32_t idx) {
+  return reinterpret_cast<uint64_t*>(c.nvl[rank] + c.nvl_bytes) + idx;
+}
+
+// After this thread's (and, with a __syncthreads before, its block's) stores into rank's
+// buffer: raises rank's NVLink flag `idx` to this launch's number.
+__device__ __forceinline__ bool nvl_signal(const DeviceComm& c, uint32_t rank, uint32_t idx, uint64_t where = 0) {
+  if (rank >= kMaxNvlRanks || c.nvl[rank] == nullptr) return report(c, kDeviceBadArgument, 1, where), false;
+  if (idx >= kNvlFlags) return report(c, kDeviceBadArgument, 4, where), false;
+  protocol::ring_detail::fence_acq_rel_sys();
+  protocol::ring_detail::st_relaxed_sys(nvl_flag(c, rank, idx), launch_number(c));
+  return true;
+}
+
+// Waits until this rank's NVLink flag `idx` reached `value`. Bounded like wait_flag.
+__device__ __forceinline__ bool nvl_wait(const DeviceComm& c, uint32_t idx, uint64_t value, uint64_t where = 0) {
+  namespace rd = protocol::ring_detail;
+  if (c.rank >= kMaxNvlRanks || c.nvl[c.rank] == nullptr || idx >= kNvlFlags)
+    return report(c, kDeviceBadArgument, 4, where), false;
+  const uint64_t* f = nvl_flag(c, c.rank, idx);
+  const uint64_t start = rd::globaltimer_ns();
+  uint32_t spins = 0;
+  while (rd::ld_acquire_sys(f) < value) {
+    if ((++spins & 63u) == 0) {
+      if (rd::ld_acquire_sys(&c.status->code) != 0) return false;
+      if (rd::globaltimer_ns() - start > c.wait_timeout_ns) return report(c, kDeviceWaitTimeout, idx, where), false;
     }
   }
   return true;

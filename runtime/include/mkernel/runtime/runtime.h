@@ -65,6 +65,10 @@ struct Options {
   uint32_t ring_capacity_log2 = 12;
   uint32_t num_flags = 1024;
   bool network_for_local = false;  // reach ranks on this daemon through the network too
+  // Bytes of this rank's NVLink buffer (device memory, CUDA VMM), 0 for none. Ranks on this
+  // node (the same daemon) map each other's through handles the daemon brokers; kernels store
+  // into peers' buffers directly (DeviceComm::nvl, nvl_signal, nvl_wait).
+  uint64_t nvlink_bytes = 0;
 };
 
 // Rank 0: a new communicator id and token, with the local daemon's peer address as the root.
@@ -107,9 +111,13 @@ class Communicator {
   const std::string& transport() const { return transport_; }
   // Whether rank r is reached through the network transport (else inside the daemon).
   bool through_network(uint32_t r) const { return r < network_.size() && network_[r]; }
+  // Whether rank r's NVLink buffer is mapped here (DeviceComm::nvl[r]).
+  bool nvlink_mapped(uint32_t r) const { return r < kMaxNvlRanks && device_.nvl[r] != nullptr; }
 
  private:
   Communicator() = default;
+  Status setup_nvlink(const Options& options);
+  Status map_nvlink_peers(const Options& options);
   Status setup(uint32_t rank, uint32_t size, const UniqueId& id, const std::vector<uint64_t>& buffer_bytes,
                const Options& options);
   void monitor();
