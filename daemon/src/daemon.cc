@@ -882,6 +882,15 @@ void Daemon::finish_connects() {
     } else {
       pb::Connected* c = reply.mutable_connected();
       c->set_transport(j->network->description);
+      if (j->network->transport) {
+        const net::Capabilities& caps = j->network->transport->capabilities();
+        c->set_gpu_memory(caps.dmabuf && !caps.needs_host_staging);
+        if (!c->gpu_memory())
+          c->set_gpu_memory_reason(caps.provider + " " + caps.version +
+                                   " cannot register GPU memory (no dmabuf / FI_HMEM support in this build)");
+      } else {
+        c->set_gpu_memory_reason("no network transport");
+      }
       uint32_t over_network = 0;
       for (const RankRoute& r : j->network->ranks) {
         pb::RankRoute* e = c->add_ranks();

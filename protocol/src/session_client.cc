@@ -68,6 +68,8 @@ StatusOr<ConnectInfo> SessionClient::connect_communicator(const ConnectOptions& 
     return Status(StatusCode::kProtocolError, "connect: daemon answered without Connected");
   ConnectInfo info;
   info.transport = reply.connected().transport();
+  info.gpu_memory = reply.connected().gpu_memory();
+  info.gpu_memory_reason = reply.connected().gpu_memory_reason();
   for (const auto& r : reply.connected().ranks())
     info.ranks.push_back({r.rank(), r.node(), r.network(), r.regions(), r.flags()});
   return info;

@@ -303,6 +303,10 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   co.network_for_local = options.network_for_local;
   MK_ASSIGN_OR_RETURN(mp::ConnectInfo info, m.client->connect_communicator(co));
   transport_ = info.transport;
+  // Registering GPU memory with the NIC (dmabuf) is not implemented in libmkernel yet, so every
+  // transport gets host staging; say why in the transport's own words when it could not anyway.
+  staging_reason_ = info.gpu_memory ? "the transport can register GPU memory, but libmkernel does not use dmabuf yet"
+                                    : info.gpu_memory_reason;
   network_.assign(size, false);
   for (const mp::RankRoute& r : info.ranks)
     if (r.rank < size) network_[r.rank] = r.network;

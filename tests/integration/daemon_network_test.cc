@@ -349,6 +349,40 @@ TEST_P(NetworkTest, APeerKilledMidTransferEndsTheWriterWithinTheBound) {
   EXPECT_EQ(sa.in_flight(), 0u);
 }
 
+// No machine here has an RDMA device: a daemon told to use verbs starts anyway, says why it has
+// no network transport, serves in-daemon communicators, and refuses a rank on another daemon
+// with that reason.
+TEST(NetworkWithoutRdma, VerbsWithoutADeviceStartsAndSaysSo) {
+  DaemonProcess v(mkt::temp_dir("net-verbs"));
+  DaemonProcess f(mkt::temp_dir("net-fabric"));
+  std::filesystem::create_directories(v.dir());
+  std::filesystem::create_directories(f.dir());
+  std::ofstream(v.dir() + "/mkerneld.yaml") << "gpus: {select: host_slots, host_slots: 1}\n"
+                                               "transport: {kind: verbs}\n";
+  std::ofstream(f.dir() + "/mkerneld.yaml") << config_for("tcp;ofi_rxm", 5000);
+  ASSERT_TRUE(v.start({"--config", v.dir() + "/mkerneld.yaml"}));
+  ASSERT_TRUE(f.start({"--config", f.dir() + "/mkerneld.yaml"}));
+  EXPECT_GE(mkt::count_matching_lines(v.log_path(), "no RDMA device"), 1u) << "log " << v.log_path();
+  // In-daemon communicators still connect.
+  Rank a = open_rank(v, "local", 0, 2), b = open_rank(v, "local", 1, 2);
+  ASSERT_TRUE(a.producer && b.producer);
+  mkernel::StatusOr<mp::ConnectInfo> cb = mkernel::Status(mkernel::StatusCode::kInternal, "");
+  std::thread t([&] { cb = connect(b, a.client->peer_address()); });
+  auto ca = connect(a, "");
+  t.join();
+  ASSERT_TRUE(ca.ok()) << ca.status().to_string();
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  EXPECT_FALSE(ca->ranks[1].network);
+  // A rank on another daemon cannot be reached: the reason is the missing device.
+  Rank x = open_rank(v, "remote", 0, 2), y = open_rank(f, "remote", 1, 2);
+  mkernel::StatusOr<mp::ConnectInfo> cy = mkernel::Status(mkernel::StatusCode::kInternal, "");
+  std::thread t2([&] { cy = connect(y, x.client->peer_address()); });
+  auto cx = connect(x, "");
+  t2.join();
+  ASSERT_FALSE(cx.ok());
+  EXPECT_NE(cx.status().message().find("no RDMA device"), std::string::npos) << cx.status().to_string();
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, NetworkTest, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& p) { return p.param == "shm" ? "shm" : "tcp_rxm"; });
 

@@ -67,7 +67,9 @@ int main() {
   if (!made.ok()) return 1;
   rt::Communicator& comm = *made.value();
   CHECK(comm.through_network(0), "rank 0 should be reached through the network transport");
-  std::printf("communicator: transport \"%s\", staging %s\n", comm.transport().c_str(), rt::staging_name(comm.staging()));
+  std::printf("communicator: transport \"%s\", staging %s (%s)\n", comm.transport().c_str(),
+              rt::staging_name(comm.staging()), comm.staging_reason().c_str());
+  CHECK(!comm.staging_reason().empty(), "the staging decision names its reason");
   CHECK(comm.transport().find("shm") != std::string::npos, "transport %s", comm.transport().c_str());
 
   unsigned long long *wrong = nullptr, *failed = nullptr;

@@ -69,6 +69,8 @@ struct RankRoute {
 struct ConnectInfo {
   std::vector<RankRoute> ranks;  // by rank
   std::string transport;
+  bool gpu_memory = false;        // the transport can register GPU memory (dmabuf)
+  std::string gpu_memory_reason;  // why not, when it cannot
 };
 
 class SessionClient {

@@ -108,6 +108,8 @@ class Communicator {
   uint32_t rank() const { return rank_; }
   uint32_t size() const { return size_; }
   Staging staging() const { return Staging::kHostPinned; }
+  // Why this staging: what the transport said about GPU memory at connect.
+  const std::string& staging_reason() const { return staging_reason_; }
   const std::string& transport() const { return transport_; }
   // Whether rank r is reached through the network transport (else inside the daemon).
   bool through_network(uint32_t r) const { return r < network_.size() && network_[r]; }
@@ -128,6 +130,7 @@ class Communicator {
   uint32_t rank_ = 0, size_ = 1;
   uint64_t launches_ = 0;
   std::string transport_;
+  std::string staging_reason_;
   std::vector<bool> network_;
   std::thread monitor_;
   std::atomic<bool> stop_{false};
