@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +33,36 @@ spdlog::level::level_enum to_spdlog(mkernel::config::LogLevel l) {
   return spdlog::level::info;
 }
 
+// %j: the message as the inside of a JSON string (quotes, backslashes and control characters
+// escaped), so every line of the json log format parses whatever a message contains.
+class JsonEscapedMessage final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    static const char* kHex = "0123456789abcdef";
+    auto put = [&dest](std::string_view text) { dest.append(text.data(), text.data() + text.size()); };
+    for (const char ch : msg.payload) {
+      const auto c = static_cast<unsigned char>(ch);
+      switch (c) {
+        case '"': put(std::string_view("\\\"")); break;
+        case '\\': put(std::string_view("\\\\")); break;
+        case '\n': put(std::string_view("\\n")); break;
+        case '\r': put(std::string_view("\\r")); break;
+        case '\t': put(std::string_view("\\t")); break;
+        default:
+          if (c < 0x20) {
+            const char esc[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+            dest.append(esc, esc + 6);
+          } else {
+            dest.push_back(ch);
+          }
+      }
+    }
+  }
+  std::unique_ptr<spdlog::custom_flag_formatter> clone() const override {
+    return std::make_unique<JsonEscapedMessage>();
+  }
+};
+
 void setup_logging(const mkernel::config::LoggingConfig& lc, bool to_syslog) {
   std::shared_ptr<spdlog::logger> logger;
   if (to_syslog)
@@ -40,10 +71,14 @@ void setup_logging(const mkernel::config::LoggingConfig& lc, bool to_syslog) {
   else
     logger = std::make_shared<spdlog::logger>("mkerneld", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   // Journal-friendly by default: no timestamp (journald adds one), level in brackets.
-  if (lc.format == mkernel::config::LogFormat::kJson)
-    logger->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","thread":%t,"msg":"%v"})");
-  else
+  if (lc.format == mkernel::config::LogFormat::kJson) {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<JsonEscapedMessage>('j').set_pattern(
+        R"({"time":"%Y-%m-%dT%H:%M:%S.%f%z","level":"%l","thread":%t,"msg":"%j"})");
+    logger->set_formatter(std::move(formatter));
+  } else {
     logger->set_pattern("[%l] %v");
+  }
   logger->set_level(to_spdlog(lc.level));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);

@@ -485,6 +485,33 @@ TEST_F(DaemonTest, HealthAgreesAcrossMkerneldctlAndPythonGrpc) {
                                  << " (scripts/install-deps.sh installs it); mkerneldctl checked";
 }
 
+// logging.format json: every line is one JSON object, whatever a message carries (a client name
+// with quotes, a backslash and a tab appears in the session lines).
+TEST_F(DaemonTest, JsonLogLinesParseWhateverMessagesHold) {
+  const std::string cfg = dir_ + "/json.yaml";
+  std::ofstream(cfg) << "gpus: {select: host_slots, host_slots: 1}\nlogging: {format: json}\n";
+  ASSERT_TRUE(daemon_->start({"--config", cfg}));
+  {
+    mp::SessionClient::Options o;
+    o.socket_path = daemon_->client_socket();
+    o.client_name = "say \"hi\" \\ then\ttab";
+    o.communicator = "json";
+    auto c = mp::SessionClient::connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    c.value()->close();
+  }
+  std::this_thread::sleep_for(200ms);
+  daemon_->stop();
+  EXPECT_GE(mkt::count_matching_lines(daemon_->log_path(), "say \\\"hi\\\" \\\\ then\\ttab"), 1u)
+      << "the client name, escaped, in " << daemon_->log_path();
+  const auto [code, out] = mkt::run_capture(
+      {"/usr/bin/python3", "-c",
+       "import json,sys\nn=0\nfor l in open(sys.argv[1]):\n    json.loads(l); n+=1\nprint('parsed', n)",
+       daemon_->log_path()});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("parsed"), std::string::npos) << out;
+}
+
 TEST_F(DaemonTest, InvalidReloadKeepsTheRunningConfigAndTheDaemonServing) {
   const std::string cfg = dir_ + "/mkerneld.yaml";
   { std::ofstream(cfg) << "logging:\n  level: info\n"; }
