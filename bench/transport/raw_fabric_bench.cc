@@ -89,6 +89,9 @@ struct Options {
   uint64_t min_ops = 1000, max_ops = 20000;  // ... clamped to this range
   bool fi_source = true;
   bool delivery_complete = true;
+  // "anon": private anonymous pages; "memfd": shared memfd pages, the kind of memory a client
+  // hands mkerneld for its regions (protocol/src/shm.cc).
+  std::string memory = "anon";
   uint32_t timeout_ms = 10000;
 };
 
@@ -138,7 +141,8 @@ struct OpContext {
 };
 static_assert(offsetof(OpContext, ctx) == 0);
 
-// Page-aligned anonymous memory (FI_MR_ALLOCATED wants mapped memory; pages keep slots aligned).
+// Page-aligned mapped memory (FI_MR_ALLOCATED wants mapped memory; pages keep slots aligned):
+// private anonymous pages, or shared pages of a memfd like the regions clients give mkerneld.
 class Buffer {
  public:
   Buffer() = default;
@@ -147,8 +151,18 @@ class Buffer {
   ~Buffer() {
     if (data_ != nullptr) munmap(data_, size_);
   }
-  Error allocate(size_t size) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  Error allocate(size_t size, const std::string& memory) {
+    void* p = MAP_FAILED;
+    if (memory == "memfd") {
+      const int fd = memfd_create("raw-fabric-bench", MFD_CLOEXEC);
+      if (fd < 0) return fail(std::string("memfd_create: ") + std::strerror(errno));
+      if (ftruncate(fd, static_cast<off_t>(size)) == 0) {
+        p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      close(fd);  // the mapping keeps the memory
+    } else {
+      p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
     if (p == MAP_FAILED) return fail("mmap " + std::to_string(size) + " bytes: " + std::strerror(errno));
     data_ = static_cast<uint8_t*>(p);
     size_ = size;
@@ -395,7 +409,7 @@ Error run_target(const Options& o, int fd) {
   BENCH_TRY(ep.open(o));
   const uint64_t max_bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
   Buffer buf;
-  BENCH_TRY(buf.allocate(max_bytes * o.window));
+  BENCH_TRY(buf.allocate(max_bytes * o.window, o.memory));
   uint64_t key = 0;
   void* desc = nullptr;
   BENCH_TRY(ep.register_buffer(buf.data(), buf.size(), FI_REMOTE_WRITE | FI_WRITE, &key, &desc));
@@ -554,7 +568,7 @@ Error run_initiator(const Options& o, int fd) {
   if (ep.rx_cq_data()) BENCH_TRY(ep.post_receives(16));
   const uint64_t max_bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
   Buffer src;
-  BENCH_TRY(src.allocate(max_bytes * o.window));
+  BENCH_TRY(src.allocate(max_bytes * o.window, o.memory));
   uint64_t src_key = 0;
   void* src_desc = nullptr;
   BENCH_TRY(ep.register_buffer(src.data(), src.size(), FI_WRITE, &src_key, &src_desc));
@@ -593,13 +607,13 @@ Error run_initiator(const Options& o, int fd) {
         "\"libfabric\": \"%s\", \"bytes\": %llu, \"window\": %u, \"ops_per_run\": %llu, "
         "\"runs\": %u, \"ops_per_s\": %.1f, \"gbytes_per_s\": %.4f, \"gbytes_per_s_min\": %.4f, "
         "\"gbytes_per_s_max\": %.4f, \"median_s\": %.6f, \"completion\": \"%s\", \"mr_mode\": \"%s\", "
-        "\"fi_source\": %s, \"cq_data_size\": %zu}\n",
+        "\"fi_source\": %s, \"cq_data_size\": %zu, \"memory\": \"%s\"}\n",
         info->fabric_attr->prov_name, info->domain_attr->name, lib.c_str(),
         static_cast<unsigned long long>(bytes), o.window, static_cast<unsigned long long>(count),
         o.runs, median(opsps), med, *std::min_element(gbps.begin(), gbps.end()),
         *std::max_element(gbps.begin(), gbps.end()), static_cast<double>(bytes * count) / med / 1e9,
         ep.delivery_complete() ? "delivery" : "transmit", mr_mode_text(info->domain_attr->mr_mode).c_str(),
-        ep.fi_source() ? "true" : "false", info->domain_attr->cq_data_size);
+        ep.fi_source() ? "true" : "false", info->domain_attr->cq_data_size, o.memory.c_str());
     std::fflush(stdout);
   }
   Msg quit;
@@ -640,6 +654,8 @@ int main(int argc, char** argv) {
   app.add_option("--run-bytes", o.run_bytes, "bytes per run when --ops is not given");
   app.add_option("--timeout-ms", o.timeout_ms, "longest wait for any progress")->check(CLI::Range(100, 600000));
   app.add_flag("!--no-fi-source", o.fi_source, "do not ask for FI_SOURCE (the transport asks for it)");
+  app.add_option("--memory", o.memory, "buffers: anon (private anonymous pages) or memfd (shared, as mkerneld's regions)")
+      ->check(CLI::IsMember({"anon", "memfd"}));
   app.add_flag("!--no-delivery-complete", o.delivery_complete,
                "do not ask for FI_DELIVERY_COMPLETE writes (the transport asks for them)");
   CLI11_PARSE(app, argc, argv);

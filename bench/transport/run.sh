@@ -4,6 +4,7 @@
 #   bench/transport/run.sh BUILD_DIR [--record] [--providers "tcp;ofi_rxm,shm"]
 #                          [--sizes 4096,65536,1048576] [--window 16] [--runs 5]
 #                          [--rounds 1] [--quiet-wait SECONDS] [--producer-wait yield|sleep]
+#                          [--raw-memory anon|memfd]
 #
 # Builds nothing: BUILD_DIR must hold daemon/mkerneld and bench/transport/mkernel-{raw-fabric,
 # proxy}-bench. For each provider and size: the raw fi_writedata baseline runs first, with no
@@ -16,10 +17,11 @@
 # table gives the median over rounds. --quiet-wait: before each round, wait up to SECONDS for
 # a second in which the CPUs are less than 10% busy. --producer-wait: how the proxy bench's
 # rank 0 waits for its window (yield: spin; sleep: 50 us naps, like a GPU producer that costs
-# the host nothing). The table's other% column says how much CPU other work took meanwhile.
+# the host nothing). --raw-memory: the raw bench's buffers (memfd: shared pages like the
+# regions clients give mkerneld). other% says how much CPU other work took meanwhile.
 set -euo pipefail
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 BUILD=$(cd "$1" && pwd)
 shift
@@ -31,6 +33,7 @@ WINDOW=16
 RUNS=5
 QUIET_WAIT=0
 ROUNDS=1
+RAW_MEMORY=anon
 PRODUCER_WAIT=yield
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -41,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --runs) RUNS=$2; shift ;;
     --quiet-wait) QUIET_WAIT=$2; shift ;;
     --rounds) ROUNDS=$2; shift ;;
+    --raw-memory) RAW_MEMORY=$2; shift ;;
     --producer-wait) PRODUCER_WAIT=$2; shift ;;
     *) usage ;;
   esac
@@ -186,7 +190,7 @@ for provider in "${PROVIDER_LIST[@]}"; do
       echo "== $provider, $size bytes, round $round: raw fi_writedata" >&2
       measure_start
       if timeout 600 "$RAW" --provider "$provider" --domain "$domain" --sizes "$size" \
-          --window "$WINDOW" --runs "$RUNS" >>"$RESULTS"; then
+          --window "$WINDOW" --runs "$RUNS" --memory "$RAW_MEMORY" >>"$RESULTS"; then
         measure_end raw "$provider" "$size"
       else
         echo "run.sh: raw bench failed ($provider, $size bytes)" >&2
@@ -278,6 +282,7 @@ for (prov, size), impls in rounds.items():
                "machine": machine, "commit": commit, "dirty": dirty == "true", "date": date}
         if key == "raw":
             rec["completion"] = r.get("completion", "")
+            rec["memory"] = r.get("memory", "anon")
         else:
             rec["transport"] = r.get("transport", "")
             rec["producer_wait"] = r.get("producer_wait", "")
