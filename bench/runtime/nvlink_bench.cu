@@ -119,22 +119,7 @@ int main() {
   o.socket_path = d.socket();
   auto id = rt::get_unique_id(o);
   if (!id.ok()) return 1;
-  pid_t kids[2];
-  for (uint32_t r = 0; r < 2; ++r) {
-    kids[r] = ::fork();
-    if (kids[r] == 0) {
-      const int rc = run_rank(r, id.value(), d.socket(), sh);
-      std::fflush(stdout);
-      ::_exit(rc);
-    }
-  }
-  int bad = 0;
-  for (pid_t k : kids) {
-    int st = 0;
-    ::waitpid(k, &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  if (bad) return 1;
+  if (mkt::run_ranks(2, [&](uint32_t r) { return run_rank(r, id.value(), d.socket(), sh); }) != 0) return 1;
   for (int s = 0; s < 3; ++s)
     std::printf("{\"bench\":\"nvlink_store\",\"bytes\":%llu,\"kernel_store_gbps\":%.1f,\"memcpy_peer_gbps\":%.1f,"
                 "\"ratio\":%.3f}\n",

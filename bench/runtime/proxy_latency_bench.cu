@@ -196,22 +196,9 @@ int main(int argc, char** argv) {
   o.proxy = 0;
   auto id = rt::get_unique_id(o);
   if (!id.ok()) return 1;
-  pid_t kids[2];
-  for (uint32_t r = 0; r < 2; ++r) {
-    kids[r] = ::fork();
-    if (kids[r] == 0) {
-      const int rc = run_rank(r, id.value(), r == 0 ? a.socket() : b.socket(), sh);
-      std::fflush(stdout);
-      ::_exit(rc);
-    }
-  }
-  int bad = 0;
-  for (pid_t k : kids) {
-    int st = 0;
-    ::waitpid(k, &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  if (bad) return 1;
+  if (mkt::run_ranks(2, [&](uint32_t r) { return run_rank(r, id.value(), r == 0 ? a.socket() : b.socket(), sh); },
+                     std::chrono::seconds(300)) != 0)
+    return 1;
   for (int s = 0; s < 4; ++s) {
     std::printf("{\"bench\":\"proxy_latency\",\"path\":\"mkernel\",\"provider\":\"%s\",\"staging\":\"host-pinned\","
                 "\"bytes\":%llu,\"one_way_us_p50\":%.2f,\"one_way_us_p99\":%.2f,\"one_way_us_mean\":%.2f}\n",

@@ -127,6 +127,39 @@ inline std::string daemon_yaml(const std::string& provider, const std::string& g
          "timeouts: {command_ms: 5000, rendezvous_ms: 30000}\n";
 }
 
+// Forks one process per rank (before any CUDA call in this process) running rank_main(rank),
+// waits for all of them up to `bound` (a rank still running then is killed and counts as
+// failed) and returns how many did not exit 0.
+template <class RankMain>
+int run_ranks(uint32_t ranks, RankMain rank_main, std::chrono::seconds bound = std::chrono::seconds(120)) {
+  std::vector<pid_t> kids(ranks);
+  for (uint32_t r = 0; r < ranks; ++r) {
+    kids[r] = ::fork();
+    if (kids[r] == 0) {
+      const int rc = rank_main(r);
+      std::fflush(stdout);
+      ::_exit(rc);
+    }
+  }
+  int failures = 0;
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    int st = 0;
+    while (::waitpid(kids[r], &st, WNOHANG) != kids[r]) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::printf("FAIL rank %u did not finish within %lld s\n", r, static_cast<long long>(bound.count()));
+        ::kill(kids[r], SIGKILL);
+        ::waitpid(kids[r], &st, 0);
+        st = 1 << 8;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  return failures;
+}
+
 __host__ __device__ inline uint32_t tile_word(uint32_t from, uint32_t tile, uint64_t launch, uint32_t i) {
   uint32_t x = from * 0x9E3779B9u ^ tile * 0x85EBCA6Bu ^ static_cast<uint32_t>(launch) * 0xC2B2AE35u ^ i;
   x ^= x >> 16;

@@ -78,31 +78,8 @@ int main(int argc, char** argv) {
     std::printf("FAIL get_unique_id: %s\n", id.status().to_string().c_str());
     return 1;
   }
-  pid_t kids[2];
-  for (uint32_t r = 0; r < 2; ++r) {
-    kids[r] = ::fork();
-    if (kids[r] == 0) {
-      const int rc = run_rank(r, id.value(), r == 0 ? a.socket() : b.socket(), 5);
-      std::fflush(stdout);
-      ::_exit(rc);
-    }
-  }
-  int failures = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  for (uint32_t r = 0; r < 2; ++r) {
-    int st = 0;
-    while (::waitpid(kids[r], &st, WNOHANG) != kids[r]) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::printf("FAIL rank %u did not finish within 120 s\n", r);
-        ::kill(kids[r], SIGKILL);
-        ::waitpid(kids[r], &st, 0);
-        st = 1 << 8;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    failures += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  const int failures = mkt::run_ranks(
+      2, [&](uint32_t r) { return run_rank(r, id.value(), r == 0 ? a.socket() : b.socket(), 5); });
   if (failures == 0) std::printf("PASS runtime_pair_gpu_test (%s)\n", provider.c_str());
   return failures == 0 ? 0 : 1;
 }
