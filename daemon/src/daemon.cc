@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "mkernel/proto/session.pb.h"
+#include "dmabuf.h"
 #include "mkernel/protocol/version.h"
 #include "rendezvous.h"
 #include "topology.h"
@@ -457,15 +458,27 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
     return;
   }
   if (s->ended()) return;
-  if (in_fds.size() != (req.has_share_handle() ? 1u : 0u)) {
+  const bool carries_fd = req.has_share_handle() || req.has_import_region();
+  if (in_fds.size() != (carries_fd ? 1u : 0u)) {
     finish_session(s, Status(StatusCode::kProtocolError,
                              "malformed request: " + std::to_string(in_fds.size()) + " descriptor(s) attached; " +
-                                 (req.has_share_handle() ? "ShareHandle carries exactly one"
-                                                         : "only ShareHandle may carry one")));
+                                 (req.has_share_handle()    ? "ShareHandle carries exactly one"
+                                  : req.has_import_region() ? "ImportRegion carries exactly one (the dmabuf)"
+                                                            : "only ShareHandle and ImportRegion may carry one")));
     return;
   }
   pb::Reply reply;
   reply.set_request_id(req.request_id());
+  if (req.has_import_region() && s->has_hello()) {
+    const Status is = import_region(*s, req.import_region(), std::move(in_fds[0]), &reply);
+    if (!is.ok()) {
+      fill_error(&reply, is);
+      spdlog::info("session {}: GPU-memory region refused: {}", s->id(), is.message());
+    }
+    const Status ss = mp::send_message(s->socket_fd(), reply, {}, 1000ms);
+    if (!ss.ok()) finish_session(s, ss.with_context("reply to client"));
+    return;
+  }
   if (req.has_share_handle() && s->has_hello()) {
     const std::string& key = req.share_handle().key();
     Status hs;
@@ -511,6 +524,53 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   const Status ss = mp::send_message(s->socket_fd(), reply, fds, 1000ms);
   if (!ss.ok()) finish_session(s, ss.with_context("reply to client"));
   else if (!hs.ok() && !s->has_hello()) finish_session(s, hs.with_context("hello refused"));
+}
+
+Status Daemon::import_region(Session& s, const pb::ImportRegion& r, mp::UniqueFd dmabuf, pb::Reply* reply) {
+  if (s.connect_started)
+    return Status(StatusCode::kFailedPrecondition,
+                  "import_region: the session already connected its communicator; create every region and "
+                  "the flags before connect");
+  if (r.bytes() == 0)
+    return Status(StatusCode::kInvalidArgument, "import_region bytes: 0; expected the region's length, > 0");
+  if (r.gpu_address() == 0 || r.gpu_address() > UINT64_MAX - r.bytes())
+    return Status(StatusCode::kInvalidArgument, "import_region gpu_address: " + std::to_string(r.gpu_address()) +
+                                                    "; expected the region's device address (non-zero, with "
+                                                    "bytes not wrapping around)");
+  if (r.cuda_device() < 0)
+    return Status(StatusCode::kInvalidArgument, "import_region cuda_device: " + std::to_string(r.cuda_device()) +
+                                                    "; expected the owning CUDA device's ordinal, >= 0");
+  // What the descriptor is first (so a wrong one is named whatever the transport), then whether
+  // this proxy's transport can take GPU memory at all.
+  MK_ASSIGN_OR_RETURN(DmabufInfo info, inspect_dmabuf(dmabuf.get()));
+  if (r.dmabuf_offset() > info.size || r.bytes() > info.size - r.dmabuf_offset())
+    return Status(StatusCode::kInvalidArgument,
+                  "import_region: bytes " + std::to_string(r.bytes()) + " at dmabuf_offset " +
+                      std::to_string(r.dmabuf_offset()) + " run past the dmabuf (exporter \"" + info.exporter +
+                      "\", " + std::to_string(info.size) + " bytes)");
+  const TransportProbe* probe = nullptr;
+  for (size_t i = 0; i < proxies_.size(); ++i)
+    if (proxies_[i]->options().index == s.identity().gpu) probe = &probes_[i];
+  if (probe == nullptr) return Status(StatusCode::kInternal, "import_region: the session's proxy is gone");
+  if (!probe->gpu_memory())
+    return Status(StatusCode::kFailedPrecondition,
+                  "import_region: GPU memory (dmabuf from \"" + info.exporter + "\", " + std::to_string(info.size) +
+                      " bytes) cannot be registered by this proxy's transport: " + probe->gpu_memory_reason() +
+                      "; use host regions (host staging) instead");
+  GpuRegionSpec spec;
+  spec.bytes = r.bytes();
+  spec.remote_writable = r.remote_writable();
+  spec.dmabuf = std::move(dmabuf);
+  spec.dmabuf_offset = r.dmabuf_offset();
+  spec.gpu_address = r.gpu_address();
+  spec.cuda_device = r.cuda_device();
+  spec.exporter = info.exporter;
+  MK_ASSIGN_OR_RETURN(const Region* region, s.add_gpu_region(std::move(spec)));
+  reply->mutable_region()->set_region_id(s.num_regions() - 1);
+  reply->mutable_region()->set_bytes(region->bytes);
+  spdlog::info("session {}: region {} is GPU memory on CUDA device {}: {} bytes (dmabuf from \"{}\")", s.id(),
+               s.num_regions() - 1, r.cuda_device(), r.bytes(), info.exporter);
+  return Status::Ok();
 }
 
 Status Daemon::handle_hello(const std::shared_ptr<Session>& s, const pb::Request& req, pb::Reply* reply) {
@@ -588,6 +648,11 @@ Status Daemon::handle_hello(const std::shared_ptr<Session>& s, const pb::Request
   hr->set_max_flags(s->quota().max_flags);
   hr->set_peer_address(peer_address_);
   hr->set_node(node_name());
+  for (size_t i = 0; i < proxies_.size(); ++i)
+    if (proxies_[i].get() == proxy) {
+      hr->set_gpu_memory(probes_[i].gpu_memory());
+      hr->set_gpu_memory_reason(probes_[i].gpu_memory_reason());
+    }
   spdlog::info("session {}: \"{}\" pid {} uid {}: communicator \"{}\" rank {}/{} on {}", s->id(),
                h.client_name(), s->creds().pid, s->creds().uid, h.communicator(), h.rank(),
                h.world_size(), proxy->options().name);
@@ -884,10 +949,10 @@ void Daemon::finish_connects() {
       c->set_transport(j->network->description);
       if (j->network->transport) {
         const net::Capabilities& caps = j->network->transport->capabilities();
-        c->set_gpu_memory(caps.dmabuf && !caps.needs_host_staging);
-        if (!c->gpu_memory())
-          c->set_gpu_memory_reason(caps.provider + " " + caps.version +
-                                   " cannot register GPU memory (no dmabuf / FI_HMEM support in this build)");
+        c->set_gpu_memory(caps.dmabuf);
+        if (!caps.dmabuf)
+          c->set_gpu_memory_reason(j->network->description + ": " +
+                                   (caps.dmabuf_reason.empty() ? "cannot register GPU memory" : caps.dmabuf_reason));
       } else {
         c->set_gpu_memory_reason("no network transport");
       }
@@ -899,6 +964,7 @@ void Daemon::finish_connects() {
         e->set_network(r.network);
         e->set_regions(static_cast<uint32_t>(r.region_bytes.size()));
         e->set_flags(r.flags);
+        e->set_gpu_regions(r.gpu_regions);
         over_network += r.network ? 1 : 0;
       }
       spdlog::info("session {}: communicator \"{}\" connected: {} ranks, {} through {}", s->id(),

@@ -30,6 +30,7 @@ class Server;
 namespace mkernel::session::v1 {
 class Request;
 class Reply;
+class ImportRegion;
 }  // namespace mkernel::session::v1
 
 namespace mkernel::daemon {
@@ -79,6 +80,9 @@ class Daemon final : public DaemonControl {
   void handle_readable(const std::shared_ptr<Session>& s);
   Status handle_request(Session& s, const session::v1::Request& req, session::v1::Reply* reply,
                         std::vector<int>* fds);
+  // ImportRegion: a GPU-memory region handed over as a dmabuf descriptor.
+  Status import_region(Session& s, const session::v1::ImportRegion& r, protocol::UniqueFd dmabuf,
+                       session::v1::Reply* reply);
   Status handle_hello(const std::shared_ptr<Session>& s, const session::v1::Request& req,
                       session::v1::Reply* reply);
   // Ends a session (once): stops its producers, tells the client why unless the client itself

@@ -83,6 +83,14 @@ std::string TransportProbe::summary() const {
          " writes in flight";
 }
 
+std::string TransportProbe::gpu_memory_reason() const {
+  if (!status.ok()) return "no network transport: " + status.message();
+  if (capabilities.dmabuf) return "";
+  return choice.describe() + ": " +
+         (capabilities.dmabuf_reason.empty() ? capabilities.provider + " cannot register GPU memory"
+                                             : capabilities.dmabuf_reason);
+}
+
 std::string peer_target(const std::string& address) {
   if (address.rfind("tcp:", 0) == 0) return address.substr(4);
   return address;
@@ -109,7 +117,7 @@ StatusOr<std::unique_ptr<net::Transport>> open_transport(const TransportChoice& 
     return net::open_verbs(vo);
 #else
     (void)options;
-    return Status(StatusCode::kUnimplemented,
+    return Status(StatusCode::kFailedPrecondition,
                   "transport.kind: verbs, but this mkerneld was built without libibverbs "
                   "(MKERNEL_WITH_VERBS=OFF)");
 #endif
@@ -122,7 +130,7 @@ StatusOr<std::unique_ptr<net::Transport>> open_transport(const TransportChoice& 
   fo.completion_timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, options.command_timeout.count()));
   return net::open_fabric(fo);
 #else
-  return Status(StatusCode::kUnimplemented,
+  return Status(StatusCode::kFailedPrecondition,
                 "transport.kind: fabric, but this mkerneld was built without libfabric "
                 "(MKERNEL_WITH_FABRIC=OFF)");
 #endif
@@ -188,6 +196,38 @@ void JoinCancel::set_context(grpc::ClientContext* ctx) {
   if (ctx_ != nullptr && cancelled_.load(std::memory_order_acquire)) ctx_->TryCancel();
 }
 
+StatusOr<std::vector<RegisteredRegion>> register_regions(const Session& session, net::Transport* t) {
+  std::vector<RegisteredRegion> out;
+  const uint32_t nregions = session.num_regions();
+  for (uint32_t r = 0; r < nregions; ++r) {
+    const Region* region = session.region(r);
+    RegisteredRegion& o = out.emplace_back();
+    o.bytes = region->bytes;
+    o.gpu = region->gpu();
+    if (t == nullptr) continue;
+    net::RegisterRequest rr;
+    if (region->gpu()) {
+      rr.kind = net::MemoryKind::kDmabuf;
+      rr.addr = reinterpret_cast<void*>(static_cast<uintptr_t>(region->gpu_address));
+      rr.dmabuf_fd = region->dmabuf.get();
+      rr.dmabuf_offset = region->dmabuf_offset;
+      rr.cuda_device = region->cuda_device;
+    } else {
+      rr.kind = net::MemoryKind::kHost;
+      rr.addr = region->data();
+    }
+    rr.length = region->bytes;
+    rr.remote_writable = region->remote_writable;
+    auto reg = t->register_memory(rr);
+    if (!reg.ok())
+      return reg.status().with_context("registering region " + std::to_string(r) +
+                                       (region->gpu() ? " (GPU memory, dmabuf from " + region->exporter + ")" : ""));
+    o.local_id = reg.value().local_id;
+    if (region->remote_writable) o.descriptor = std::move(reg.value().descriptor);
+  }
+  return out;
+}
+
 StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session,
                                                           const ConnectRequest& req,
                                                           JoinCancel& cancel) {
@@ -218,23 +258,21 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
   join.set_flags(session.num_flags());
 
   // Every region: the source side needs local registration, destinations remote write access.
-  const uint32_t nregions = session.num_regions();
-  for (uint32_t r = 0; r < nregions; ++r) {
-    const Region* region = session.region(r);
+  if (t == nullptr && session.num_gpu_regions() > 0)
+    return Status(StatusCode::kFailedPrecondition,
+                  "the session has GPU-memory regions, but this daemon has no network transport to reach "
+                  "them: " + req.transport_status.message());
+  MK_ASSIGN_OR_RETURN(std::vector<RegisteredRegion> registered, register_regions(session, t));
+  for (uint32_t r = 0; r < registered.size(); ++r) {
     pb::RegionDescriptor* d = join.add_regions();
     d->set_region_id(r);
-    d->set_bytes(region->bytes);
+    d->set_bytes(registered[r].bytes);
+    d->set_device_memory(registered[r].gpu);
     if (t == nullptr) continue;
-    net::RegisterRequest rr;
-    rr.kind = net::MemoryKind::kHost;
-    rr.addr = region->data();
-    rr.length = region->bytes;
-    rr.remote_writable = region->remote_writable;
-    auto reg = t->register_memory(rr);
-    if (!reg.ok()) return reg.status().with_context("registering region " + std::to_string(r));
-    net->local_regions.push_back(reg.value().local_id);
-    if (region->remote_writable) d->set_blob(reg.value().descriptor.data(), reg.value().descriptor.size());
+    net->local_regions.push_back(registered[r].local_id);
+    d->set_blob(registered[r].descriptor.data(), registered[r].descriptor.size());
   }
+  const bool mine_gpu = session.num_gpu_regions() > 0;
 #if defined(MKERNEL_HAVE_VERBS)
   // Verbs writes signals straight into the flag array: it is the endpoint's signal region.
   if (t != nullptr && req.choice.kind == config::TransportKind::kVerbs && session.num_flags() > 0) {
@@ -278,19 +316,24 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
     route.rank = e.rank();
     route.node = e.node();
     route.flags = e.flags();
-    route.network = e.instance() != req.instance || req.network_for_local;
     for (int i = 0; i < e.regions_size(); ++i) {
       if (e.regions(i).region_id() != static_cast<uint32_t>(i))
         return Status(StatusCode::kProtocolError,
                       "rank " + std::to_string(e.rank()) + " lists region " +
                           std::to_string(e.regions(i).region_id()) + " at position " + std::to_string(i));
       route.region_bytes.push_back(e.regions(i).bytes());
+      route.gpu_regions += e.regions(i).device_memory() ? 1 : 0;
     }
+    // GPU memory is reached only by the NIC (the daemon never maps it): a rank that owns some,
+    // or a session that does, goes through the network even on this daemon.
+    route.network = e.instance() != req.instance || req.network_for_local || mine_gpu || route.gpu_regions > 0;
     if (!route.network) continue;
     if (t == nullptr)
       return Status(StatusCode::kUnavailable,
-                    "rank " + std::to_string(e.rank()) + " uses the daemon on node \"" + e.node() +
-                        "\", but this daemon has no network transport: " + req.transport_status.message());
+                    "rank " + std::to_string(e.rank()) +
+                        (e.instance() != req.instance ? " uses the daemon on node \"" + e.node() + "\""
+                                                      : " has GPU-memory regions") +
+                        ", but this daemon has no network transport: " + req.transport_status.message());
     auto peer = t->add_peer(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(e.endpoint().data()),
                                                     e.endpoint().size()));
     if (!peer.ok())

@@ -55,6 +55,9 @@ struct TransportProbe {
   TransportChoice choice;
   net::Capabilities capabilities;
   std::string summary() const;   // one line for the start-up log and the admin status
+  // Whether the transport registers GPU memory (dmabuf); gpu_memory_reason says why not.
+  bool gpu_memory() const { return status.ok() && capabilities.dmabuf; }
+  std::string gpu_memory_reason() const;
 };
 
 // Resolves "auto" choices: kind (verbs when an RDMA device exists and verbs is built in, else
@@ -80,6 +83,7 @@ struct RankRoute {
   std::vector<uint64_t> region_ids;   // imported ids, by the rank's region id (network only)
   std::vector<uint64_t> region_bytes; // sizes, by the rank's region id
   uint32_t flags = 0;                 // the rank's flag count
+  uint32_t gpu_regions = 0;           // of its regions, how many are GPU memory
 };
 
 // A connected session's network side. Owned by the Session; the transport is driven only by
@@ -116,6 +120,18 @@ struct ConnectRequest {
   Status transport_status;  // not ok: no network transport here (only in-daemon ranks work)
   OpenOptions open;
 };
+
+// What registering one of a session's regions gave (design note 2), by region id.
+struct RegisteredRegion {
+  uint64_t bytes = 0;
+  bool gpu = false;          // GPU memory, registered through its dmabuf
+  uint64_t local_id = 0;     // the transport's id (when there is a transport)
+  net::Blob descriptor;      // for peers; empty unless remote-writable
+};
+// Registers every region of `session` with `t` (host memory by address, GPU memory by dmabuf
+// with the GPU address as the NIC's address), remote write only on remote-writable ones. With
+// no transport, only sizes and kinds are filled in.
+StatusOr<std::vector<RegisteredRegion>> register_regions(const Session& session, net::Transport* t);
 
 // Runs on a worker thread (design note 2). `session` must stay alive (the caller holds it); its
 // regions and flags must not change meanwhile (the daemon refuses new ones once a connect is

@@ -43,22 +43,9 @@ StatusOr<const SessionRing*> Session::add_ring(uint32_t capacity_log2, uint64_t 
 }
 
 StatusOr<const Region*> Session::add_region(uint64_t bytes, bool remote_writable) {
+  MK_RETURN_IF_ERROR(check_region_quota(bytes, protocol::page_round_up(bytes)));
   const uint32_t n = num_regions_.load(std::memory_order_relaxed);
-  if (n >= quota_.max_regions)
-    return Status(StatusCode::kResourceExhausted,
-                  "regions: " + std::to_string(n + 1) + " requested; at most " +
-                      std::to_string(quota_.max_regions) + " per client");
-  if (bytes == 0 || bytes > quota_.max_registered_bytes)
-    return Status(StatusCode::kInvalidArgument,
-                  "region bytes: " + std::to_string(bytes) + "; expected 1.." +
-                      std::to_string(quota_.max_registered_bytes));
   const uint64_t rounded = protocol::page_round_up(bytes);
-  if (registered_bytes() + rounded > quota_.max_registered_bytes)
-    return Status(StatusCode::kResourceExhausted,
-                  "registered bytes: " + std::to_string(registered_bytes() + rounded) +
-                      " with this region; this client's quota is " +
-                      std::to_string(quota_.max_registered_bytes) +
-                      " (clients.quota.registered_bytes)");
   auto region = std::make_unique<Region>();
   MK_ASSIGN_OR_RETURN(region->mapping,
                       protocol::create_sealed_segment(
@@ -69,6 +56,45 @@ StatusOr<const Region*> Session::add_region(uint64_t bytes, bool remote_writable
   registered_bytes_.fetch_add(rounded, std::memory_order_relaxed);
   num_regions_.store(n + 1, std::memory_order_release);
   return regions_[n].get();
+}
+
+StatusOr<const Region*> Session::add_gpu_region(GpuRegionSpec spec) {
+  MK_RETURN_IF_ERROR(check_region_quota(spec.bytes, spec.bytes));
+  if (!spec.dmabuf.valid())
+    return Status(StatusCode::kInvalidArgument, "GPU region: no dmabuf descriptor");
+  const uint32_t n = num_regions_.load(std::memory_order_relaxed);
+  auto region = std::make_unique<Region>();
+  region->bytes = spec.bytes;
+  region->remote_writable = spec.remote_writable;
+  region->dmabuf = std::move(spec.dmabuf);
+  region->dmabuf_offset = spec.dmabuf_offset;
+  region->gpu_address = spec.gpu_address;
+  region->cuda_device = spec.cuda_device;
+  region->exporter = std::move(spec.exporter);
+  regions_[n] = std::move(region);
+  registered_bytes_.fetch_add(spec.bytes, std::memory_order_relaxed);
+  num_gpu_regions_.fetch_add(1, std::memory_order_release);
+  num_regions_.store(n + 1, std::memory_order_release);
+  return regions_[n].get();
+}
+
+Status Session::check_region_quota(uint64_t bytes, uint64_t counted) const {
+  const uint32_t n = num_regions_.load(std::memory_order_relaxed);
+  if (n >= quota_.max_regions)
+    return Status(StatusCode::kResourceExhausted,
+                  "regions: " + std::to_string(n + 1) + " requested; at most " +
+                      std::to_string(quota_.max_regions) + " per client");
+  if (bytes == 0 || bytes > quota_.max_registered_bytes)
+    return Status(StatusCode::kInvalidArgument,
+                  "region bytes: " + std::to_string(bytes) + "; expected 1.." +
+                      std::to_string(quota_.max_registered_bytes));
+  if (registered_bytes() + counted > quota_.max_registered_bytes)
+    return Status(StatusCode::kResourceExhausted,
+                  "registered bytes: " + std::to_string(registered_bytes() + counted) +
+                      " with this region; this client's quota is " +
+                      std::to_string(quota_.max_registered_bytes) +
+                      " (clients.quota.registered_bytes)");
+  return Status::Ok();
 }
 
 Status Session::add_flags(uint32_t count) {

@@ -31,11 +31,32 @@
 
 namespace mkernel::daemon {
 
+// A region commands read from and write into: host memory the daemon made (a sealed memfd
+// both sides map), or GPU memory the client allocated and handed over as a dmabuf descriptor
+// (ImportRegion). The daemon never maps GPU memory: only the NIC reaches it, through the
+// session's transport, so data() is nullptr for it.
 struct Region {
   protocol::SharedMapping mapping;
   uint64_t bytes = 0;
   bool remote_writable = false;
+  // GPU memory only.
+  protocol::UniqueFd dmabuf;
+  uint64_t dmabuf_offset = 0;
+  uint64_t gpu_address = 0;  // device virtual address: the NIC's iova for the region
+  int32_t cuda_device = -1;
+  std::string exporter;      // the dmabuf's exporting driver
+  bool gpu() const { return dmabuf.valid(); }
   uint8_t* data() const { return static_cast<uint8_t*>(mapping.data()); }
+};
+
+struct GpuRegionSpec {
+  uint64_t bytes = 0;
+  bool remote_writable = false;
+  protocol::UniqueFd dmabuf;  // checked by inspect_dmabuf (dmabuf.h) before it gets here
+  uint64_t dmabuf_offset = 0;
+  uint64_t gpu_address = 0;
+  int32_t cuda_device = -1;
+  std::string exporter;
 };
 
 struct SessionRing {
@@ -81,6 +102,8 @@ class Session {
   // ---- tables (event loop appends; proxy reads) ----
   StatusOr<const SessionRing*> add_ring(uint32_t capacity_log2, uint64_t epoch);
   StatusOr<const Region*> add_region(uint64_t bytes, bool remote_writable);
+  // GPU memory handed over by the client; counts against the same quotas as host regions.
+  StatusOr<const Region*> add_gpu_region(GpuRegionSpec spec);
   Status add_flags(uint32_t count);
 
   uint32_t num_rings() const { return num_rings_.load(std::memory_order_acquire); }
@@ -90,6 +113,7 @@ class Session {
     return id < num_regions_.load(std::memory_order_acquire) ? regions_[id].get() : nullptr;
   }
   uint32_t num_regions() const { return num_regions_.load(std::memory_order_acquire); }
+  uint32_t num_gpu_regions() const { return num_gpu_regions_.load(std::memory_order_acquire); }
   // The flag array (nullptr before create_flags) and its length.
   uint64_t* flags() const { return flags_ptr_.load(std::memory_order_acquire); }
   uint32_t num_flags() const { return num_flags_.load(std::memory_order_acquire); }
@@ -126,6 +150,8 @@ class Session {
   std::chrono::steady_clock::time_point hello_deadline;
 
  private:
+  Status check_region_quota(uint64_t bytes, uint64_t counted) const;
+
   const uint64_t id_;
   protocol::UniqueFd sock_;
   const ucred creds_;
@@ -137,6 +163,7 @@ class Session {
   std::vector<std::unique_ptr<Region>> regions_;      // sized to quota at construction
   std::atomic<uint32_t> num_rings_{0};
   std::atomic<uint32_t> num_regions_{0};
+  std::atomic<uint32_t> num_gpu_regions_{0};
   protocol::SharedMapping flags_mapping_;
   std::atomic<uint64_t*> flags_ptr_{nullptr};
   std::atomic<uint32_t> num_flags_{0};

@@ -38,6 +38,12 @@ Status LoopbackTransport::execute(Session& src, const PeerList& peers, const mp:
   }
   if (writes) {
     const Region* s = src.region(cmd.src_region);
+    // GPU memory is the NIC's to reach; routes send such ranks through the network, so this
+    // is a guard, not a path.
+    if (s->gpu() || d->gpu())
+      return Status(StatusCode::kFailedPrecondition,
+                    std::string(s->gpu() ? "source" : "destination") +
+                        " region is GPU memory; it is reached only through the network transport");
     std::memmove(d->data() + cmd.dst_offset, s->data() + cmd.src_offset, cmd.num_bytes);
   }
   // Release: a reader that acquires the flag sees the data written above.

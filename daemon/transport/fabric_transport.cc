@@ -122,6 +122,18 @@ class Reader {
   size_t pos_ = 0;
 };
 
+#if defined(FI_MR_DMABUF)
+constexpr bool kHaveMrDmabuf = true;
+#else
+constexpr bool kHaveMrDmabuf = false;
+#endif
+
+// Providers whose registrations hand a dmabuf descriptor to the NIC (ibv_reg_dmabuf_mr
+// underneath). Others (tcp, shm, udp) would treat the GPU address as host memory.
+bool dmabuf_native(const std::string& provider) {
+  return provider.rfind("efa", 0) == 0 || provider.rfind("verbs", 0) == 0;
+}
+
 constexpr uint32_t kAddressMagic = 0x4d4b4641;  // "MKFA"
 constexpr uint32_t kRegionMagic = 0x4d4b4652;   // "MKFR"
 constexpr uint16_t kBlobVersion = 1;
@@ -222,8 +234,9 @@ class FabricTransport final : public Transport {
   Status find_info(const FabricOptions& options);
   bool probe_hmem(const FabricOptions& options) const;
   fi_info* make_hints(const FabricOptions& options, uint64_t extra_caps, size_t cq_data) const;
+  // Host memory at addr, or (dmabuf != nullptr) GPU memory given by a dmabuf descriptor.
   StatusOr<FidHandle<fid_mr>> register_range(void* addr, size_t length, uint64_t access,
-                                              uint64_t* key);
+                                              uint64_t* key, const RegisterRequest* dmabuf = nullptr);
   Status post_receive(OpSlot* slot);
   OpSlot* take_slot(OpSlot::Kind kind);
   void free_slot(OpSlot* slot);
@@ -241,6 +254,7 @@ class FabricTransport final : public Transport {
   SignalEncoding encoding_;
   uint64_t mr_mode_ = 0;
   bool have_source_ = false;
+  bool hmem_ = false;  // the endpoint was opened with FI_HMEM
   bool delivery_complete_ = false;
   bool rx_cq_data_ = false;
   std::mt19937_64 key_rng_{std::random_device{}()};
@@ -323,8 +337,12 @@ Status FabricTransport::find_info(const FabricOptions& options) {
                                               {0, 8, 0},
                                               {0, 4, 0}}};
   int last = -FI_ENODATA;
+  // Providers that register GPU memory through dmabuf (see dmabuf_native) are asked for
+  // FI_HMEM first; without it they are taken as they come, with host staging.
+  const bool want_hmem = kHaveMrDmabuf && dmabuf_native(options.provider);
+  for (int pass = want_hmem ? 0 : 1; pass < 2; ++pass)
   for (const Attempt& attempt : kAttempts) {
-    InfoPtr hints(make_hints(options, attempt.caps, attempt.cq_data));
+    InfoPtr hints(make_hints(options, attempt.caps | (pass == 0 ? FI_HMEM : 0), attempt.cq_data));
     if (!hints) return Status(StatusCode::kResourceExhausted, "fi_allocinfo failed");
     hints->tx_attr->op_flags = attempt.op_flags;
     fi_info* found = nullptr;
@@ -357,6 +375,7 @@ Status FabricTransport::find_info(const FabricOptions& options) {
       if (chosen == nullptr) return Status(StatusCode::kResourceExhausted, "fi_dupinfo failed");
       info_.reset(chosen);
       have_source_ = (info_->caps & FI_SOURCE) != 0;
+      hmem_ = (info_->caps & FI_HMEM) != 0;
       delivery_complete_ = (info_->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0;
       return Status::Ok();
     }
@@ -474,10 +493,25 @@ Status FabricTransport::open(const FabricOptions& options) {
   caps_.remote_write = true;
   caps_.reports_arrivals = encoding_.cq_data_bytes > 0;
   caps_.ordered_writes = false;
-  // GPU memory through dmabuf needs fi_mr_regattr with FI_MR_DMABUF (libfabric 1.20); until that
-  // path exists, GPU data is staged through host memory even where the provider has FI_HMEM.
+  // GPU memory through dmabuf: fi_mr_regattr with FI_MR_DMABUF (libfabric 1.20 and newer), on a
+  // provider that hands the descriptor to the NIC (efa, verbs) and was opened with FI_HMEM.
   caps_.dmabuf = false;
-  caps_.needs_host_staging = true;
+  if (!kHaveMrDmabuf)
+    caps_.dmabuf_reason = "this mkerneld was built against libfabric " + std::to_string(FI_MAJOR_VERSION) + "." +
+                          std::to_string(FI_MINOR_VERSION) +
+                          " headers, which have no FI_MR_DMABUF (libfabric 1.20 and newer have it)";
+  else if (fi_version() < FI_VERSION(1, 20))
+    caps_.dmabuf_reason = "libfabric " + version_string(fi_version()) +
+                          " at run time is older than 1.20 and has no FI_MR_DMABUF";
+  else if (!dmabuf_native(caps_.provider))
+    caps_.dmabuf_reason = "provider " + caps_.provider +
+                          " does not give dmabuf descriptors to a NIC (efa and verbs do)";
+  else if (!hmem_)
+    caps_.dmabuf_reason = "provider " + caps_.provider +
+                          " offers no FI_HMEM here (a libfabric built without CUDA support)";
+  else
+    caps_.dmabuf = true;
+  caps_.needs_host_staging = !caps_.dmabuf;
   caps_.cq_data_bytes = encoding_.cq_data_bytes;
   caps_.max_inflight = max_inflight;
   return Status::Ok();
@@ -516,7 +550,8 @@ Status FabricTransport::post_receive(OpSlot* slot) {
 }
 
 StatusOr<FidHandle<fid_mr>> FabricTransport::register_range(void* addr, size_t length,
-                                                            uint64_t access, uint64_t* key) {
+                                                            uint64_t access, uint64_t* key,
+                                                            const RegisterRequest* dmabuf) {
   // Without FI_MR_PROV_KEY we choose the key: a random one, so that a key seen (or guessed)
   // for one registration says nothing about another; a collision is retried.
   const size_t key_bytes = std::min<size_t>(8, std::max<size_t>(1, info_->domain_attr->mr_key_size));
@@ -529,9 +564,31 @@ StatusOr<FidHandle<fid_mr>> FabricTransport::register_range(void* addr, size_t l
       requested_key = key_rng_() & key_mask;
       if (requested_key == 0) requested_key = 1;
     }
-    ret = fi_mr_reg(domain_.get(), addr, length, access, 0, requested_key, 0, mr.out(), nullptr);
+    if (dmabuf == nullptr) {
+      ret = fi_mr_reg(domain_.get(), addr, length, access, 0, requested_key, 0, mr.out(), nullptr);
+      continue;
+    }
+#if defined(FI_MR_DMABUF)
+    // The region's virtual address is base_addr + offset (fi_mr(3)): the GPU address.
+    fi_mr_dmabuf buf{};
+    buf.fd = dmabuf->dmabuf_fd;
+    buf.offset = dmabuf->dmabuf_offset;
+    buf.len = length;
+    buf.base_addr = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(addr) - dmabuf->dmabuf_offset);
+    fi_mr_attr attr{};
+    attr.dmabuf = &buf;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = requested_key;
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = dmabuf->cuda_device;
+    ret = fi_mr_regattr(domain_.get(), &attr, FI_MR_DMABUF, mr.out());
+#else
+    ret = -FI_ENOSYS;
+#endif
   }
-  if (ret != 0) return fi_status(StatusCode::kDeviceError, "fi_mr_reg", ret);
+  if (ret != 0)
+    return fi_status(StatusCode::kDeviceError, dmabuf != nullptr ? "fi_mr_regattr(FI_MR_DMABUF)" : "fi_mr_reg", ret);
   if ((mr_mode_ & FI_MR_ENDPOINT) != 0) {
     ret = fi_mr_bind(mr.get(), &ep_->fid, 0);
     if (ret != 0) return fi_status(StatusCode::kDeviceError, "fi_mr_bind", ret);
@@ -594,11 +651,18 @@ StatusOr<uint32_t> FabricTransport::add_peer(std::span<const uint8_t> address) {
 }
 
 StatusOr<Registration> FabricTransport::register_memory(const RegisterRequest& request) {
-  if (request.kind == MemoryKind::kDmabuf) {
+  const bool gpu = request.kind == MemoryKind::kDmabuf;
+  if (gpu && !caps_.dmabuf)
     return Status(StatusCode::kFailedPrecondition,
-                  "dmabuf registration: not supported by the fabric transport on this build "
-                  "(Capabilities::dmabuf is false); stage GPU data through host memory");
-  }
+                  "register_memory: GPU memory (dmabuf) cannot be registered here: " + caps_.dmabuf_reason);
+  if (gpu && (request.dmabuf_fd < 0 || request.cuda_device < 0))
+    return Status(StatusCode::kInvalidArgument,
+                  "register_memory: dmabuf_fd " + std::to_string(request.dmabuf_fd) + ", cuda_device " +
+                      std::to_string(request.cuda_device) + "; expected both >= 0 for GPU memory");
+  if (gpu && reinterpret_cast<uintptr_t>(request.addr) < request.dmabuf_offset)
+    return Status(StatusCode::kInvalidArgument,
+                  "register_memory: dmabuf_offset " + std::to_string(request.dmabuf_offset) +
+                      " is larger than the region's GPU address");
   if (request.addr == nullptr || request.length == 0) {
     return Status(StatusCode::kInvalidArgument,
                   "register_memory: length " + std::to_string(request.length) +
@@ -609,7 +673,7 @@ StatusOr<Registration> FabricTransport::register_memory(const RegisterRequest& r
   if (request.remote_writable) access |= FI_REMOTE_WRITE;
   uint64_t key = 0;
   MK_ASSIGN_OR_RETURN(FidHandle<fid_mr> mr,
-                      register_range(request.addr, request.length, access, &key));
+                      register_range(request.addr, request.length, access, &key, gpu ? &request : nullptr));
   const uint64_t id = next_local_id_++;
   Registration reg;
   reg.local_id = id;

@@ -48,6 +48,7 @@ struct Capabilities {
   bool reports_arrivals = false; // see note 5
   bool ordered_writes = false;   // a flag written after data never overtakes it (RC)
   bool dmabuf = false;           // can register GPU memory through a dmabuf descriptor
+  std::string dmabuf_reason;     // when it cannot, why (for operators and clients)
   bool needs_host_staging = false;  // GPU data must be staged through pinned host memory
   uint32_t cq_data_bytes = 0;    // size of remote CQ data (fabric), 0 when none
   uint32_t max_inflight = 0;     // writes in flight the transport accepts before kUnavailable
@@ -62,6 +63,7 @@ struct RegisterRequest {
   int dmabuf_fd = -1;            // kDmabuf only; the caller keeps ownership
   uint64_t dmabuf_offset = 0;
   bool remote_writable = false;  // may peers write into it (note 4)
+  int32_t cuda_device = -1;      // kDmabuf only: the CUDA device that owns the memory
 };
 
 struct Registration {

@@ -123,6 +123,7 @@ class VerbsTransportImpl final : public VerbsTransport {
     uint64_t addr = 0;
     uint64_t length = 0;
     uint32_t rkey = 0;
+    bool gpu_memory = false;  // flush before the flag (verbs_transport.h note 3)
   };
   struct PendingWr {
     uint64_t seq = 0;
@@ -269,12 +270,14 @@ Status VerbsTransportImpl::open() {
 
   // Flag values of signal writes that do not go inline must stay in registered memory until
   // their work request completes; the NIC only reads them (LOCAL_WRITE is what reg_mr needs).
-  staging_.assign(options_.max_outstanding_wr, 0);
+  // One more entry than slots: the last is where flush reads land (note 3); its contents are
+  // never looked at.
+  staging_.assign(size_t{options_.max_outstanding_wr} + 1, 0);
   staging_mr_ = MrPtr(api.reg_mr(pd_.get(), staging_.data(), staging_.size() * sizeof(uint64_t),
                                  IBV_ACCESS_LOCAL_WRITE),
                       {&api});
   if (!staging_mr_) return device_error("ibv_reg_mr(signal staging)", errno);
-  for (int s = static_cast<int>(staging_.size()) - 1; s >= 0; --s) free_slots_.push_back(s);
+  for (int s = static_cast<int>(options_.max_outstanding_wr) - 1; s >= 0; --s) free_slots_.push_back(s);
 
   cq_ = CqPtr(api.create_cq(context_.get(), static_cast<int>(cq_depth)), {&api});
   if (!cq_) return device_error("ibv_create_cq(" + chosen + ")", errno);
@@ -442,6 +445,8 @@ StatusOr<Registration> VerbsTransportImpl::register_memory(const RegisterRequest
   // IBV_ACCESS_RELAXED_ORDERING: these regions receive flags (verbs_transport.h note 3).
   int access = IBV_ACCESS_LOCAL_WRITE;
   if (request.remote_writable) access |= IBV_ACCESS_REMOTE_WRITE;
+  // Writers into GPU memory read back before raising the flag (note 3).
+  if (request.remote_writable && request.kind == MemoryKind::kDmabuf) access |= IBV_ACCESS_REMOTE_READ;
   const uint64_t va = reinterpret_cast<uintptr_t>(request.addr);
   ibv_mr* raw = nullptr;
   const char* what = nullptr;
@@ -468,7 +473,7 @@ StatusOr<Registration> VerbsTransportImpl::register_memory(const RegisterRequest
   Registration out;
   out.local_id = next_local_id_++;
   if (request.remote_writable)
-    out.descriptor = wire::encode_region({va, request.length, raw->rkey});
+    out.descriptor = wire::encode_region({va, request.length, raw->rkey, request.kind == MemoryKind::kDmabuf});
   regions_.emplace(out.local_id, std::move(region));
   return out;
 }
@@ -502,7 +507,7 @@ StatusOr<uint64_t> VerbsTransportImpl::import_region(uint32_t peer,
     return Status(StatusCode::kNotFound, "import_region: " + peer_name(peer) + " is not connected");
   MK_ASSIGN_OR_RETURN(wire::Region r, wire::decode_region(descriptor));
   const uint64_t id = next_remote_id_++;
-  remote_regions_[id] = RemoteRegion{peer, r.addr, r.length, r.rkey};
+  remote_regions_[id] = RemoteRegion{peer, r.addr, r.length, r.rkey, r.gpu_memory};
   return id;
 }
 
@@ -604,16 +609,19 @@ Status VerbsTransportImpl::post_write(const WriteOp& op) {
                         peer_name(op.peer) + " has " + std::to_string(q.signal_slots) +
                         " signal slots");
   }
-  const uint32_t need = (op.length > 0 ? 1u : 0u) + (op.has_signal ? 1u : 0u);
+  // A signal after data into GPU memory waits for a flush read of that data (note 3).
+  const bool flush = op.has_signal && op.length > 0 && remote->gpu_memory;
+  const uint32_t need = (op.length > 0 ? 1u : 0u) + (flush ? 1u : 0u) + (op.has_signal ? 1u : 0u);
   if (outstanding_ + need > options_.max_outstanding_wr)
     return Status(StatusCode::kUnavailable,
                   "post_write: " + std::to_string(outstanding_) + " of " +
                       std::to_string(options_.max_outstanding_wr) +
                       " work requests in flight; poll and retry");
 
-  // Build the chain: [data write] -> [signal write]. RC executes them in this order.
-  ibv_sge sge[2]{};
-  ibv_send_wr wr[2]{};
+  // Build the chain: [data write] -> [flush read] -> [signal write]. RC executes them in this
+  // order; the fence keeps the signal behind the read's response (note 3).
+  ibv_sge sge[3]{};
+  ibv_send_wr wr[3]{};
   int n = 0;
   uint64_t seq = next_seq_;
   const uint64_t data_seq = seq;
@@ -633,6 +641,20 @@ Status VerbsTransportImpl::post_write(const WriteOp& op) {
     wr[n].wr.rdma.rkey = remote->rkey;
     ++n;
   }
+  if (flush) {
+    const uint64_t k = std::min<uint64_t>(op.length, sizeof(uint64_t));
+    sge[n].addr = reinterpret_cast<uintptr_t>(&staging_.back());
+    sge[n].length = static_cast<uint32_t>(k);
+    sge[n].lkey = staging_mr_->lkey;
+    wr[n].wr_id = seq++;
+    wr[n].sg_list = &sge[n];
+    wr[n].num_sge = 1;
+    wr[n].opcode = IBV_WR_RDMA_READ;
+    wr[n].send_flags = 0;  // retired by the signalled flag write behind it
+    wr[n].wr.rdma.remote_addr = remote->addr + op.remote_offset + op.length - k;
+    wr[n].wr.rdma.rkey = remote->rkey;
+    ++n;
+  }
   if (op.has_signal) {
     slot = free_slots_.back();  // free_slots_ holds max_outstanding_wr >= outstanding_ + 1
     staging_[static_cast<size_t>(slot)] = op.signal_value;
@@ -643,12 +665,13 @@ Status VerbsTransportImpl::post_write(const WriteOp& op) {
     wr[n].sg_list = &sge[n];
     wr[n].num_sge = 1;
     wr[n].opcode = IBV_WR_RDMA_WRITE;
-    wr[n].send_flags = IBV_SEND_SIGNALED | (q.inline_signal ? unsigned{IBV_SEND_INLINE} : 0u);
+    wr[n].send_flags = IBV_SEND_SIGNALED | (q.inline_signal ? unsigned{IBV_SEND_INLINE} : 0u) |
+                       (flush ? unsigned{IBV_SEND_FENCE} : 0u);
     wr[n].wr.rdma.remote_addr = q.signal_addr + sizeof(uint64_t) * uint64_t{op.signal_idx};
     wr[n].wr.rdma.rkey = q.signal_rkey;
-    if (n == 1) wr[0].next = &wr[1];
     ++n;
   }
+  for (int i = 0; i + 1 < n; ++i) wr[i].next = &wr[i + 1];
 
   ibv_send_wr* bad = nullptr;
   const int rc = api_->post_send(q.qp.get(), &wr[0], &bad);

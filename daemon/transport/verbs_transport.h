@@ -15,6 +15,14 @@
 //  3. No relaxed ordering, ever: with IBV_ACCESS_RELAXED_ORDERING the NIC may let the flag's PCIe
 //     write overtake the data's into GPU memory (DESIGN.md section 2), and a kernel that sees
 //     the flag would read stale data. The bandwidth it buys is not worth a fence per signal.
+//     GPU memory needs more: the data goes to the GPU's BAR while the flag goes to host memory,
+//     two PCIe destinations whose writes are not ordered with each other. So a signalled write
+//     into a region the peer registered as GPU memory (dmabuf; its descriptor says so) is
+//     posted as data write -> RDMA read of the data's last bytes -> flag write with
+//     IBV_SEND_FENCE: the read's response comes back only after the writes before it reached
+//     the GPU (a read pushes earlier posted writes to the same target), and the fence holds the
+//     flag until then. Such regions grant remote read for that purpose. One extra round trip
+//     per signal into GPU memory; none for host memory or unsignalled writes.
 //  4. Selective signalling: a data write is signalled every `signal_every`-th work request on its
 //     queue pair, a signal write always. A completion retires every earlier work request of its
 //     queue pair. When a queue pair's last work request is unsignalled and nothing signalled is

@@ -14,13 +14,13 @@
 //     or another build is rejected as such rather than misread.
 //
 //  address (52 + 8 * num_ranks bytes)        region descriptor (32 bytes)
-//   0 u32 magic "MKVA"  4 u16 version          0 u32 magic "MKVR"  4 u16 version  6 u16 zero
+//   0 u32 magic "MKVA"  4 u16 version          0 u32 magic "MKVR"  4 u16 version  6 u16 flags
 //   6 u8 link_layer     7 u8 path mtu (enum)   8 u64 addr         16 u64 length
 //   8 u16 lid          10 u16 zero            24 u32 rkey         28 u32 zero
 //  12 u32 rank         16 u32 num_ranks
 //  20 u8[16] gid
 //  36 u64 signal_addr  44 u32 signal_rkey  48 u32 signal_slots (0: no signal region)
-//  52 num_ranks x { u32 qpn, u32 psn }
+//  52 num_ranks x { u32 qpn, u32 psn }         region flags: bit 0 = GPU memory (dmabuf)
 #pragma once
 
 #include <array>
@@ -60,10 +60,13 @@ struct Address {
   std::vector<QpEntry> qps;  // num_ranks entries
 };
 
+inline constexpr uint16_t kRegionGpuMemory = 1;
+
 struct Region {
   uint64_t addr = 0;
   uint64_t length = 0;
   uint32_t rkey = 0;
+  bool gpu_memory = false;  // registered through dmabuf: writers flush before the flag
 };
 
 namespace detail {
@@ -145,7 +148,7 @@ inline std::vector<uint8_t> encode_region(const Region& r) {
   out.reserve(kRegionBytes);
   detail::put(out, kRegionMagic, 4);
   detail::put(out, kVersion, 2);
-  detail::put(out, 0, 2);
+  detail::put(out, r.gpu_memory ? kRegionGpuMemory : 0, 2);
   detail::put(out, r.addr, 8);
   detail::put(out, r.length, 8);
   detail::put(out, r.rkey, 4);
@@ -163,7 +166,12 @@ inline StatusOr<Region> decode_region(std::span<const uint8_t> in) {
     return Status(StatusCode::kProtocolError,
                   "verbs region descriptor: bad magic or version; expected a descriptor made by "
                   "the verbs transport, version " + std::to_string(kVersion));
+  const uint64_t flags = detail::get(in, 6, 2);
+  if ((flags & ~uint64_t{kRegionGpuMemory}) != 0)
+    return Status(StatusCode::kProtocolError,
+                  "verbs region descriptor: unknown flags " + std::to_string(flags) + "; expected bit 0 at most");
   Region r;
+  r.gpu_memory = (flags & kRegionGpuMemory) != 0;
   r.addr = detail::get(in, 8, 8);
   r.length = detail::get(in, 16, 8);
   r.rkey = static_cast<uint32_t>(detail::get(in, 24, 4));

@@ -43,6 +43,8 @@ StatusOr<std::unique_ptr<SessionClient>> SessionClient::connect(const Options& o
                 hr.max_ring_capacity_log2(), hr.max_flags()};
   c->peer_address_ = hr.peer_address();
   c->node_ = hr.node();
+  c->gpu_memory_ = hr.gpu_memory();
+  c->gpu_memory_reason_ = hr.gpu_memory_reason();
   return c;
 }
 
@@ -71,7 +73,7 @@ StatusOr<ConnectInfo> SessionClient::connect_communicator(const ConnectOptions& 
   info.gpu_memory = reply.connected().gpu_memory();
   info.gpu_memory_reason = reply.connected().gpu_memory_reason();
   for (const auto& r : reply.connected().ranks())
-    info.ranks.push_back({r.rank(), r.node(), r.network(), r.regions(), r.flags()});
+    info.ranks.push_back({r.rank(), r.node(), r.network(), r.regions(), r.flags(), r.gpu_regions()});
   return info;
 }
 
@@ -154,6 +156,33 @@ StatusOr<ClientRegion*> SessionClient::create_region(uint64_t bytes, bool remote
   auto region = std::make_unique<ClientRegion>();
   region->id = reply.region().region_id();
   MK_ASSIGN_OR_RETURN(region->mapping, map_segment(std::move(fds[0]), reply.region().bytes(), true));
+  regions_.push_back(std::move(region));
+  return regions_.back().get();
+}
+
+StatusOr<ClientRegion*> SessionClient::import_region(const GpuRegionSpec& spec) {
+  if (spec.dmabuf_fd < 0)
+    return Status(StatusCode::kInvalidArgument,
+                  "import_region: dmabuf_fd " + std::to_string(spec.dmabuf_fd) + "; expected an open descriptor");
+  if (spec.bytes == 0 || spec.gpu_address == 0)
+    return Status(StatusCode::kInvalidArgument, "import_region: bytes " + std::to_string(spec.bytes) +
+                                                    ", gpu_address " + std::to_string(spec.gpu_address) +
+                                                    "; expected both non-zero");
+  pb::Request req;
+  pb::ImportRegion* r = req.mutable_import_region();
+  r->set_bytes(spec.bytes);
+  r->set_remote_writable(spec.remote_writable);
+  r->set_gpu_address(spec.gpu_address);
+  r->set_dmabuf_offset(spec.dmabuf_offset);
+  r->set_cuda_device(spec.cuda_device);
+  pb::Reply reply;
+  MK_RETURN_IF_ERROR(
+      call_for(req, 0, &reply, nullptr, options_.timeout, {spec.dmabuf_fd}));
+  if (!reply.has_region()) return Status(StatusCode::kProtocolError, "import_region: no RegionCreated");
+  auto region = std::make_unique<ClientRegion>();
+  region->id = reply.region().region_id();
+  region->gpu_address = spec.gpu_address;
+  region->gpu_bytes = reply.region().bytes();
   regions_.push_back(std::move(region));
   return regions_.back().get();
 }

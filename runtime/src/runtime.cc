@@ -114,8 +114,17 @@ StatusOr<UniqueId> unique_id_from_string(const std::string& text) {
 const char* staging_name(Staging s) {
   switch (s) {
     case Staging::kHostPinned: return "host-pinned";
+    case Staging::kGpuMemory: return "gpu-memory";
   }
   return "?";
+}
+
+StatusOr<GpuMemory> gpu_memory_from_string(const std::string& text) {
+  if (text == "auto") return GpuMemory::kAuto;
+  if (text == "require") return GpuMemory::kRequire;
+  if (text == "off") return GpuMemory::kOff;
+  return Status(StatusCode::kInvalidArgument,
+                "gpu_memory: \"" + text + "\"; expected auto, require or off");
 }
 
 StatusOr<UniqueId> get_unique_id(const Options& options_in) {
@@ -146,6 +155,7 @@ struct Communicator::Impl {
   mp::ClientFlags* flags = nullptr;
   std::vector<void*> registered;  // host ranges registered with CUDA
   std::vector<std::unique_ptr<VmmBuffer>> nvl;  // own NVLink buffer first, then peers' mappings
+  std::vector<std::unique_ptr<VmmBuffer>> gpu_buffers;  // Staging::kGpuMemory buffers
   mp::RingDeviceState* ring_state = nullptr;
   unsigned long long* launch_counter = nullptr;
   DeviceStatus* status_host = nullptr;
@@ -156,8 +166,9 @@ struct Communicator::Impl {
 
   ~Impl() {
     if (client) client->close();
-    if (!nvl.empty()) (void)cudaDeviceSynchronize();
+    if (!nvl.empty() || !gpu_buffers.empty()) (void)cudaDeviceSynchronize();
     nvl.clear();
+    gpu_buffers.clear();  // the daemon dropped its dmabuf descriptors with the session
     for (void* p : registered) (void)cudaHostUnregister(p);
     if (ring_state) (void)cudaFree(ring_state);
     if (launch_counter) (void)cudaFree(launch_counter);
@@ -248,10 +259,13 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   o.timeout = options.timeout;
   MK_ASSIGN_OR_RETURN(m.client, mp::SessionClient::connect(o));
   MK_ASSIGN_OR_RETURN(m.ring, m.client->create_ring(options.ring_capacity_log2));
-  for (uint64_t b : bufs) {
-    MK_ASSIGN_OR_RETURN(mp::ClientRegion * r, m.client->create_region(b, /*remote_writable=*/true));
-    m.regions.push_back(r);
+  GpuMemory mode = options.gpu_memory;
+  if (const char* v = std::getenv("MKERNEL_GPU_MEMORY"); v != nullptr && *v != '\0') {
+    auto parsed = gpu_memory_from_string(v);
+    if (!parsed.ok()) return parsed.status().with_context("MKERNEL_GPU_MEMORY");
+    mode = parsed.value();
   }
+  MK_RETURN_IF_ERROR(setup_buffers(bufs, mode));
   MK_ASSIGN_OR_RETURN(m.flags, m.client->create_flags(options.num_flags));
 
   // Map everything for the GPU.
@@ -262,8 +276,12 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   device_.ring.expected_epoch = m.client->epoch();
   device_.ring.timeout_ns = options.device_wait_timeout_ns;
   for (size_t i = 0; i < m.regions.size(); ++i) {
-    MK_ASSIGN_OR_RETURN(void* dev, m.map_for_gpu(m.regions[i]->data(), m.regions[i]->size()));
-    device_.buffers[i] = static_cast<uint8_t*>(dev);
+    if (m.regions[i]->gpu()) {
+      device_.buffers[i] = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m.regions[i]->gpu_address));
+    } else {
+      MK_ASSIGN_OR_RETURN(void* dev, m.map_for_gpu(m.regions[i]->data(), m.regions[i]->size()));
+      device_.buffers[i] = static_cast<uint8_t*>(dev);
+    }
     device_.buffer_bytes[i] = bufs[i];
   }
   device_.num_buffers = static_cast<uint32_t>(bufs.size());
@@ -303,10 +321,7 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   co.network_for_local = options.network_for_local;
   MK_ASSIGN_OR_RETURN(mp::ConnectInfo info, m.client->connect_communicator(co));
   transport_ = info.transport;
-  // Registering GPU memory with the NIC (dmabuf) is not implemented in libmkernel yet, so every
-  // transport gets host staging; say why in the transport's own words when it could not anyway.
-  staging_reason_ = info.gpu_memory ? "the transport can register GPU memory, but libmkernel does not use dmabuf yet"
-                                    : info.gpu_memory_reason;
+  if (staging_ == Staging::kGpuMemory) staging_reason_ = "GPU memory registered through dmabuf by " + transport_;
   network_.assign(size, false);
   for (const mp::RankRoute& r : info.ranks)
     if (r.rank < size) network_[r.rank] = r.network;
@@ -317,6 +332,51 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
 
 namespace {
 constexpr const char* kNvlKey = "nvlink-buffer";
+}
+
+Status Communicator::setup_buffers(const std::vector<uint64_t>& bufs, GpuMemory mode) {
+  Impl& m = *impl_;
+  // GPU memory when the daemon's transport registers it and this GPU exports it (note 2).
+  std::string why_not;
+  if (mode == GpuMemory::kOff) {
+    why_not = "gpu_memory is off";
+  } else if (!m.client->gpu_memory()) {
+    why_not = "mkerneld: " + m.client->gpu_memory_reason();
+  } else if (const Status s = VmmBuffer::dmabuf_supported(m.cuda_device); !s.ok()) {
+    why_not = s.message();
+  }
+  if (!why_not.empty()) {
+    if (mode == GpuMemory::kRequire)
+      return Status(StatusCode::kFailedPrecondition,
+                    "gpu_memory: require, but buffers cannot be GPU memory here: " + why_not);
+    staging_ = Staging::kHostPinned;
+    staging_reason_ = why_not;
+    for (uint64_t b : bufs) {
+      MK_ASSIGN_OR_RETURN(mp::ClientRegion * r, m.client->create_region(b, /*remote_writable=*/true));
+      m.regions.push_back(r);
+    }
+    return Status::Ok();
+  }
+  staging_ = Staging::kGpuMemory;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    MK_ASSIGN_OR_RETURN(VmmBuffer * raw, VmmBuffer::allocate(m.cuda_device, bufs[i], /*gpu_direct_rdma=*/true));
+    m.gpu_buffers.emplace_back(raw);
+    if (cudaError_t e = cudaMemset(raw->ptr(), 0, raw->size()); e != cudaSuccess) return cuda_status("cudaMemset", e);
+    MK_ASSIGN_OR_RETURN(int fd, raw->export_dmabuf());
+    mp::GpuRegionSpec spec;
+    spec.bytes = bufs[i];
+    spec.remote_writable = true;
+    spec.dmabuf_fd = fd;
+    spec.dmabuf_offset = 0;
+    spec.gpu_address = reinterpret_cast<uintptr_t>(raw->ptr());
+    spec.cuda_device = m.cuda_device;
+    auto r = m.client->import_region(spec);
+    ::close(fd);  // the daemon holds its own copy
+    if (!r.ok()) return r.status().with_context("buffer " + std::to_string(i) + " in GPU memory");
+    m.regions.push_back(r.value());
+  }
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return cuda_status("cudaDeviceSynchronize", e);
+  return Status::Ok();
 }
 
 Status Communicator::setup_nvlink(const Options& options) {
@@ -385,6 +445,8 @@ Status Communicator::begin_launch(cudaStream_t stream) {
 void* Communicator::host_buffer(uint32_t i) const {
   return i < impl_->regions.size() ? impl_->regions[i]->data() : nullptr;
 }
+
+void* Communicator::device_buffer(uint32_t i) const { return i < kMaxBuffers ? device_.buffers[i] : nullptr; }
 
 uint64_t Communicator::buffer_bytes(uint32_t i) const { return i < kMaxBuffers ? device_.buffer_bytes[i] : 0; }
 

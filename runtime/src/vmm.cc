@@ -22,6 +22,9 @@ struct Driver {
   decltype(&cuMemExportToShareableHandle) export_handle = nullptr;
   decltype(&cuMemImportFromShareableHandle) import_handle = nullptr;
   decltype(&cuGetErrorString) error_string = nullptr;
+  decltype(&cuMemGetHandleForAddressRange) range_handle = nullptr;  // optional
+  decltype(&cuDeviceGetAttribute) attribute = nullptr;
+  decltype(&cuDeviceGet) device_get = nullptr;
   Status status;
 };
 
@@ -56,7 +59,11 @@ const Driver& driver() {
     get("cuMemExportToShareableHandle", &d.export_handle);
     get("cuMemImportFromShareableHandle", &d.import_handle);
     get("cuGetErrorString", &d.error_string);
+    get("cuDeviceGetAttribute", &d.attribute);
+    get("cuDeviceGet", &d.device_get);
     d.status = s;
+    // Only GPU-memory buffers for the NIC need it; its absence is reported there.
+    if (!entry("cuMemGetHandleForAddressRange", &d.range_handle).ok()) d.range_handle = nullptr;
   });
   return d;
 }
@@ -69,8 +76,9 @@ Status cu(const char* what, CUresult r) {
                                               (text ? "" : std::to_string(static_cast<int>(r))));
 }
 
-CUmemAllocationProp prop_for(int device) {
+CUmemAllocationProp prop_for(int device, bool gpu_direct_rdma = false) {
   CUmemAllocationProp prop{};
+  prop.allocFlags.gpuDirectRDMACapable = gpu_direct_rdma ? 1 : 0;
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
@@ -112,10 +120,10 @@ VmmBuffer::~VmmBuffer() {
   if (handle_ != 0) d.release(static_cast<CUmemGenericAllocationHandle>(handle_));
 }
 
-StatusOr<VmmBuffer*> VmmBuffer::allocate(int device, size_t bytes) {
+StatusOr<VmmBuffer*> VmmBuffer::allocate(int device, size_t bytes, bool gpu_direct_rdma) {
   const Driver& d = driver();
   MK_RETURN_IF_ERROR(d.status);
-  CUmemAllocationProp prop = prop_for(device);
+  CUmemAllocationProp prop = prop_for(device, gpu_direct_rdma);
   size_t gran = 0;
   MK_RETURN_IF_ERROR(cu("cuMemGetAllocationGranularity",
                         d.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)));
@@ -166,6 +174,43 @@ StatusOr<int> VmmBuffer::export_fd() const {
                         d.export_handle(&fd, static_cast<CUmemGenericAllocationHandle>(handle_),
                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)));
   return fd;
+}
+
+StatusOr<int> VmmBuffer::export_dmabuf() const {
+  const Driver& d = driver();
+  MK_RETURN_IF_ERROR(d.status);
+  if (d.range_handle == nullptr)
+    return Status(StatusCode::kFailedPrecondition, "cuMemGetHandleForAddressRange: not offered by this CUDA driver");
+  int fd = -1;
+  MK_RETURN_IF_ERROR(cu("cuMemGetHandleForAddressRange(dmabuf)",
+                        d.range_handle(&fd, ptr_, size_, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)));
+  return fd;
+}
+
+Status VmmBuffer::dmabuf_supported(int device) {
+  const Driver& d = driver();
+  MK_RETURN_IF_ERROR(d.status);
+  if (d.range_handle == nullptr)
+    return Status(StatusCode::kFailedPrecondition,
+                  "the CUDA driver offers no cuMemGetHandleForAddressRange (dmabuf export)");
+  CUdevice dev = 0;
+  MK_RETURN_IF_ERROR(cu("cuDeviceGet", d.device_get(&dev, device)));
+  int dmabuf = 0, rdma_vmm = 0;
+  MK_RETURN_IF_ERROR(cu("cuDeviceGetAttribute(DMA_BUF_SUPPORTED)",
+                        d.attribute(&dmabuf, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev)));
+  MK_RETURN_IF_ERROR(cu("cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)",
+                        d.attribute(&rdma_vmm, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev)));
+  if (dmabuf == 0)
+    return Status(StatusCode::kFailedPrecondition,
+                  "CUDA device " + std::to_string(device) +
+                      " cannot export dmabuf (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0: the open kernel "
+                      "modules and Linux 5.12 or newer are needed)");
+  if (rdma_vmm == 0)
+    return Status(StatusCode::kFailedPrecondition,
+                  "CUDA device " + std::to_string(device) +
+                      " has no GPUDirect RDMA for VMM allocations "
+                      "(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED is 0)");
+  return Status::Ok();
 }
 
 }  // namespace mkernel::rt

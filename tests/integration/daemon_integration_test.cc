@@ -2,6 +2,9 @@
 // clients killed mid-work, hostile clients beside healthy ones, a daemon restart, drain and
 // stalled-proxy health, reload of a bad config, and --check-config.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -273,7 +276,7 @@ TEST_F(DaemonTest, HostileClientsEndAloneAndHealthyOnesNeverNotice) {
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (std::chrono::steady_clock::now() < deadline && (s = h.client->check_alive(50ms)).ok()) {
     }
-    EXPECT_NE(s.message().find("1 descriptor(s) attached; only ShareHandle may carry one"), std::string::npos)
+    EXPECT_NE(s.message().find("1 descriptor(s) attached; only ShareHandle and ImportRegion may carry one"), std::string::npos)
         << s.to_string();
   }
   std::this_thread::sleep_for(100ms);
@@ -353,6 +356,73 @@ TEST_F(DaemonTest, HandlesAreBrokeredWithinACommunicatorOnly) {
   // Its handles went with it.
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(r1.client->fetch_handle(0, "buf0").ok());
+}
+
+// GPU-memory regions (ImportRegion) where the transport cannot take them (tcp and shm never do):
+// the hello says so and why; the descriptor is checked first (a memfd is named and refused),
+// then the fields, then the transport; refusals add nothing and the session carries on; an
+// ImportRegion without its descriptor ends the session. (Real dmabufs are exported on the GPU
+// machine: tests/gpu/runtime/runtime_dmabuf_gpu_test.)
+TEST_F(DaemonTest, GpuMemoryRegionsAreCheckedAndRefusedWhereTheTransportCannotTakeThem) {
+  ASSERT_TRUE(daemon_->start());
+  Peer p = join(*daemon_, "gpumem", 0, 1);
+  ASSERT_TRUE(p.client);
+  EXPECT_FALSE(p.client->gpu_memory());
+  std::string why = p.client->gpu_memory_reason();
+  std::transform(why.begin(), why.end(), why.begin(), [](unsigned char c) { return std::tolower(c); });
+  EXPECT_NE(why.find("dmabuf"), std::string::npos) << p.client->gpu_memory_reason();
+  std::printf("[gpu memory] %s\n", p.client->gpu_memory_reason().c_str());
+
+  mp::UniqueFd memfd(::memfd_create("not-a-dmabuf", MFD_CLOEXEC));
+  ASSERT_TRUE(memfd.valid());
+  ASSERT_EQ(::ftruncate(memfd.get(), 1 << 21), 0);
+  mp::GpuRegionSpec spec;
+  spec.bytes = 1 << 20;
+  spec.dmabuf_fd = memfd.get();
+  spec.gpu_address = 0x7e0000200000ull;
+  spec.cuda_device = 0;
+  auto refused = p.client->import_region(spec);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), mkernel::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("/memfd:not-a-dmabuf"), std::string::npos) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("is not a dmabuf"), std::string::npos) << refused.status().to_string();
+
+  // Fields the daemon checks itself (a raw client skips SessionClient's own checks).
+  auto raw = [&](uint64_t bytes, uint64_t address, int32_t device) {
+    mkernel::session::v1::Request req;
+    req.set_request_id(500 + bytes);
+    auto* r = req.mutable_import_region();
+    r->set_bytes(bytes);
+    r->set_gpu_address(address);
+    r->set_cuda_device(device);
+    EXPECT_TRUE(mp::send_message(p.client->socket_fd(), req, {memfd.get()}, 1s).ok());
+    mkernel::session::v1::Reply reply;
+    std::vector<mp::UniqueFd> fds;
+    EXPECT_TRUE(mp::recv_message_any_fds(p.client->socket_fd(), &reply, &fds, 2s).ok());
+    EXPECT_EQ(reply.request_id(), req.request_id());
+    return reply.has_error() ? reply.error().message() : std::string("accepted");
+  };
+  EXPECT_NE(raw(0, 0x7e0000200000ull, 0).find("import_region bytes: 0"), std::string::npos);
+  EXPECT_NE(raw(4096, 0, 0).find("import_region gpu_address: 0"), std::string::npos);
+  EXPECT_NE(raw(4096, ~0ull - 100, 0).find("import_region gpu_address"), std::string::npos);
+  EXPECT_NE(raw(4096, 0x7e0000200000ull, -1).find("import_region cuda_device: -1"), std::string::npos);
+
+  // Nothing was added; the session goes on with host regions.
+  auto host = p.client->create_region(4096, true);
+  ASSERT_TRUE(host.ok()) << host.status().to_string();
+  EXPECT_EQ(host.value()->id, 1u);
+  EXPECT_TRUE(p.client->ping().ok());
+
+  // ImportRegion without its descriptor is malformed: the session ends with that reason.
+  mkernel::session::v1::Request req;
+  req.set_request_id(88);
+  req.mutable_import_region()->set_bytes(4096);
+  ASSERT_TRUE(mp::send_message(p.client->socket_fd(), req, {}, 1s).ok());
+  mkernel::Status s;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline && (s = p.client->check_alive(50ms)).ok()) {
+  }
+  EXPECT_NE(s.message().find("ImportRegion carries exactly one (the dmabuf)"), std::string::npos) << s.to_string();
 }
 
 TEST_F(DaemonTest, DrainTurnsHealthNotServingWithinASecond) {

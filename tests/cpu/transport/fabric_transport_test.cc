@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <rdma/fi_domain.h>  // FI_MR_DMABUF, where the headers have it
+
 #include "fabric_transport.h"
 #include "fault_transport.h"
 
@@ -224,8 +226,25 @@ TEST_P(FabricTransportTest, OpenReportsProviderAndMemoryCapabilities) {
   EXPECT_TRUE(caps.remote_write);
   EXPECT_TRUE(caps.reports_arrivals);
   EXPECT_FALSE(caps.ordered_writes);
+  // tcp and shm never take GPU memory by dmabuf, whatever the libfabric; the reason says why.
   EXPECT_FALSE(caps.dmabuf);
   EXPECT_TRUE(caps.needs_host_staging);
+#if defined(FI_MR_DMABUF)
+  EXPECT_NE(caps.dmabuf_reason.find("does not give dmabuf descriptors to a NIC"), std::string::npos)
+      << caps.dmabuf_reason;
+#else
+  EXPECT_NE(caps.dmabuf_reason.find("no FI_MR_DMABUF"), std::string::npos) << caps.dmabuf_reason;
+#endif
+  RegisterRequest gpu;
+  gpu.kind = MemoryKind::kDmabuf;
+  gpu.addr = reinterpret_cast<void*>(uintptr_t{0x7e0000200000});
+  gpu.length = 1 << 21;
+  gpu.dmabuf_fd = 0;
+  gpu.cuda_device = 0;
+  auto refused = t.value()->register_memory(gpu);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(caps.dmabuf_reason), std::string::npos)
+      << refused.status().to_string();
   EXPECT_TRUE(caps.cq_data_bytes == 4 || caps.cq_data_bytes == 8);
   EXPECT_GT(caps.max_inflight, 0u);
   std::printf("[fabric] %s: %s, cq data %u bytes, max_inflight %u\n", caps.provider.c_str(),

@@ -395,7 +395,16 @@ TEST(VerbsMemory, GpuMemoryGoesThroughDmabufWithTheGpuAddressAsIova) {
   EXPECT_EQ(r.offset, 4096u);
   EXPECT_EQ(r.length, size_t{1} << 21);
   EXPECT_EQ(r.iova, 0x7e0000200000u);
-  EXPECT_EQ(r.access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  // Remote read too: writers flush with a read before raising the flag (verbs_transport.h note 3).
+  EXPECT_EQ(r.access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  auto desc = wire::decode_region(reg.value().descriptor);
+  ASSERT_TRUE(desc.ok());
+  EXPECT_TRUE(desc->gpu_memory);
+  EXPECT_EQ(desc->addr, 0x7e0000200000u);
+  req.remote_writable = false;  // a source only: nobody reads or writes it remotely
+  ASSERT_TRUE(h.t->register_memory(req).ok());
+  EXPECT_EQ(h.fake->regs.back().access, IBV_ACCESS_LOCAL_WRITE);
+  req.remote_writable = true;
 
   req.dmabuf_fd = -1;
   EXPECT_EQ(h.t->register_memory(req).status().code(), StatusCode::kInvalidArgument);
@@ -476,6 +485,104 @@ TEST(VerbsPost, DataWriteThenInlineSignalWriteInOnePost) {
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0].cookie, 7u);
   EXPECT_TRUE(done[0].status.ok());
+}
+
+// Into GPU memory, a signal waits for a flush read of the data (verbs_transport.h note 3): data
+// write, 8-byte read of the data's last bytes into the staging sink, fenced flag write. Host
+// memory and unsignalled writes go as before; a short write reads what it wrote.
+TEST(VerbsPost, SignalAfterDataIntoGpuMemoryIsFencedBehindAFlushRead) {
+  Harness h;
+  h.open();
+  constexpr uint64_t kGpuAddr = 0x7e0000400000ull;
+  constexpr uint32_t kGpuRkey = 0x600dfeedu;
+  auto gpu = h.t->import_region(h.peer, wire::encode_region({kGpuAddr, 1 << 20, kGpuRkey, true}));
+  ASSERT_TRUE(gpu.ok()) << gpu.status().to_string();
+  WriteOp w = h.write(9, 1000, 0, 4096);
+  w.remote_region = gpu.value();
+  w.has_signal = true;
+  w.signal_idx = 2;
+  w.signal_value = 77;
+  ASSERT_TRUE(h.t->post_write(w).ok());
+  ASSERT_EQ(h.fake->posts.size(), 1u);
+  const auto& chain = h.fake->posts[0];
+  ASSERT_EQ(chain.size(), 3u);
+  EXPECT_EQ(chain[0].opcode, IBV_WR_RDMA_WRITE);
+  EXPECT_EQ(chain[0].remote_addr, kGpuAddr + 4096);
+  EXPECT_EQ(chain[0].rkey, kGpuRkey);
+  EXPECT_EQ(chain[0].send_flags, 0u);
+  const auto& read = chain[1];
+  EXPECT_EQ(read.opcode, IBV_WR_RDMA_READ);
+  EXPECT_EQ(read.remote_addr, kGpuAddr + 4096 + 1000 - 8);
+  EXPECT_EQ(read.rkey, kGpuRkey);
+  ASSERT_EQ(read.sges.size(), 1u);
+  EXPECT_EQ(read.sges[0].length, 8u);
+  EXPECT_EQ(read.sges[0].lkey, kStagingLkey);
+  EXPECT_EQ(read.send_flags, 0u);
+  const auto& flag = chain[2];
+  EXPECT_EQ(flag.opcode, IBV_WR_RDMA_WRITE);
+  EXPECT_EQ(flag.remote_addr, kPeerSignalAddr + 2 * 8);
+  EXPECT_EQ(flag.payload, 77u);
+  EXPECT_NE(flag.send_flags & IBV_SEND_FENCE, 0u) << "the flag waits for the read's response";
+  EXPECT_NE(flag.send_flags & IBV_SEND_SIGNALED, 0u);
+  EXPECT_NE(flag.sges[0].addr, read.sges[0].addr) << "the read never lands on a flag value";
+  h.fake->complete(kFirstQpn, flag.wr_id);
+  auto done = h.poll();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].cookie, 9u);
+  EXPECT_TRUE(done[0].status.ok());
+
+  // Three bytes: the read reads those three.
+  WriteOp small = h.write(10, 3, 0, 0);
+  small.remote_region = gpu.value();
+  small.has_signal = true;
+  ASSERT_TRUE(h.t->post_write(small).ok());
+  ASSERT_EQ(h.fake->posts.back().size(), 3u);
+  EXPECT_EQ(h.fake->posts.back()[1].sges[0].length, 3u);
+  EXPECT_EQ(h.fake->posts.back()[1].remote_addr, kGpuAddr);
+  // No signal: no flush. Host memory with a signal: no flush, no fence.
+  WriteOp plain = h.write(11, 64);
+  plain.remote_region = gpu.value();
+  ASSERT_TRUE(h.t->post_write(plain).ok());
+  EXPECT_EQ(h.fake->posts.back().size(), 1u);
+  WriteOp host = h.write(12, 64);
+  host.has_signal = true;
+  ASSERT_TRUE(h.t->post_write(host).ok());
+  ASSERT_EQ(h.fake->posts.back().size(), 2u);
+  EXPECT_EQ(h.fake->posts.back()[1].send_flags & IBV_SEND_FENCE, 0u);
+  for (const auto& post : h.fake->posts)
+    for (const auto& wr : post) EXPECT_EQ(wr.opcode == IBV_WR_RDMA_READ, wr.rkey == kGpuRkey && post.size() == 3 && &wr == &post[1]);
+}
+
+TEST(VerbsPost, FlushReadsCountAgainstTheOutstandingBound) {
+  Harness h;
+  VerbsOptions o = small_options();
+  o.max_outstanding_wr = 4;
+  o.signal_every = 2;
+  h.open(o);
+  auto gpu = h.t->import_region(h.peer, wire::encode_region({0x7e0000400000ull, 1 << 20, 0x1234567u, true}));
+  ASSERT_TRUE(gpu.ok());
+  WriteOp w = h.write(1, 256);
+  w.remote_region = gpu.value();
+  w.has_signal = true;
+  ASSERT_TRUE(h.t->post_write(w).ok());  // 3 of 4
+  w.cookie = 2;
+  EXPECT_EQ(h.t->post_write(w).code(), StatusCode::kUnavailable);  // 3 more would be 6
+  h.fake->complete(kFirstQpn, h.fake->posts[0][2].wr_id);
+  ASSERT_EQ(h.poll().size(), 1u);
+  EXPECT_TRUE(h.t->post_write(w).ok());
+}
+
+TEST(VerbsWire, RegionDescriptorCarriesTheGpuMemoryFlag) {
+  auto host = wire::decode_region(wire::encode_region({1, 2, 3, false}));
+  auto gpu = wire::decode_region(wire::encode_region({1, 2, 3, true}));
+  ASSERT_TRUE(host.ok() && gpu.ok());
+  EXPECT_FALSE(host->gpu_memory);
+  EXPECT_TRUE(gpu->gpu_memory);
+  Blob odd = wire::encode_region({1, 2, 3, false});
+  odd[6] = 0x02;  // a flag this build does not know
+  auto bad = wire::decode_region(odd);
+  EXPECT_EQ(bad.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(bad.status().message().find("unknown flags 2"), std::string::npos) << bad.status().message();
 }
 
 TEST(VerbsPost, SignalWithoutInlineUsesTheRegisteredStagingSlot) {

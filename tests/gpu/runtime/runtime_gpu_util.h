@@ -21,6 +21,20 @@
 
 namespace mkt {
 
+// Failed checks of the running test program (GPU tests are plain programs, not gtest).
+inline int failures = 0;
+
+// Counts a failed check and prints where and why; the test goes on.
+#define MKT_CHECK(cond, ...)                           \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::printf(__VA_ARGS__);                        \
+      std::printf("\n");                               \
+      ++mkt::failures;                                 \
+    }                                                  \
+  } while (0)
+
 // Exits 77 (ctest: skipped) with the reason unless `need` Hopper GPUs are usable.
 inline void require_gpus_or_skip(const char* test, int need) {
   int n = 0;

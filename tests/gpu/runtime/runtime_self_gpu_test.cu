@@ -21,18 +21,6 @@ using mkt::exchange_tiles;
 
 namespace {
 
-int failures = 0;
-
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
-      std::printf(__VA_ARGS__);                           \
-      std::printf("\n");                                  \
-      ++failures;                                         \
-    }                                                     \
-  } while (0)
-
 #define CUDA_OK(expr)                                                                         \
   do {                                                                                        \
     const cudaError_t e_ = (expr);                                                            \
@@ -60,17 +48,17 @@ int main() {
   o.network_for_local = true;
   o.device_wait_timeout_ns = 3000000000ull;
   auto id = rt::get_unique_id(o);
-  CHECK(id.ok(), "get_unique_id: %s", id.status().to_string().c_str());
+  MKT_CHECK(id.ok(), "get_unique_id: %s", id.status().to_string().c_str());
   if (!id.ok()) return 1;
   auto made = rt::Communicator::create(0, 1, id.value(), {uint64_t{kTiles} * kTileBytes, uint64_t{kTiles} * kTileBytes}, o);
-  CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
+  MKT_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
   if (!made.ok()) return 1;
   rt::Communicator& comm = *made.value();
-  CHECK(comm.through_network(0), "rank 0 should be reached through the network transport");
+  MKT_CHECK(comm.through_network(0), "rank 0 should be reached through the network transport");
   std::printf("communicator: transport \"%s\", staging %s (%s)\n", comm.transport().c_str(),
               rt::staging_name(comm.staging()), comm.staging_reason().c_str());
-  CHECK(!comm.staging_reason().empty(), "the staging decision names its reason");
-  CHECK(comm.transport().find("shm") != std::string::npos, "transport %s", comm.transport().c_str());
+  MKT_CHECK(!comm.staging_reason().empty(), "the staging decision names its reason");
+  MKT_CHECK(comm.transport().find("shm") != std::string::npos, "transport %s", comm.transport().c_str());
 
   unsigned long long *wrong = nullptr, *failed = nullptr;
   CUDA_OK(cudaMalloc(&wrong, sizeof(*wrong)));
@@ -83,17 +71,17 @@ int main() {
   // Repeated launches, no reset, no host work in between.
   constexpr int kLaunches = 6;
   for (int l = 0; l < kLaunches; ++l) {
-    CHECK(comm.begin_launch(stream).ok(), "begin_launch");
+    MKT_CHECK(comm.begin_launch(stream).ok(), "begin_launch");
     exchange_tiles<<<kTiles, 256, 0, stream>>>(comm.device(), 0, 0, wrong, failed);
   }
   CUDA_OK(cudaStreamSynchronize(stream));
   unsigned long long h_wrong = 0, h_failed = 0;
   CUDA_OK(cudaMemcpy(&h_wrong, wrong, sizeof(h_wrong), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(&h_failed, failed, sizeof(h_failed), cudaMemcpyDeviceToHost));
-  CHECK(h_wrong == 0 && h_failed == 0, "launches: %llu wrong words, %llu failed blocks", h_wrong, h_failed);
-  CHECK(comm.check().ok(), "check: %s", comm.check().to_string().c_str());
+  MKT_CHECK(h_wrong == 0 && h_failed == 0, "launches: %llu wrong words, %llu failed blocks", h_wrong, h_failed);
+  MKT_CHECK(comm.check().ok(), "check: %s", comm.check().to_string().c_str());
   for (uint32_t t = 0; t < kTiles; ++t)
-    CHECK(__atomic_load_n(&comm.host_flags()[t], __ATOMIC_ACQUIRE) == kLaunches, "flag %u = %llu", t,
+    MKT_CHECK(__atomic_load_n(&comm.host_flags()[t], __ATOMIC_ACQUIRE) == kLaunches, "flag %u = %llu", t,
           static_cast<unsigned long long>(comm.host_flags()[t]));
   std::printf("%d launches x %u tiles of %u KiB through mkerneld: every word and flag exact\n", kLaunches, kTiles,
               kTileBytes / 1024);
@@ -102,7 +90,7 @@ int main() {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  CHECK(comm.begin_launch(stream).ok(), "begin_launch in capture");
+  MKT_CHECK(comm.begin_launch(stream).ok(), "begin_launch in capture");
   exchange_tiles<<<kTiles, 256, 0, stream>>>(comm.device(), 0, 0, wrong, failed);
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -111,16 +99,16 @@ int main() {
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaMemcpy(&h_wrong, wrong, sizeof(h_wrong), cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(&h_failed, failed, sizeof(h_failed), cudaMemcpyDeviceToHost));
-  CHECK(h_wrong == 0 && h_failed == 0, "graph: %llu wrong words, %llu failed blocks", h_wrong, h_failed);
+  MKT_CHECK(h_wrong == 0 && h_failed == 0, "graph: %llu wrong words, %llu failed blocks", h_wrong, h_failed);
   for (uint32_t t = 0; t < kTiles; ++t)
-    CHECK(comm.host_flags()[t] == kLaunches + kReplays, "flag %u = %llu after replays", t,
+    MKT_CHECK(comm.host_flags()[t] == kLaunches + kReplays, "flag %u = %llu after replays", t,
           static_cast<unsigned long long>(comm.host_flags()[t]));
   std::printf("CUDA graph replayed %d times: flags at %d, every word exact\n", kReplays, kLaunches + kReplays);
 
   // The daemon dies while a kernel waits: the wait ends (well before its 3 s bound, since the
   // runtime marks the ring) and check() names the cause.
   CUDA_OK(cudaMemset(failed, 0, sizeof(*failed)));
-  CHECK(comm.begin_launch(stream).ok(), "begin_launch");
+  MKT_CHECK(comm.begin_launch(stream).ok(), "begin_launch");
   wait_forever<<<1, 32, 0, stream>>>(comm.device(), failed);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto t0 = std::chrono::steady_clock::now();
@@ -129,14 +117,14 @@ int main() {
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CUDA_OK(cudaMemcpy(&h_failed, failed, sizeof(h_failed), cudaMemcpyDeviceToHost));
   const mkernel::Status why = comm.check();
-  CHECK(h_failed == 1, "the waiting kernel should have failed its wait");
-  CHECK(!why.ok() && why.message().find("daemon") != std::string::npos, "check after kill: %s", why.to_string().c_str());
-  CHECK(ms < 3000 + 1000, "the kernel ended %.0f ms after the kill; bound 3 s + 1 s", ms);
+  MKT_CHECK(h_failed == 1, "the waiting kernel should have failed its wait");
+  MKT_CHECK(!why.ok() && why.message().find("daemon") != std::string::npos, "check after kill: %s", why.to_string().c_str());
+  MKT_CHECK(ms < 3000 + 1000, "the kernel ended %.0f ms after the kill; bound 3 s + 1 s", ms);
   std::printf("daemon killed: the waiting kernel ended %.0f ms later; check(): %s\n", ms, why.to_string().c_str());
 
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
-  if (failures == 0) std::printf("PASS runtime_self_gpu_test\n");
-  return failures == 0 ? 0 : 1;
+  if (mkt::failures == 0) std::printf("PASS runtime_self_gpu_test\n");
+  return mkt::failures == 0 ? 0 : 1;
 }

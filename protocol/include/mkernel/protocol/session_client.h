@@ -32,9 +32,23 @@ struct ClientRing {
 
 struct ClientRegion {
   uint32_t id = 0;
-  SharedMapping mapping;
+  SharedMapping mapping;      // host regions (create_region); empty for GPU memory
+  uint64_t gpu_address = 0;   // GPU-memory regions (import_region): the device address
+  uint64_t gpu_bytes = 0;
+  bool gpu() const { return gpu_address != 0; }
   void* data() const { return mapping.data(); }
-  size_t size() const { return mapping.size(); }
+  size_t size() const { return gpu() ? gpu_bytes : mapping.size(); }
+};
+
+// A GPU-memory region for import_region: the allocation's dmabuf descriptor and where the
+// region lies in it.
+struct GpuRegionSpec {
+  uint64_t bytes = 0;
+  bool remote_writable = true;
+  int dmabuf_fd = -1;          // this process keeps its own copy
+  uint64_t dmabuf_offset = 0;
+  uint64_t gpu_address = 0;    // device virtual address of the region's first byte
+  int32_t cuda_device = 0;
 };
 
 struct ClientFlags {
@@ -64,6 +78,7 @@ struct RankRoute {
   bool network = false;
   uint32_t regions = 0;
   uint32_t flags = 0;
+  uint32_t gpu_regions = 0;  // of its regions, how many are GPU memory
 };
 
 struct ConnectInfo {
@@ -90,6 +105,9 @@ class SessionClient {
 
   StatusOr<ClientRing*> create_ring(uint32_t capacity_log2);
   StatusOr<ClientRegion*> create_region(uint64_t bytes, bool remote_writable);
+  // Hands the daemon a GPU-memory region (its dmabuf descriptor) for the NIC to reach directly;
+  // only where gpu_memory() is true. Refused with the daemon's reason otherwise.
+  StatusOr<ClientRegion*> import_region(const GpuRegionSpec& spec);
   StatusOr<ClientFlags*> create_flags(uint32_t count);
   // Joins the communicator across daemons (after every region and the flags were created; the
   // daemon refuses new regions afterwards). Waits for the rendezvous: up to options.timeout, or
@@ -115,6 +133,9 @@ class SessionClient {
   // The daemon's peer address (what rank 0 hands the other ranks as the root) and node name.
   const std::string& peer_address() const { return peer_address_; }
   const std::string& node() const { return node_; }
+  // Whether the proxy's network transport registers GPU memory (import_region); when not, why.
+  bool gpu_memory() const { return gpu_memory_; }
+  const std::string& gpu_memory_reason() const { return gpu_memory_reason_; }
   int socket_fd() const { return sock_.get(); }
 
  private:
@@ -134,6 +155,8 @@ class SessionClient {
   SessionLimits limits_;
   std::string peer_address_;
   std::string node_;
+  bool gpu_memory_ = false;
+  std::string gpu_memory_reason_;
   Status ended_;
   std::vector<std::unique_ptr<ClientRing>> rings_;
   std::vector<std::unique_ptr<ClientRegion>> regions_;

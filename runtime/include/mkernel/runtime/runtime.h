@@ -6,10 +6,14 @@
 //     one command ring, `buffers` regions of the same sizes on every rank (symmetric), one flag
 //     array. Everything the daemon hands over (memfd segments) is registered with CUDA as mapped
 //     pinned memory, so kernels push commands and read and write buffers and flags directly.
-//  2. Staging: the libfabric build Debian ships cannot reach GPU memory (no FI_HMEM), so buffers
-//     the network carries live in pinned host memory that kernels read and write over PCIe
-//     ("host staging"); staging() says which mode a communicator uses. NVLink peers and dmabuf
-//     registration of GPU memory are later steps.
+//  2. Where buffers live, decided per transport capability before any buffer exists: when the
+//     daemon says its transport registers GPU memory (verbs; libfabric 1.20+ efa/verbs with
+//     FI_HMEM) and the GPU exports dmabuf, buffers are GPUDirect-RDMA-capable VMM allocations in
+//     GPU memory, handed to the daemon as dmabuf descriptors, and the NIC reads and writes them
+//     directly (Staging::kGpuMemory). Otherwise (Debian's libfabric: no CUDA support, no
+//     FI_MR_DMABUF) they live in pinned host memory that kernels read and write over PCIe
+//     (Staging::kHostPinned). staging() and staging_reason() say which and why; Options::
+//     gpu_memory forces either. The ring and the flags always stay in host memory.
 //  3. Bootstrap: rank 0 makes a UniqueId (get_unique_id: a fresh communicator id, a random
 //     secret token, and its daemon's peer address as the root) and hands it to the other ranks
 //     by any means (MPI, torch.distributed, a file); or every rank calls create_from_env with
@@ -51,8 +55,18 @@ StatusOr<UniqueId> unique_id_from_string(const std::string& text);
 
 enum class Staging : uint8_t {
   kHostPinned,  // buffers in pinned host memory, mapped into the GPU (note 2)
+  kGpuMemory,   // buffers in GPU memory, registered with the NIC through dmabuf (note 2)
 };
 const char* staging_name(Staging s);
+
+// Whether buffers may, must or must not be GPU memory the NIC reaches (note 2).
+enum class GpuMemory : uint8_t {
+  kAuto,     // GPU memory where the transport and the GPU allow it, else host staging
+  kRequire,  // GPU memory or create() fails, saying why not
+  kOff,      // always host staging
+};
+// "auto", "require", "off" (what MKERNEL_GPU_MEMORY takes).
+StatusOr<GpuMemory> gpu_memory_from_string(const std::string& text);
 
 struct Options {
   std::string socket_path = "/run/mkerneld/mkerneld.sock";  // MKERNEL_SOCKET overrides it
@@ -69,6 +83,8 @@ struct Options {
   // node (the same daemon) map each other's through handles the daemon brokers; kernels store
   // into peers' buffers directly (DeviceComm::nvl, nvl_signal, nvl_wait).
   uint64_t nvlink_bytes = 0;
+  // Where buffers live (note 2); MKERNEL_GPU_MEMORY=auto|require|off overrides it.
+  GpuMemory gpu_memory = GpuMemory::kAuto;
 };
 
 // Rank 0: a new communicator id and token, with the local daemon's peer address as the root.
@@ -93,8 +109,11 @@ class Communicator {
   Status begin_launch(cudaStream_t stream);
   // The view kernels take (valid while this Communicator lives).
   const DeviceComm& device() const { return device_; }
-  // Host pointer of buffer i (the same memory the kernels see).
+  // Host pointer of buffer i (the same memory the kernels see); nullptr when buffers are GPU
+  // memory (staging() == kGpuMemory): use device_buffer and cudaMemcpy then.
   void* host_buffer(uint32_t i) const;
+  // Device pointer of buffer i, whatever the staging (DeviceComm::buffers[i]).
+  void* device_buffer(uint32_t i) const;
   uint64_t buffer_bytes(uint32_t i) const;
   // Host view of the flags (read with acquire).
   const uint64_t* host_flags() const;
@@ -107,8 +126,8 @@ class Communicator {
 
   uint32_t rank() const { return rank_; }
   uint32_t size() const { return size_; }
-  Staging staging() const { return Staging::kHostPinned; }
-  // Why this staging: what the transport said about GPU memory at connect.
+  Staging staging() const { return staging_; }
+  // Why this staging: the transport and GPU that allowed GPU memory, or what did not.
   const std::string& staging_reason() const { return staging_reason_; }
   const std::string& transport() const { return transport_; }
   // Whether rank r is reached through the network transport (else inside the daemon).
@@ -118,6 +137,7 @@ class Communicator {
 
  private:
   Communicator() = default;
+  Status setup_buffers(const std::vector<uint64_t>& buffer_bytes, GpuMemory mode);
   Status setup_nvlink(const Options& options);
   Status map_nvlink_peers(const Options& options);
   Status setup(uint32_t rank, uint32_t size, const UniqueId& id, const std::vector<uint64_t>& buffer_bytes,
@@ -130,6 +150,7 @@ class Communicator {
   uint32_t rank_ = 0, size_ = 1;
   uint64_t launches_ = 0;
   std::string transport_;
+  Staging staging_ = Staging::kHostPinned;
   std::string staging_reason_;
   std::vector<bool> network_;
   std::thread monitor_;
