@@ -142,7 +142,6 @@ constexpr size_t kMaxAddressBytes = 4096;
 constexpr int kEagainRetries = 4;
 constexpr size_t kCqBatch = 16;
 constexpr size_t kMaxCqEntriesPerPoll = 1024;
-constexpr uint32_t kUnknownPeer = UINT32_MAX;
 constexpr size_t kScratchBytes = 64;
 
 // Maps a completion error to the Status code the proxy acts on.

@@ -90,8 +90,13 @@ struct Completion {
 };
 
 // A signal that arrived from a peer (transports with reports_arrivals).
+// Arrival::peer when the provider does not name the sender (libfabric 2.1's tcp;ofi_rxm reports
+// no usable source address for writes with remote CQ data, FI_SOURCE granted or not). Nothing
+// on the command path depends on it: the flag index and value are what the proxy acts on.
+inline constexpr uint32_t kUnknownPeer = UINT32_MAX;
+
 struct Arrival {
-  uint32_t peer = 0;
+  uint32_t peer = 0;  // add_peer's index of the sender, or kUnknownPeer
   uint32_t signal_idx = 0;
   uint64_t signal_value = 0;
 };

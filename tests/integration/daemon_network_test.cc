@@ -329,7 +329,12 @@ TEST_P(NetworkTest, APeerKilledMidTransferEndsTheWriterWithinTheBound) {
       ++r0.pushed;
     }
   });
-  ASSERT_TRUE(wait_for([&] { return load_acquire(r1.flags->flags()[0]) >= 3; }, r1, 10s));
+  if (!wait_for([&] { return load_acquire(r1.flags->flags()[0]) >= 3; }, r1, 10s)) {
+    stop = true;
+    writer.join();  // never leave the thread running past a failed assertion
+    FAIL() << "three 1 MiB writes did not arrive within 10 s (flag at " << load_acquire(r1.flags->flags()[0])
+           << ")";
+  }
   p.b.kill9();
   const auto t0 = std::chrono::steady_clock::now();
   const bool ended = wait_for([] { return false; }, r0, 10s) == false &&

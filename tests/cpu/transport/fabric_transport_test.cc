@@ -129,6 +129,17 @@ void expect_no_descriptor_words(const std::string& message, const Blob& descript
   }
 }
 
+// The sender of an arrival: exact with libfabric 1.x (what the CI machine has); libfabric 2.1's
+// tcp;ofi_rxm names no sender for writes with CQ data, so there kUnknownPeer is accepted too
+// (net_transport.h).
+void expect_sender(const Arrival& a, uint32_t expected) {
+  if (fi_version() < FI_VERSION(2, 0)) {
+    EXPECT_EQ(a.peer, expected);
+  } else {
+    EXPECT_TRUE(a.peer == expected || a.peer == kUnknownPeer) << a.peer;
+  }
+}
+
 class FabricTransportTest : public ::testing::TestWithParam<ProviderCase> {
  protected:
   StatusOr<std::unique_ptr<Transport>> open(uint32_t max_inflight = 64,
@@ -301,7 +312,7 @@ TEST_P(FabricTransportTest, RandomSizedWritesLandByteExactWithSignals) {
     ASSERT_EQ(completions_.back().cookie, cookie);
     ASSERT_TRUE(pump_until([&] { return arrivals_.size() == expected.size(); }))
         << "signal of write " << cookie << " did not arrive";
-    EXPECT_EQ(arrivals_.back().peer, expected.back().peer);
+    expect_sender(arrivals_.back(), expected.back().peer);
     EXPECT_EQ(arrivals_.back().signal_idx, expected.back().signal_idx);
     EXPECT_EQ(arrivals_.back().signal_value, expected.back().signal_value);
     ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + src_off, len), 0)
@@ -373,7 +384,7 @@ TEST_P(FabricTransportTest, SignalOnlyOpArrives) {
   ASSERT_TRUE(pump_until([&] { return completions_.size() == 2 && arrivals_.size() == 2; }, std::chrono::seconds(2))) << completions_.size() << " completions, " << arrivals_.size() << " arrivals";
   for (const Completion& c : completions_) EXPECT_TRUE(c.status.ok()) << c.status.to_string();
   EXPECT_EQ(arrivals_[0].signal_idx, 3u);
-  EXPECT_EQ(arrivals_[0].peer, a_at_b_);
+  expect_sender(arrivals_[0], a_at_b_);
   EXPECT_EQ(arrivals_[0].signal_value + arrivals_[1].signal_value, 83u);
   // A signal that goes backwards breaks the encoding's rule: refused before posting.
   op.cookie = 11;
