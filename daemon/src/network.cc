@@ -196,6 +196,13 @@ void JoinCancel::set_context(grpc::ClientContext* ctx) {
   if (ctx_ != nullptr && cancelled_.load(std::memory_order_acquire)) ctx_->TryCancel();
 }
 
+bool route_through_network(const RouteFacts& f) {
+  if (!f.same_daemon) return true;
+  if (f.self) return f.network_for_local && f.self_peer;
+  // GPU memory is reached only by the NIC (the daemon never maps it).
+  return f.network_for_local || f.mine_gpu || f.theirs_gpu;
+}
+
 StatusOr<std::vector<RegisteredRegion>> register_regions(const Session& session, net::Transport* t) {
   std::vector<RegisteredRegion> out;
   const uint32_t nregions = session.num_regions();
@@ -324,9 +331,14 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
       route.region_bytes.push_back(e.regions(i).bytes());
       route.gpu_regions += e.regions(i).device_memory() ? 1 : 0;
     }
-    // GPU memory is reached only by the NIC (the daemon never maps it): a rank that owns some,
-    // or a session that does, goes through the network even on this daemon.
-    route.network = e.instance() != req.instance || req.network_for_local || mine_gpu || route.gpu_regions > 0;
+    RouteFacts facts;
+    facts.self = e.rank() == id.rank;
+    facts.same_daemon = e.instance() == req.instance;
+    facts.network_for_local = req.network_for_local;
+    facts.mine_gpu = mine_gpu;
+    facts.theirs_gpu = route.gpu_regions > 0;
+    facts.self_peer = t != nullptr && t->capabilities().self_peer;
+    route.network = route_through_network(facts);
     if (!route.network) continue;
     if (t == nullptr)
       return Status(StatusCode::kUnavailable,

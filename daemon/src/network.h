@@ -14,7 +14,8 @@
 //     thread touches the transport.
 //  3. Routes: a rank served by this daemon (its rendezvous entry carries our epoch) is reached
 //     inside the daemon (loopback copy) unless the session asked for the network for local
-//     ranks too; every other rank through the transport. The routes keep each peer region's
+//     ranks too, or GPU memory is involved (route_through_network); every other rank through
+//     the transport. The routes keep each peer region's
 //     size and each peer's flag count, so a command whose destination is out of range is
 //     rejected before anything is posted.
 //  4. Secrets: endpoint blobs and region descriptors only travel inside JoinRequest/Reply and
@@ -120,6 +121,21 @@ struct ConnectRequest {
   Status transport_status;  // not ok: no network transport here (only in-daemon ranks work)
   OpenOptions open;
 };
+
+// Whether a command to a rank goes through the network transport (design note 3): a rank on
+// another daemon always; a rank on this daemon when the session asked for the network for local
+// ranks, or when either side has GPU-memory regions (only the NIC reaches those); the session's
+// own rank only when it asked for the network and the transport can address itself (verbs
+// cannot: its own rank is reached in the daemon, and GPU memory there is refused with a reason).
+struct RouteFacts {
+  bool self = false;             // the destination is this session's own rank
+  bool same_daemon = false;      // its rendezvous entry carries our epoch
+  bool network_for_local = false;
+  bool mine_gpu = false;         // this session has GPU-memory regions
+  bool theirs_gpu = false;       // the destination has GPU-memory regions
+  bool self_peer = false;        // the transport's Capabilities::self_peer (false without one)
+};
+bool route_through_network(const RouteFacts& f);
 
 // What registering one of a session's regions gave (design note 2), by region id.
 struct RegisteredRegion {

@@ -38,12 +38,14 @@ Status LoopbackTransport::execute(Session& src, const PeerList& peers, const mp:
   }
   if (writes) {
     const Region* s = src.region(cmd.src_region);
-    // GPU memory is the NIC's to reach; routes send such ranks through the network, so this
-    // is a guard, not a path.
+    // GPU memory is the NIC's to reach; routes send other ranks with it through the network, so
+    // only a rank writing to itself (over a transport that cannot address itself) gets here.
     if (s->gpu() || d->gpu())
       return Status(StatusCode::kFailedPrecondition,
                     std::string(s->gpu() ? "source" : "destination") +
-                        " region is GPU memory; it is reached only through the network transport");
+                        " region is GPU memory, which this daemon never maps; a rank copies within its "
+                        "own GPU memory with its kernels, other ranks reach it through the network "
+                        "transport");
     std::memmove(d->data() + cmd.dst_offset, s->data() + cmd.src_offset, cmd.num_bytes);
   }
   // Release: a reader that acquires the flag sees the data written above.

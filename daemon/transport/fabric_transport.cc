@@ -492,6 +492,7 @@ Status FabricTransport::open(const FabricOptions& options) {
   caps_.remote_write = true;
   caps_.reports_arrivals = encoding_.cq_data_bytes > 0;
   caps_.ordered_writes = false;
+  caps_.self_peer = true;  // an RDM endpoint can address itself
   // GPU memory through dmabuf: fi_mr_regattr with FI_MR_DMABUF (libfabric 1.20 and newer), on a
   // provider that hands the descriptor to the NIC (efa, verbs) and was opened with FI_HMEM.
   caps_.dmabuf = false;

@@ -47,6 +47,8 @@ struct Capabilities {
   bool remote_write = false;     // RMA writes into registered memory
   bool reports_arrivals = false; // see note 5
   bool ordered_writes = false;   // a flag written after data never overtakes it (RC)
+  bool self_peer = false;        // add_peer takes this endpoint's own address (a rank writing to
+                                 // itself through the NIC); RC queue pairs here do not
   bool dmabuf = false;           // can register GPU memory through a dmabuf descriptor
   std::string dmabuf_reason;     // when it cannot, why (for operators and clients)
   bool needs_host_staging = false;  // GPU data must be staged through pinned host memory

@@ -237,6 +237,7 @@ TEST_P(FabricTransportTest, OpenReportsProviderAndMemoryCapabilities) {
   EXPECT_TRUE(caps.remote_write);
   EXPECT_TRUE(caps.reports_arrivals);
   EXPECT_FALSE(caps.ordered_writes);
+  EXPECT_TRUE(caps.self_peer);
   // tcp and shm never take GPU memory by dmabuf, whatever the libfabric; the reason says why.
   EXPECT_FALSE(caps.dmabuf);
   EXPECT_TRUE(caps.needs_host_staging);

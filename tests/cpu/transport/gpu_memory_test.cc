@@ -210,5 +210,40 @@ TEST(GpuRegions, ARefusedRegistrationNamesTheRegionAndTheExporter) {
   EXPECT_EQ(r2.status().message().find("7e0000200000"), std::string::npos);  // no addresses in errors
 }
 
+TEST(GpuRegions, RoutesSendGpuMemoryThroughTheNetworkExceptToTheRankItself) {
+  RouteFacts f;
+  f.same_daemon = true;
+  EXPECT_FALSE(route_through_network(f)) << "same daemon, host memory: inside the daemon";
+  f.same_daemon = false;
+  EXPECT_TRUE(route_through_network(f)) << "another daemon";
+  f.same_daemon = true;
+  f.theirs_gpu = true;
+  EXPECT_TRUE(route_through_network(f)) << "the peer's GPU memory";
+  f.theirs_gpu = false;
+  f.mine_gpu = true;
+  EXPECT_TRUE(route_through_network(f)) << "our GPU memory";
+  f = RouteFacts{};
+  f.network_for_local = true;
+  EXPECT_TRUE(route_through_network(f)) << "asked for the network";
+  // The rank itself: through the network only when asked and the transport can address itself.
+  f = RouteFacts{};
+  f.self = true;
+  f.same_daemon = true;
+  f.mine_gpu = f.theirs_gpu = true;
+  EXPECT_FALSE(route_through_network(f)) << "verbs-like: no queue pair to itself";
+  f.network_for_local = true;
+  EXPECT_FALSE(route_through_network(f)) << "asked, but the transport cannot address itself";
+  f.self_peer = true;
+  EXPECT_TRUE(route_through_network(f)) << "fabric-like: asked and able";
+  f.network_for_local = false;
+  EXPECT_FALSE(route_through_network(f)) << "able, not asked";
+}
+
+TEST(GpuRegions, VerbsCannotAddressItself) {
+  VerbsHarness h;
+  ASSERT_NO_FATAL_FAILURE(h.open());
+  EXPECT_FALSE(h.t->capabilities().self_peer);
+}
+
 }  // namespace
 }  // namespace mkernel::daemon
