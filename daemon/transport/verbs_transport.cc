@@ -188,6 +188,8 @@ class VerbsTransportImpl final : public VerbsTransport {
   std::unordered_map<uint32_t, uint32_t> rank_by_qpn_;
   std::map<uint64_t, RemoteRegion> remote_regions_;
   uint64_t next_local_id_ = 1;
+  uint16_t rd_responder_ = 1;  // RDMA reads answered at once per queue pair (published)
+  uint16_t rd_initiator_ = 1;  // RDMA reads issued at once per queue pair (own limit)
   uint64_t next_remote_id_ = 1;
   uint64_t next_seq_ = 1;
   uint32_t outstanding_ = 0;
@@ -284,6 +286,12 @@ Status VerbsTransportImpl::open() {
 
   caps_.provider = "verbs:" + chosen;
   caps_.version = std::string("firmware ") + dev.fw_ver;
+  // RDMA reads in flight per queue pair (the flushes of verbs_transport.h note 3): what the
+  // device allows, at most 16. The responder side is published in the address; the initiator
+  // side takes the smaller of its own limit and the peer's.
+  auto clamp_rd = [](int v) { return static_cast<uint16_t>(std::clamp(v, 1, 16)); };
+  rd_responder_ = clamp_rd(dev.max_qp_rd_atom);
+  rd_initiator_ = clamp_rd(dev.max_qp_init_rd_atom);
   caps_.remote_write = true;
   caps_.reports_arrivals = false;
   caps_.ordered_writes = true;
@@ -318,7 +326,9 @@ Status VerbsTransportImpl::create_queue_pairs() {
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = options_.port;
-    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;  // peers write into our registered regions
+    // Peers write into our registered regions, and read back from those in GPU memory (the
+    // flush of note 3); each region's own access flags still decide which allow what.
+    attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     const int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
     if (int rc = api_->modify_qp(q.qp.get(), &attr, mask); rc != 0)
       return device_error("ibv_modify_qp(RESET->INIT, for " + peer_name(r) + ")", rc);
@@ -335,6 +345,7 @@ StatusOr<Blob> VerbsTransportImpl::local_address() {
   a.link_layer = port_attr_.link_layer;
   a.mtu = static_cast<uint8_t>(port_attr_.active_mtu);
   a.lid = port_attr_.lid;
+  a.rd_atomic = rd_responder_;
   a.rank = options_.rank;
   a.num_ranks = options_.num_ranks;
   std::memcpy(a.gid.data(), gid_.raw, a.gid.size());
@@ -360,7 +371,7 @@ Status VerbsTransportImpl::connect(uint32_t rank, const wire::Address& remote) {
   rtr.path_mtu = static_cast<ibv_mtu>(std::min<int>(port_attr_.active_mtu, remote.mtu));
   rtr.dest_qp_num = remote.qps[options_.rank].qpn;
   rtr.rq_psn = remote.qps[options_.rank].psn;
-  rtr.max_dest_rd_atomic = 1;
+  rtr.max_dest_rd_atomic = static_cast<uint8_t>(rd_responder_);
   rtr.min_rnr_timer = options_.min_rnr_timer;
   rtr.ah_attr.dlid = remote.lid;
   rtr.ah_attr.sl = options_.service_level;
@@ -388,7 +399,7 @@ Status VerbsTransportImpl::connect(uint32_t rank, const wire::Address& remote) {
   rts.retry_cnt = options_.retry_cnt;
   rts.rnr_retry = options_.rnr_retry;
   rts.sq_psn = q.psn;
-  rts.max_rd_atomic = 1;
+  rts.max_rd_atomic = static_cast<uint8_t>(std::min<uint16_t>(rd_initiator_, std::max<uint16_t>(1, remote.rd_atomic)));
   const int rts_mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
   if (int rc = api_->modify_qp(q.qp.get(), &rts, rts_mask); rc != 0)

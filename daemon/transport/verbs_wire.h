@@ -16,7 +16,7 @@
 //  address (52 + 8 * num_ranks bytes)        region descriptor (32 bytes)
 //   0 u32 magic "MKVA"  4 u16 version          0 u32 magic "MKVR"  4 u16 version  6 u16 flags
 //   6 u8 link_layer     7 u8 path mtu (enum)   8 u64 addr         16 u64 length
-//   8 u16 lid          10 u16 zero            24 u32 rkey         28 u32 zero
+//   8 u16 lid          10 u16 rd_atomic       24 u32 rkey         28 u32 zero
 //  12 u32 rank         16 u32 num_ranks
 //  20 u8[16] gid
 //  36 u64 signal_addr  44 u32 signal_rkey  48 u32 signal_slots (0: no signal region)
@@ -51,6 +51,7 @@ struct Address {
   uint8_t link_layer = 0;  // IBV_LINK_LAYER_*
   uint8_t mtu = 0;         // ibv_mtu of the port
   uint16_t lid = 0;
+  uint16_t rd_atomic = 0;  // RDMA reads this endpoint answers at once per queue pair (0: 1)
   uint32_t rank = 0;
   uint32_t num_ranks = 0;
   std::array<uint8_t, 16> gid{};
@@ -88,7 +89,7 @@ inline std::vector<uint8_t> encode_address(const Address& a) {
   detail::put(out, a.link_layer, 1);
   detail::put(out, a.mtu, 1);
   detail::put(out, a.lid, 2);
-  detail::put(out, 0, 2);
+  detail::put(out, a.rd_atomic, 2);
   detail::put(out, a.rank, 4);
   detail::put(out, static_cast<uint32_t>(a.qps.size()), 4);
   out.insert(out.end(), a.gid.begin(), a.gid.end());
@@ -118,6 +119,7 @@ inline StatusOr<Address> decode_address(std::span<const uint8_t> in) {
   a.link_layer = static_cast<uint8_t>(detail::get(in, 6, 1));
   a.mtu = static_cast<uint8_t>(detail::get(in, 7, 1));
   a.lid = static_cast<uint16_t>(detail::get(in, 8, 2));
+  a.rd_atomic = static_cast<uint16_t>(detail::get(in, 10, 2));
   a.rank = static_cast<uint32_t>(detail::get(in, 12, 4));
   a.num_ranks = static_cast<uint32_t>(detail::get(in, 16, 4));
   if (a.num_ranks == 0 || a.num_ranks > kMaxRanks || a.rank >= a.num_ranks)

@@ -58,6 +58,8 @@ class FakeVerbsApi final : public VerbsApi {
   uint32_t granted_inline = 64;
   uint8_t gid_prefix_byte = 0xfe;  // gid[0]; the subnet prefix is gid[0..8)
   int fail_reg_errno = 0;
+  int max_qp_rd_atom = 0;       // device limits on RDMA reads per queue pair (0: unreported)
+  int max_qp_init_rd_atom = 0;
   int fail_modify_errno = 0;        // for the modify_qp call number fail_modify_at (0-based)
   int fail_modify_at = -1;
   int fail_post_errno = 0;          // next post_send fails with this errno...
@@ -110,6 +112,8 @@ class FakeVerbsApi final : public VerbsApi {
     std::strcpy(a->fw_ver, "16.35.1012");
     a->max_qp_wr = 32768;
     a->max_cqe = 4194303;
+    a->max_qp_rd_atom = max_qp_rd_atom;
+    a->max_qp_init_rd_atom = max_qp_init_rd_atom;
     return 0;
   }
   int query_port(ibv_context* c, uint8_t port, ibv_port_attr* a) override {

@@ -252,7 +252,8 @@ TEST(VerbsConnect, CallSequenceAndQueuePairTransitionsMatchTheRecording) {
   EXPECT_EQ(to_init.mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   EXPECT_EQ(to_init.attr.port_num, 1);
   EXPECT_EQ(to_init.attr.pkey_index, 0);
-  EXPECT_EQ(to_init.attr.qp_access_flags, static_cast<unsigned>(IBV_ACCESS_REMOTE_WRITE));
+  // Remote read for the flush reads into GPU memory; regions grant it only where it is needed.
+  EXPECT_EQ(to_init.attr.qp_access_flags, static_cast<unsigned>(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
 
   const auto& rtr = h.fake->modifies[2];
   EXPECT_EQ(rtr.qp_num, kFirstQpn);
@@ -551,6 +552,37 @@ TEST(VerbsPost, SignalAfterDataIntoGpuMemoryIsFencedBehindAFlushRead) {
   EXPECT_EQ(h.fake->posts.back()[1].send_flags & IBV_SEND_FENCE, 0u);
   for (const auto& post : h.fake->posts)
     for (const auto& wr : post) EXPECT_EQ(wr.opcode == IBV_WR_RDMA_READ, wr.rkey == kGpuRkey && post.size() == 3 && &wr == &post[1]);
+}
+
+// Reads in flight per queue pair (the flushes): the device's limits, at most 16; the responder
+// side is published, the initiator side is the smaller of its own and the peer's. A device or
+// peer that reports none gets 1.
+TEST(VerbsConnect, ReadDepthFollowsTheDeviceAndThePeer) {
+  Harness h;
+  h.fake->max_qp_rd_atom = 64;
+  h.fake->max_qp_init_rd_atom = 8;
+  VerbsOptions o = small_options();
+  auto r = open_verbs(o, h.fake);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  h.t = std::move(r).value();
+  auto addr = h.t->local_address();
+  ASSERT_TRUE(addr.ok());
+  auto mine = wire::decode_address(addr.value());
+  ASSERT_TRUE(mine.ok());
+  EXPECT_EQ(mine->rd_atomic, 16) << "published responder depth: the device's 64, at most 16";
+  wire::Address peer = peer_address(1, o.num_ranks, o.rank);
+  peer.rd_atomic = 4;
+  ASSERT_TRUE(h.t->add_peer(wire::encode_address(peer)).ok());
+  const size_t n = h.fake->modifies.size();
+  ASSERT_GE(n, 2u);
+  EXPECT_EQ(h.fake->modifies[n - 2].attr.max_dest_rd_atomic, 16);
+  EXPECT_EQ(h.fake->modifies[n - 1].attr.max_rd_atomic, 4) << "the peer answers 4 at once";
+
+  Harness old;  // a device that reports nothing, a peer that publishes nothing
+  old.open();
+  const size_t m = old.fake->modifies.size();
+  EXPECT_EQ(old.fake->modifies[m - 2].attr.max_dest_rd_atomic, 1);
+  EXPECT_EQ(old.fake->modifies[m - 1].attr.max_rd_atomic, 1);
 }
 
 TEST(VerbsPost, FlushReadsCountAgainstTheOutstandingBound) {
