@@ -526,6 +526,12 @@ void Daemon::handle_readable(const std::shared_ptr<Session>& s) {
   else if (!hs.ok() && !s->has_hello()) finish_session(s, hs.with_context("hello refused"));
 }
 
+const TransportProbe* Daemon::probe_for(uint32_t gpu) const {
+  for (size_t i = 0; i < proxies_.size(); ++i)
+    if (proxies_[i]->options().index == gpu) return &probes_[i];
+  return nullptr;
+}
+
 Status Daemon::import_region(Session& s, const pb::ImportRegion& r, mp::UniqueFd dmabuf, pb::Reply* reply) {
   if (s.connect_started)
     return Status(StatusCode::kFailedPrecondition,
@@ -548,9 +554,7 @@ Status Daemon::import_region(Session& s, const pb::ImportRegion& r, mp::UniqueFd
                   "import_region: bytes " + std::to_string(r.bytes()) + " at dmabuf_offset " +
                       std::to_string(r.dmabuf_offset()) + " run past the dmabuf (exporter \"" + info.exporter +
                       "\", " + std::to_string(info.size) + " bytes)");
-  const TransportProbe* probe = nullptr;
-  for (size_t i = 0; i < proxies_.size(); ++i)
-    if (proxies_[i]->options().index == s.identity().gpu) probe = &probes_[i];
+  const TransportProbe* probe = probe_for(s.identity().gpu);
   if (probe == nullptr) return Status(StatusCode::kInternal, "import_region: the session's proxy is gone");
   if (!probe->gpu_memory())
     return Status(StatusCode::kFailedPrecondition,
@@ -648,11 +652,10 @@ Status Daemon::handle_hello(const std::shared_ptr<Session>& s, const pb::Request
   hr->set_max_flags(s->quota().max_flags);
   hr->set_peer_address(peer_address_);
   hr->set_node(node_name());
-  for (size_t i = 0; i < proxies_.size(); ++i)
-    if (proxies_[i].get() == proxy) {
-      hr->set_gpu_memory(probes_[i].gpu_memory());
-      hr->set_gpu_memory_reason(probes_[i].gpu_memory_reason());
-    }
+  if (const TransportProbe* probe = probe_for(proxy->options().index)) {
+    hr->set_gpu_memory(probe->gpu_memory());
+    hr->set_gpu_memory_reason(probe->gpu_memory_reason());
+  }
   spdlog::info("session {}: \"{}\" pid {} uid {}: communicator \"{}\" rank {}/{} on {}", s->id(),
                h.client_name(), s->creds().pid, s->creds().uid, h.communicator(), h.rank(),
                h.world_size(), proxy->options().name);
@@ -879,9 +882,7 @@ Status Daemon::start_connect(const std::shared_ptr<Session>& s, const pb::Reques
   if (c.root().size() > 1024)
     return Status(StatusCode::kInvalidArgument,
                   "root: " + std::to_string(c.root().size()) + " bytes; expected a peer address of at most 1024");
-  const TransportProbe* probe = nullptr;
-  for (size_t i = 0; i < proxies_.size(); ++i)
-    if (proxies_[i]->options().index == s->identity().gpu) probe = &probes_[i];
+  const TransportProbe* probe = probe_for(s->identity().gpu);
   if (probe == nullptr) return Status(StatusCode::kInternal, "connect: the session's proxy is gone");
   ConnectRequest cr;
   cr.root = c.root().empty() ? peer_address_ : peer_target(c.root());

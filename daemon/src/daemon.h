@@ -124,6 +124,8 @@ class Daemon final : public DaemonControl {
 
   // Network side.
   std::vector<TransportProbe> probes_;  // by position in proxies_
+  // What the probe found for the proxy of `gpu` (a configured index); nullptr when none.
+  const TransportProbe* probe_for(uint32_t gpu) const;
   std::string peer_address_;
   std::unique_ptr<RendezvousService> rendezvous_;
   std::unique_ptr<grpc::Server> peer_server_;
