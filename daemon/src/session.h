@@ -178,12 +178,11 @@ class Session {
   Status end_reason_;
 };
 
-// Ring error codes the daemon writes into a ring's error word (detail and position say more).
-enum RingErrorCode : uint32_t {
-  kRingErrRejected = 1,       // detail = protocol::RejectReason of the command at error_pos
-  kRingErrTransport = 2,      // detail = StatusCode of the failed command at error_pos
-  kRingErrSessionEnded = 3,   // detail = StatusCode of the reason the session ended
-  kRingErrDaemonStopping = 4,
-};
+// Ring error codes the daemon writes into a ring's error word: defined once, in protocol/.
+using protocol::RingErrorCode;
+using protocol::kRingErrRejected;
+using protocol::kRingErrTransport;
+using protocol::kRingErrSessionEnded;
+using protocol::kRingErrDaemonStopping;
 
 }  // namespace mkernel::daemon

@@ -52,8 +52,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// Ring error word codes the daemon writes (daemon/src/session.h, RingErrorCode).
-constexpr uint32_t kRingErrRejected = 1;
+using mkernel::protocol::kRingErrRejected;  // the ring error word's codes (protocol/status.h)
 
 constexpr uint64_t kSlotPad = 64;
 

@@ -37,4 +37,30 @@ MK_HOST_DEVICE constexpr const char* ring_status_name(uint32_t s) {
   }
 }
 
+// Codes of the ring header's `error` word (ring.h note 6): why the ring stopped. The daemon
+// writes 1..4; the runtime writes kRingErrDaemonGone when it finds the daemon gone (a dead
+// daemon cannot mark its rings), so GPU waits end at once. `error_detail` and `error_pos` say
+// more, as noted per code.
+enum RingErrorCode : uint32_t {
+  kRingErrNone = 0,
+  kRingErrRejected = 1,        // detail = protocol::RejectReason of the command at error_pos
+  kRingErrTransport = 2,       // detail = StatusCode of the failed command at error_pos
+  kRingErrSessionEnded = 3,    // detail = StatusCode of the reason the session ended
+  kRingErrDaemonStopping = 4,  // the daemon is shutting down
+  kRingErrDaemonGone = 5,      // written by the runtime: the daemon connection was lost
+  kNumRingErrorCodes = 6,
+};
+
+MK_HOST_DEVICE constexpr const char* ring_error_name(uint32_t e) {
+  switch (e) {
+    case kRingErrNone: return "none";
+    case kRingErrRejected: return "the daemon rejected a command";
+    case kRingErrTransport: return "a transfer failed in the transport";
+    case kRingErrSessionEnded: return "the daemon ended the session";
+    case kRingErrDaemonStopping: return "the daemon is stopping";
+    case kRingErrDaemonGone: return "the daemon went away";
+    default: return "unknown ring error";
+  }
+}
+
 }  // namespace mkernel::protocol
