@@ -42,9 +42,9 @@ __device__ mp::Command bench_command(uint32_t producer, uint32_t i) {
 __device__ uint32_t minimal_push(const mp::RingProducerView& v, const mp::Command& c) {
   const uint64_t cap = uint64_t{1} << v.capacity_log2;
   const uint64_t pos = atomicAdd(&v.state->claim, 1ull);
-  const uint64_t start = mp::ring_detail::globaltimer_ns();
-  while (pos - mp::ring_detail::ld_acquire_sys(&v.header->tail) >= cap) {
-    if (mp::ring_detail::globaltimer_ns() - start > v.timeout_ns) return mp::kRingTimeout;
+  const uint64_t start = mkernel::sync::globaltimer_ns();
+  while (pos - mkernel::sync::ld_acquire_sys(&v.header->tail) >= cap) {
+    if (mkernel::sync::globaltimer_ns() - start > v.timeout_ns) return mp::kRingTimeout;
   }
   mp::CommandRecord* slot = &v.slots[pos & (cap - 1)];
   mp::ring_detail::store_payload(slot, c);
@@ -82,7 +82,7 @@ __global__ void latency_kernel(mp::RingProducerView ring, bool flag_only, uint32
                                uint64_t* flag_out, const volatile uint64_t* ack,
                                uint64_t* rtt_ns, uint32_t* status) {
   for (uint32_t i = 0; i < iters; ++i) {
-    const uint64_t t0 = mp::ring_detail::globaltimer_ns();
+    const uint64_t t0 = mkernel::sync::globaltimer_ns();
     if (flag_only) {
       asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(flag_out), "l"(uint64_t{i} + 1)
                    : "memory");
@@ -100,7 +100,7 @@ __global__ void latency_kernel(mp::RingProducerView ring, bool flag_only, uint32
         return;
       }
     }
-    rtt_ns[i] = mp::ring_detail::globaltimer_ns() - t0;
+    rtt_ns[i] = mkernel::sync::globaltimer_ns() - t0;
   }
 }
 

@@ -182,12 +182,12 @@ struct MkRunner {
   std::vector<mk::GemmPlan> plans;  // one per operand set
   void* ws = nullptr;
   size_t ws_bytes = 0;
-  uint32_t* status = nullptr;
+  mk::DeviceStatus* status = nullptr;
   bool ok = false;
   std::string error;
   MkRunner(const Shape& s, Operands& ops, const mk::GemmConfig& cfg) {
-    GT_CUDA(cudaMalloc(&status, sizeof(uint32_t)));
-    GT_CUDA(cudaMemset(status, 0, sizeof(uint32_t)));
+    GT_CUDA(cudaMalloc(&status, sizeof(mk::DeviceStatus)));
+    GT_CUDA(cudaMemset(status, 0, sizeof(mk::DeviceStatus)));
     for (int i = 0; i < ops.sets; ++i) {
       mk::GemmArgs args;
       args.a = ops.a[i];
@@ -197,7 +197,7 @@ struct MkRunner {
       args.n = s.n;
       args.k = s.k;
       args.config = cfg;
-      args.status = status;
+      args.wait.status = status;
       if (i == 0) {
         ws_bytes = mk::gemm_workspace_bytes(args);
         if (ws_bytes) {
@@ -224,8 +224,8 @@ struct MkRunner {
       std::exit(1);
     }
   }
-  uint32_t read_status() {
-    uint32_t s = 0;
+  mk::DeviceStatus read_status() {
+    mk::DeviceStatus s{};
     GT_CUDA(cudaMemcpy(&s, status, sizeof(s), cudaMemcpyDeviceToHost));
     return s;
   }
@@ -440,12 +440,12 @@ int main(int argc, char** argv) {
       r->launch(0);
       GT_CUDA(cudaDeviceSynchronize());
       const double err = rel_diff(ops.d[0], ops.check, count);
-      const uint32_t st = r->read_status();
+      const mk::DeviceStatus st = r->read_status();
       out->err = err;
       out->config = mk::gemm_config_string(r->plans[0]);
-      if (st != mk::kKernelOk || !(err < 1e-2)) {
+      if (st.code != mk::kDeviceOk || !(err < 1e-2)) {
         std::printf("  WRONG %dx%dx%d [%s]: rel err vs cuBLAS %.3e, status %s\n", s.m, s.n, s.k, out->config.c_str(),
-                    err, mk::kernel_status_name(st));
+                    err, mk::describe_device_status(st, 0).c_str());
         return nullptr;
       }
       return r;

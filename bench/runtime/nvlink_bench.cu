@@ -84,7 +84,7 @@ int run_rank(uint32_t rank, const rt::UniqueId& id, const std::string& socket, S
     std::vector<double> ours, peer;
     for (int r = 0; r < kReps + 3; ++r) {
       cudaEventRecord(e0);
-      store<<<sms * 4, 512>>>(reinterpret_cast<uint4*>(comm.device().nvl[1]), bytes / 16, r);
+      store<<<sms * 4, 512>>>(reinterpret_cast<uint4*>(comm.nvlink_buffer(1)), bytes / 16, r);
       cudaEventRecord(e1);
       cudaEventSynchronize(e1);
       float ms = 0;

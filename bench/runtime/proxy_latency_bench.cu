@@ -36,7 +36,7 @@ const uint64_t kSizes[] = {8, 4096, 65536, 1 << 20};
 __global__ void ping(rt::DeviceComm c, uint64_t bytes, int iters, uint64_t base, unsigned long long* rtt_ns,
                      unsigned int* err) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  namespace rd = mp::ring_detail;
+  namespace rd = mkernel::sync;
   for (int i = 0; i < iters; ++i) {
     const uint64_t v = base + i + 1;
     const uint64_t t0 = rd::globaltimer_ns();
@@ -58,14 +58,14 @@ __global__ void pong(rt::DeviceComm c, uint64_t bytes, int iters, uint64_t base,
 // Rate: rank 0 pushes n commands as fast as the ring takes them; rank 1 waits for the last.
 __global__ void blast(rt::DeviceComm c, int n, uint64_t base, unsigned long long* ns, unsigned int* err) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  namespace rd = mp::ring_detail;
+  namespace rd = mkernel::sync;
   const uint64_t t0 = rd::globaltimer_ns();
   for (int i = 0; i < n; ++i)
     if (mp::ring_push(c.ring, mp::make_write_signal(1, 0, 0, 1, 0, 64, 2, base + i + 1)) != mp::kRingOk) { *err = 1; return; }
   ns[0] = rd::globaltimer_ns() - t0;
 }
 __global__ void drain(rt::DeviceComm c, uint64_t last, unsigned long long* ns, unsigned int* err) {
-  namespace rd = mp::ring_detail;
+  namespace rd = mkernel::sync;
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   // Starts timing at the first flag it sees move.
   const uint64_t before = rd::ld_acquire_sys(&c.flags[2]);

@@ -1,13 +1,12 @@
 // ptx.cuh: thin wrappers over the Hopper (sm_90a) instructions the tile machinery uses.
 //
 // One inline-asm statement per instruction, nothing clever: mbarriers, TMA bulk tensor copies
-// (plain and cluster-multicast), wgmma fences, setmaxnreg, named and cluster barriers, timers and
-// the memory-model operations used for cross-block and cross-GPU flags. Shared-memory operands
+// (plain and cluster-multicast), wgmma fences, setmaxnreg, named and cluster barriers, bf16
+// packing and global-memory stores and reductions. Shared-memory operands
 // are 32-bit shared-window addresses (smem_addr).
 #pragma once
 
 #include <cstdint>
-#include "mkernel/protocol/ring_device.cuh"
 
 namespace mkernel::ptx {
 
@@ -171,29 +170,8 @@ __device__ __forceinline__ void cluster_sync() {
                    : "memory");
 }
 
-// ---- time and memory model --------------------------------------------------------------------------
-
-// The same wrappers the ring's GPU producers use (protocol/ring_device.cuh).
-using ::mkernel::protocol::ring_detail::globaltimer_ns;
-using ::mkernel::protocol::ring_detail::ld_acquire_sys;
-
-__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
-// Orders this thread's generic-proxy global writes before later async-proxy (TMA) reads of them,
-// e.g. by a consumer kernel that loads a tile this kernel stored.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
+// ---- global memory ----------------------------------------------------------------------------------
+// (Acquire/release operations, fences and the timer are in mkernel/protocol/sync.cuh.)
 
 // Packed bf16x2 add into global memory (local or peer-mapped), no return value.
 __device__ __forceinline__ void red_add_bf16x2(void* p, uint32_t packed) {

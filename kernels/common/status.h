@@ -1,12 +1,25 @@
-// status.h: the device status word of a kernel launch, shared by host and device code.
+// status.h: the device status word, the one error vocabulary of everything that runs on the GPU
+// (the GEMM engine, the communication calls, the fused kernels), shared by host and device code.
 //
-// A kernel never traps. When a bounded wait expires it records one of these codes in the status
-// word passed to the launch (the first code written wins) and returns; the host reads the word
-// after the launch and turns it into an error. Values cross the host/device boundary: append,
-// never renumber.
+// Design notes
+//  1. A kernel never traps. When something fails (a bounded wait expires, the command ring is
+//     marked in error, a push is refused, an argument is out of range) the thread records one
+//     error in the status word and returns; its block and then the launch wind down through
+//     their own bounded waits. The first error written wins (atomicCAS on `code`); later ones are
+//     dropped, so the word names the cause rather than its consequences.
+//  2. The word lives where the host can read it at any time (mapped pinned memory for a
+//     communicator; any device or mapped word for a bare GEMM). The host turns it into a
+//     message with describe_device_status().
+//  3. `where` says at which step the error happened: the top byte is a DeviceStep, the rest an
+//     index the step defines (an m block, a shard chunk, a peer). Device calls made by
+//     application kernels pass their own tag with a zero top byte.
+//  4. Values cross the host/device boundary: append, never renumber.
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "mkernel/protocol/status.h"
 
 #if defined(__CUDACC__)
 #define MK_KERNEL_HD __host__ __device__
@@ -16,23 +29,111 @@
 
 namespace mkernel::kernels {
 
-enum KernelStatus : uint32_t {
-  kKernelOk = 0,
-  // The producer waited for an input readiness flag past the launch's timeout.
-  kKernelReadyFlagTimeout = 1,
-  // A shared-memory pipeline barrier (TMA arrival or consumer release) did not complete in time;
-  // it means a broken launch (bad tensor map, a peer block that exited) rather than slow data.
-  kKernelPipelineTimeout = 2,
-  kNumKernelStatus = 3,
+// Codes of DeviceStatus::code.
+enum DeviceError : uint32_t {
+  kDeviceOk = 0,
+  kDevicePushFailed = 1,       // detail: protocol::RingStatus of the refused push
+  kDeviceWaitTimeout = 2,      // detail: the flag index waited on (the step says which array)
+  kDeviceRingError = 3,        // detail: protocol::RingErrorCode found in the ring's error word
+  kDeviceBadArgument = 4,      // detail: DeviceArgument
+  kDevicePipelineTimeout = 5,  // detail: the stage; a shared-memory pipeline barrier of a block
+                               //   did not complete (a broken launch, not slow data)
+  kDevicePeerFailed = 6,       // detail: the rank whose kernel failed first and said so
+  kNumDeviceErrors = 7,
 };
 
-MK_KERNEL_HD constexpr const char* kernel_status_name(uint32_t s) {
-  switch (s) {
-    case kKernelOk: return "ok";
-    case kKernelReadyFlagTimeout: return "timeout waiting for an input readiness flag";
-    case kKernelPipelineTimeout: return "timeout in the shared-memory pipeline";
-    default: return "unknown kernel status";
+// DeviceStatus::detail of kDeviceBadArgument.
+enum DeviceArgument : uint32_t {
+  kArgRank = 1,
+  kArgBuffer = 2,
+  kArgRange = 3,
+  kArgFlag = 4,
+};
+
+// The top byte of DeviceStatus::where (note 3).
+enum DeviceStep : uint32_t {
+  kStepCaller = 0,         // an application's own tag
+  kStepGemmReady = 1,      // GEMM producer waiting for input rows; index: m block
+  kStepGemmPipeline = 2,   // GEMM shared-memory pipeline; index: block
+  kStepPeerFree = 3,       // waiting until a peer finished reading its workspace; index: peer rank
+  kStepShardArrival = 4,   // waiting for a shard chunk; index: shard * 65536 + chunk
+  kStepNetworkSend = 5,    // pushing a shard chunk to a rail peer; index: peer rank
+  kStepNetworkArrival = 6, // waiting for a shard chunk from the network; index: node * 65536 + chunk
+  kStepForward = 7,        // spreading a shard received from the network; index: shard
+  kNumDeviceSteps = 8,
+};
+
+MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
+  return (uint64_t{step} << 56) | (index & ((uint64_t{1} << 56) - 1));
+}
+
+// In memory the host can read at any time (note 2).
+struct alignas(32) DeviceStatus {
+  uint32_t code;    // DeviceError
+  uint32_t detail;  // per code
+  uint64_t launch;  // launch number of the kernel that reported (0 when it has none)
+  uint64_t where;   // note 3
+  uint64_t rank;    // rank of the reporting communicator (0 for a bare GEMM)
+};
+static_assert(sizeof(DeviceStatus) == 32);
+
+MK_KERNEL_HD constexpr const char* device_error_name(uint32_t code) {
+  switch (code) {
+    case kDeviceOk: return "ok";
+    case kDevicePushFailed: return "a command push failed";
+    case kDeviceWaitTimeout: return "a wait expired";
+    case kDeviceRingError: return "the command ring was stopped";
+    case kDeviceBadArgument: return "a device call had an argument out of range";
+    case kDevicePipelineTimeout: return "a shared-memory pipeline barrier did not complete";
+    case kDevicePeerFailed: return "a peer rank's kernel failed";
+    default: return "unknown device error";
   }
+}
+
+MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
+  switch (step) {
+    case kStepCaller: return "tag";
+    case kStepGemmReady: return "GEMM waiting for input rows of m block";
+    case kStepGemmPipeline: return "GEMM pipeline of block";
+    case kStepPeerFree: return "waiting until this peer finished its previous launch: rank";
+    case kStepShardArrival: return "waiting for shard*65536+chunk";
+    case kStepNetworkSend: return "sending to rail peer rank";
+    case kStepNetworkArrival: return "waiting for network node*65536+chunk";
+    case kStepForward: return "forwarding shard";
+    default: return "step";
+  }
+}
+
+MK_KERNEL_HD constexpr const char* device_argument_name(uint32_t a) {
+  switch (a) {
+    case kArgRank: return "rank";
+    case kArgBuffer: return "buffer";
+    case kArgRange: return "range";
+    case kArgFlag: return "flag";
+    default: return "argument";
+  }
+}
+
+// Host only. "rank 1, launch 7, GEMM waiting for input rows of m block 12: a wait expired (flag 3, after
+// 2000 ms)". timeout_ns is the bound the waits had (for the message only).
+inline std::string describe_device_status(const DeviceStatus& s, uint64_t timeout_ns) {
+  if (s.code == kDeviceOk) return "ok";
+  const uint32_t step = static_cast<uint32_t>(s.where >> 56);
+  const uint64_t index = s.where & ((uint64_t{1} << 56) - 1);
+  std::string out = "rank " + std::to_string(s.rank) + ", launch " + std::to_string(s.launch) + ", " +
+                    device_step_name(step) + " " + std::to_string(index) + ": " + device_error_name(s.code);
+  switch (s.code) {
+    case kDevicePushFailed: out += std::string(" (") + protocol::ring_status_name(s.detail) + ")"; break;
+    case kDeviceWaitTimeout:
+      out += " (flag " + std::to_string(s.detail) + ", after " + std::to_string(timeout_ns / 1000000) + " ms)";
+      break;
+    case kDeviceRingError: out += std::string(" (") + protocol::ring_error_name(s.detail) + ")"; break;
+    case kDeviceBadArgument: out += std::string(" (") + device_argument_name(s.detail) + ")"; break;
+    case kDevicePipelineTimeout: out += " (stage " + std::to_string(s.detail) + ")"; break;
+    case kDevicePeerFailed: out += " (rank " + std::to_string(s.detail) + " failed first)"; break;
+    default: break;
+  }
+  return out;
 }
 
 }  // namespace mkernel::kernels

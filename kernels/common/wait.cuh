@@ -1,48 +1,110 @@
-// wait.cuh: bounded waits. Every wait in a kernel ends: on success it returns true, on expiry it
-// returns false and the caller records a KernelStatus code (report_status) and leaves its loops,
-// so the launch finishes with an error instead of hanging the GPU.
+// wait.cuh: the one bounded wait of device code, and how a failure is reported.
+//
+// Design notes
+//  1. Every wait ends. wait_geq returns true when the flag reached the value, false when
+//       - the bound (WaitContext::timeout_ns of %globaltimer) expired: kDeviceWaitTimeout,
+//       - the command ring's error word is set (the daemon stopped the session, or the runtime
+//         found the daemon gone): kDeviceRingError,
+//       - a peer rank said its kernel failed (the peer-abort word): kDevicePeerFailed,
+//       - this communicator's status word already holds an error (another thread failed first):
+//         nothing new is reported.
+//     The caller leaves its loops on false; nothing traps.
+//  2. The fast path is one acquire load. The slow path backs off with __nanosleep up to
+//     kMaxBackoffNs and looks at the timer, the ring's error word, the peer-abort word and the
+//     status word every kCheckEvery polls, so thousands of waiting threads do not flood PCIe
+//     with reads of host words.
+//  3. Flags carry launch numbers and only grow, so "reached" is `>=` and nothing is reset.
+//  4. mbar_wait_bounded is the same rule for a shared-memory mbarrier phase (a block's own
+//     pipeline): bounded, reported by the caller as kDevicePipelineTimeout.
 #pragma once
 
 #include <cstdint>
 
-#include "common/ptx.cuh"
 #include "common/status.h"
+#include "mkernel/protocol/sync.cuh"
+#if defined(__CUDACC__)
+#include "common/ptx.cuh"
+#endif
 
 namespace mkernel::kernels {
 
-// Records `code` in the launch's status word unless an earlier error is already there.
-__device__ __forceinline__ void report_status(uint32_t* status, uint32_t code) {
-  if (status != nullptr) atomicCAS(status, 0u, code);
+// What a bounded wait needs to know besides its flag. Plain data; any pointer may be null
+// (then that condition is not watched / not recorded).
+struct WaitContext {
+  DeviceStatus* status = nullptr;                     // first error wins (status.h note 1)
+  const uint32_t* ring_error = nullptr;               // the command ring's error word
+  const uint64_t* peer_abort = nullptr;               // non-zero: rank + 1 of a peer that failed
+  const unsigned long long* launch_counter = nullptr; // for the report's launch number
+  uint64_t timeout_ns = 2'000'000'000ull;
+  uint32_t rank = 0;                                  // for the report
+};
+
+inline constexpr uint32_t kCheckEvery = 16;
+inline constexpr uint32_t kMaxBackoffNs = 256;
+
+#if defined(__CUDACC__)
+
+// Records an error unless one is already there (status.h note 1). Returns whether this call's
+// error was the one recorded.
+__device__ __forceinline__ bool report(const WaitContext& w, uint32_t code, uint32_t detail, uint64_t where) {
+  if (w.status == nullptr) return false;
+  if (atomicCAS_system(&w.status->code, 0u, code) != 0u) return false;
+  w.status->detail = detail;
+  w.status->launch = w.launch_counter != nullptr ? sync::ld_acquire_gpu(w.launch_counter) : 0;
+  w.status->where = where;
+  w.status->rank = w.rank;
+  sync::fence_acq_rel_sys();
+  return true;
 }
 
-// Waits for the phase of parity `parity` of an mbarrier to complete. The timer is read only
-// after the first failed try, so the fast path costs one try_wait.
-__device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity,
-                                                  uint64_t timeout_ns) {
+// Whether a failure elsewhere means this thread should stop now (and records why, for the ring
+// and peer conditions). Reads host words: call it every few polls, not every poll.
+__device__ __forceinline__ bool failure_seen(const WaitContext& w, uint64_t where) {
+  if (w.ring_error != nullptr) {
+    const uint32_t err = sync::ld_acquire_sys(w.ring_error);
+    if (err != 0) return report(w, kDeviceRingError, err, where), true;
+  }
+  if (w.peer_abort != nullptr) {
+    const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
+    if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
+  }
+  return w.status != nullptr && sync::ld_acquire_sys(&w.status->code) != 0;
+}
+
+// Waits until *flag >= value (note 1). `detail` goes into a timeout report (the flag's index).
+__device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, const WaitContext& w,
+                                         uint32_t detail, uint64_t where) {
+  if (sync::ld_acquire_sys(flag) >= value) return true;
+  const uint64_t start = sync::globaltimer_ns();
+  uint32_t backoff_ns = 16;
+  for (uint32_t polls = 1;; ++polls) {
+    __nanosleep(backoff_ns);
+    if (backoff_ns < kMaxBackoffNs) backoff_ns *= 2;
+    if (sync::ld_acquire_sys(flag) >= value) return true;
+    if (polls % kCheckEvery == 0) {
+      if (failure_seen(w, where)) return false;
+      if (sync::globaltimer_ns() - start > w.timeout_ns) {
+        report(w, kDeviceWaitTimeout, detail, where);
+        return false;
+      }
+    }
+  }
+}
+
+// Waits for the phase of parity `parity` of an mbarrier (note 4). The timer is read only after
+// the first failed try, so the fast path costs one try_wait.
+__device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t timeout_ns) {
   if (ptx::mbar_try_wait(bar, parity)) return true;
-  const uint64_t start = ptx::globaltimer_ns();
+  const uint64_t start = sync::globaltimer_ns();
   while (true) {
 #pragma unroll 1
     for (int i = 0; i < 32; ++i) {
       if (ptx::mbar_try_wait(bar, parity)) return true;
     }
-    if (ptx::globaltimer_ns() - start > timeout_ns) return false;
+    if (sync::globaltimer_ns() - start > timeout_ns) return false;
   }
 }
 
-// Waits until *flag >= value (flags carry launch sequence numbers, so they never need a reset).
-// The load is an acquire at system scope: the flag may be raised by a peer GPU or the host.
-__device__ __forceinline__ bool wait_flag_geq(const uint64_t* flag, uint64_t value,
-                                              uint64_t timeout_ns) {
-  if (ptx::ld_acquire_sys(flag) >= value) return true;
-  const uint64_t start = ptx::globaltimer_ns();
-  uint32_t backoff_ns = 32;
-  while (true) {
-    __nanosleep(backoff_ns);
-    if (backoff_ns < 1024) backoff_ns *= 2;
-    if (ptx::ld_acquire_sys(flag) >= value) return true;
-    if (ptx::globaltimer_ns() - start > timeout_ns) return false;
-  }
-}
+#endif  // __CUDACC__
 
 }  // namespace mkernel::kernels

@@ -162,10 +162,21 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   if (args.epilogue != kEpilogueStore && args.epilogue != kEpilogueAtomicAdd) {
     return fail(GemmError::kInvalidConfig, "unknown epilogue " + std::to_string(args.epilogue));
   }
-  if (args.hooks.ready_flags != nullptr &&
-      (args.hooks.ready_rows_per_flag == 0 || args.hooks.ready_rows_per_flag % kBlockM != 0)) {
-    return fail(GemmError::kInvalidConfig, "ready_rows_per_flag = " + std::to_string(args.hooks.ready_rows_per_flag) +
-                                               " must be a positive multiple of 128 (the tile height)");
+  const GemmHooks& h = args.hooks;
+  if (h.ready_flags != nullptr && h.ready_rows_per_flag == 0) {
+    return fail(GemmError::kInvalidConfig, "ready_rows_per_flag = 0; expected at least 1");
+  }
+  if (h.ready_shard_rows > 0 && h.ready_rows_per_flag > h.ready_shard_rows) {
+    return fail(GemmError::kInvalidConfig, "ready_rows_per_flag = " + std::to_string(h.ready_rows_per_flag) +
+                                               " exceeds ready_shard_rows = " + std::to_string(h.ready_shard_rows));
+  }
+  if (h.a_local != nullptr) {
+    if (reinterpret_cast<uintptr_t>(h.a_local) % 16 != 0)
+      return fail(GemmError::kInvalidPointer, "pointer a_local is not 16-byte aligned");
+    if (h.local_rows_begin < 0 || h.local_rows_end <= h.local_rows_begin || h.local_rows_end > args.m)
+      return fail(GemmError::kInvalidConfig, "local rows [" + std::to_string(h.local_rows_begin) + ", " +
+                                                 std::to_string(h.local_rows_end) + ") must be a non-empty range inside [0, m = " +
+                                                 std::to_string(args.m) + ")");
   }
 
   DeviceInfo dev;
@@ -223,14 +234,18 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   p.group = static_cast<uint32_t>(c.group);
   p.m_group_offset = static_cast<uint32_t>((args.hooks.first_m_block / c.cluster_m) % m_groups);
   p.num_gemm_blocks = static_cast<uint32_t>(c.num_gemm_blocks);
-  p.ready_flags = args.hooks.ready_flags;
-  p.ready_value = args.hooks.ready_value;
-  p.ready_rows_per_flag = args.hooks.ready_rows_per_flag;
-  p.tile_flags = args.hooks.tile_flags;
-  p.tile_flag_value = args.hooks.tile_flag_value;
-  p.status = args.status;
-  p.timeout_ns = args.timeout_ns;
-  p.role_args = args.hooks.role_args;
+  p.ready_flags = h.ready_flags;
+  p.ready_value = h.ready_value;
+  p.ready_rows_per_flag = h.ready_rows_per_flag;
+  p.ready_shard_rows = h.ready_shard_rows > 0 ? h.ready_shard_rows : static_cast<uint32_t>(args.m);
+  p.ready_chunks_per_shard =
+      static_cast<uint32_t>(ceil_div(p.ready_shard_rows, std::max<uint32_t>(1, p.ready_rows_per_flag)));
+  p.local_rows_begin = h.a_local != nullptr ? static_cast<uint32_t>(h.local_rows_begin) : 0;
+  p.local_rows_end = h.a_local != nullptr ? static_cast<uint32_t>(h.local_rows_end) : 0;
+  p.tile_flags = h.tile_flags;
+  p.tile_flag_value = h.tile_flag_value;
+  p.wait = args.wait;
+  p.role_args = h.role_args;
 
   if (c.num_splits > 1) {
     const size_t need = gemm_workspace_bytes(args);
@@ -249,6 +264,13 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->epilogue = args.epilogue;
   r = make_tensor_map(&plan->tma_a, args.a, args.m, args.k, lda, kBlockM, kBlockK, "a");
   if (!r.ok()) return r;
+  if (h.a_local != nullptr) {
+    r = make_tensor_map(&plan->tma_a_local, h.a_local, h.local_rows_end - h.local_rows_begin, args.k, lda, kBlockM,
+                        kBlockK, "a_local");
+    if (!r.ok()) return r;
+  } else {
+    plan->tma_a_local = plan->tma_a;
+  }
   r = make_tensor_map(&plan->tma_b, args.w, args.n, args.k, ldw, static_cast<uint32_t>(c.block_n / c.cluster_m),
                       kBlockK, "w");
   if (!r.ok()) return r;

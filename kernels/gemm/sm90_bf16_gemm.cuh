@@ -29,13 +29,29 @@
 #include "common/tile_scheduler.cuh"
 #include "common/wait.cuh"
 #include "common/wgmma.cuh"
+#include "mkernel/protocol/sync.cuh"
 #include "gemm/sm90_bf16_gemm_params.h"
 
 namespace mkernel::kernels {
 
-// The role of blocks that run no GEMM tiles: nothing.
+// The role contract. A fused kernel instantiates the GEMM kernel with its own Role:
+//   run(p, role_block, num_role_blocks)
+//       called by all threads of every block past p.num_gemm_blocks (the role blocks); the
+//       block's whole shared memory (T::kSmemBytes, 1024-aligned from the dynamic base) is the
+//       role's. p.role_args is the role's opaque argument (device memory the host prepared).
+//   block_exit(p)
+//       called by thread 0 of every block, GEMM and role blocks alike, once the block has
+//       finished all its work (for GEMM blocks: every tile stored, every load consumed); only
+//       when kHasBlockExit. The place for "this launch is over" bookkeeping across blocks.
+// A role may wait (bounded, common/wait.cuh) on flags raised by other blocks of the same launch
+// only if those blocks cannot in turn wait on it: every block of a launch is resident at once
+// (the grid never exceeds what fits), but GEMM blocks wait on readiness flags, so a role must
+// never wait for a GEMM block's progress before raising a flag a GEMM block may wait on. Roles
+// report failures through p.wait (status word) and return; they never trap.
 struct NoRole {
+  static constexpr bool kHasBlockExit = false;
   __device__ static void run(const GemmParams&, uint32_t /*role_block*/, uint32_t /*num_role_blocks*/) {}
+  __device__ static void block_exit(const GemmParams&) {}
 };
 
 template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_>
@@ -67,6 +83,23 @@ struct Sm90GemmTraits {
 };
 
 namespace detail {
+
+// Waits (bounded) until rows [row0, row_end) of A are flagged ready (GemmParams: readiness).
+// The flags covering consecutive rows have consecutive indices, so the tile waits for one run
+// of flags. Then makes what the peers (or the copy engine, or the host) stored visible to the
+// TMA loads that follow.
+__device__ __forceinline__ bool wait_rows_ready(const GemmParams& p, uint32_t row0, uint32_t row_end,
+                                                uint32_t m_block) {
+  auto flag_of = [&](uint32_t g) {
+    return (g / p.ready_shard_rows) * p.ready_chunks_per_shard + (g % p.ready_shard_rows) / p.ready_rows_per_flag;
+  };
+  const uint32_t last = flag_of(row_end - 1);
+  for (uint32_t f = flag_of(row0); f <= last; ++f) {
+    if (!wait_geq(p.ready_flags + f, p.ready_value, p.wait, f, where_tag(kStepGemmReady, m_block))) return false;
+  }
+  sync::fence_proxy_async_global();
+  return true;
+}
 
 template <class T>
 __device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
@@ -146,11 +179,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     sm90_bf16_gemm_kernel(const __grid_constant__ CUtensorMap tma_a,
                           const __grid_constant__ CUtensorMap tma_b,
                           const __grid_constant__ CUtensorMap tma_d,
+                          const __grid_constant__ CUtensorMap tma_a_local,
                           const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // ---- role split ----------------------------------------------------------------------------
   if (blockIdx.x >= p.num_gemm_blocks) {
     Role::run(p, blockIdx.x - p.num_gemm_blocks, gridDim.x - p.num_gemm_blocks);
+    if constexpr (Role::kHasBlockExit) {
+      __syncthreads();
+      if (threadIdx.x == 0) Role::block_exit(p);
+    }
     return;
   }
 
@@ -196,22 +234,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (threadIdx.x == 0) {
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
+      if (p.local_rows_end > p.local_rows_begin) ptx::prefetch_tensor_map(&tma_a_local);
       uint32_t stage = 0, phase = 0;
       bool aborted = false;
       for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
         const TileCoord tc = sched.get(unit, cta_rank);
-        if (p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
-          const uint64_t* flag = p.ready_flags + (tc.m_block * T::kBlockM) / p.ready_rows_per_flag;
-          if (!wait_flag_geq(flag, p.ready_value, p.timeout_ns)) {
-            report_status(p.status, kKernelReadyFlagTimeout);
-            aborted = true;
-          }
+        // Which copy of A this tile reads: the locally held rows (never waited for) when the
+        // tile lies inside them, else the (gathered) A once its rows are flagged ready.
+        const uint32_t row0 = tc.m_block * T::kBlockM;
+        const uint32_t row_end = min(row0 + T::kBlockM, p.m);
+        const bool local = row0 >= p.local_rows_begin && row_end <= p.local_rows_end;
+        if (!local && p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
+          if (!detail::wait_rows_ready(p, row0, row_end, tc.m_block)) aborted = true;
         }
+        const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
+        const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
         const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
         const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
         for (uint32_t kb = kb_begin; kb < kb_end || aborted; ++kb) {
-          if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.timeout_ns)) {
-            report_status(p.status, kKernelPipelineTimeout);
+          if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
+            report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
           }
           if (aborted) {
@@ -224,8 +266,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint8_t* b_dst = smem_b + stage * T::kBBytes;
           const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
-          ptx::tma_load_2d(a_dst, &tma_a, &full_bar[stage], k0,
-                           static_cast<int32_t>(tc.m_block * T::kBlockM));
+          ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           if constexpr (T::kClusterM == 1) {
             ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0,
                              static_cast<int32_t>(tc.n_block * T::kBlockN));
@@ -264,8 +305,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // -- main loop: one k-block of wgmma in flight, the stage before it released --
       uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
-        if (!mbar_wait_bounded(&full_bar[stage], phase, p.timeout_ns)) {
-          report_status(p.status, kKernelPipelineTimeout);
+        if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns)) {
+          report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
           aborted = true;
           break;
         }
@@ -363,8 +404,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (T::kEpilogue != kEpilogueAtomicAdd && signals) ptx::bulk_wait_group_all();
         ptx::named_barrier_sync(2, 256);
         if (ctid == 0) {
-          ptx::fence_acq_rel_sys();
-          ptx::st_release_sys(p.tile_flags + tile_idx, p.tile_flag_value);
+          sync::fence_acq_rel_sys();
+          sync::st_release_sys(p.tile_flags + tile_idx, p.tile_flag_value);
         }
       }
     }
@@ -377,6 +418,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if constexpr (T::kClusterM > 1) {
     __syncwarp();
     ptx::cluster_sync();
+  }
+  if constexpr (Role::kHasBlockExit) {
+    __syncthreads();
+    if (threadIdx.x == 0) Role::block_exit(p);
   }
 #endif
 }

@@ -11,8 +11,9 @@
 // aligned rows; pointers 16-byte aligned. Violations return a GemmError with a message naming
 // the dimension and the required multiple; nothing is launched.
 //
-// Errors inside the kernel (a readiness flag or pipeline wait that expired) are recorded in the
-// caller's status word (KernelStatus, common/status.h); the kernel then returns early.
+// Errors inside the kernel (a readiness flag or pipeline wait that expired, a ring marked in
+// error while waiting) are recorded in the caller's status word (DeviceStatus, common/status.h);
+// the kernel then returns early.
 #pragma once
 
 #include <cuda.h>
@@ -59,11 +60,23 @@ struct GemmConfig {
 };
 
 struct GemmHooks {
-  // Ordering by availability: wait for ready_flags[(m_block*128)/ready_rows_per_flag] >=
-  // ready_value before loading a tile's inputs. ready_rows_per_flag: a multiple of 128.
+  // Ordering by availability: before loading a tile's A rows, wait until every flag covering
+  // them is >= ready_value. Row g is covered by flag
+  //   (g / ready_shard_rows) * ceil(ready_shard_rows / ready_rows_per_flag)
+  //     + (g % ready_shard_rows) / ready_rows_per_flag
+  // i.e. A is a stack of shards of ready_shard_rows rows (0: one shard, all of A), each flagged
+  // in chunks of ready_rows_per_flag rows. Both any positive value: a shard boundary may fall
+  // inside a tile, whose producer then waits for the chunks of both shards.
   const uint64_t* ready_flags = nullptr;
   uint64_t ready_value = 0;
   uint32_t ready_rows_per_flag = 128;
+  uint32_t ready_shard_rows = 0;
+  // Rows [local_rows_begin, local_rows_end) of A are also held at a_local (row-major, pitch
+  // lda, its row 0 being A's row local_rows_begin): tiles that lie entirely inside load from
+  // there and do not wait (AllGather+GEMM: the rank's own shard, before it is copied into the
+  // gathered buffer). a_local == nullptr: none.
+  const void* a_local = nullptr;
+  int64_t local_rows_begin = 0, local_rows_end = 0;
   // Rotate the m blocks so that tiles of these rows come first (e.g. the locally held rows).
   uint32_t first_m_block = 0;
   // Raise tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value after the tile's
@@ -86,8 +99,9 @@ struct GemmArgs {
   // zeroed again, except after a launch that reported an error status.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  uint32_t* status = nullptr;           // device word, KernelStatus; may be nullptr
-  uint64_t timeout_ns = 5'000'000'000;  // bound of every wait in the kernel
+  // Errors (common/wait.cuh): the status word the first error goes to (may be null), the words
+  // that end a wait early (a ring's error word, a peer-abort word) and the bound of every wait.
+  WaitContext wait{nullptr, nullptr, nullptr, nullptr, 5'000'000'000ull, 0};
 };
 
 // Everything a launch needs, resolved: the configuration actually used, the kernel parameters
@@ -101,6 +115,7 @@ struct GemmPlan {
   CUtensorMap tma_a{};
   CUtensorMap tma_b{};
   CUtensorMap tma_d{};  // output, 64 x 64 boxes (store epilogue; unused by atomic add)
+  CUtensorMap tma_a_local{};  // A's locally held rows (GemmHooks::a_local), else a copy of tma_a
 };
 
 // Validates `args` and resolves the configuration for the current device.

@@ -50,7 +50,7 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = T::kClusterM > 1 ? 1 : 0;  // no cluster launch for single-CTA "clusters"
-  e = cudaLaunchKernelEx(&cfg, kernel, plan.tma_a, plan.tma_b, plan.tma_d, plan.params);
+  e = cudaLaunchKernelEx(&cfg, kernel, plan.tma_a, plan.tma_b, plan.tma_d, plan.tma_a_local, plan.params);
   if (e != cudaSuccess) return detail::cuda_failure("cudaLaunchKernelEx(sm90_bf16_gemm)", e);
   return GemmResult{};
 }

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "common/wait.cuh"
+
 namespace mkernel::kernels {
 
 // What the epilogue does with a finished 128 x BLOCK_N tile. The output pointer may be local or
@@ -32,20 +34,27 @@ struct GemmParams {
   float* split_workspace;
   uint32_t* split_counters;
 
-  // Hook: ordering by availability. Before loading a tile's A rows the producer waits until
-  // ready_flags[(m_block * 128) / ready_rows_per_flag] >= ready_value (nullptr: no wait).
+  // Hook: ordering by availability (GemmHooks). Row g of A is ready when
+  //   ready_flags[(g / ready_shard_rows) * ready_chunks_per_shard + (g % ready_shard_rows) /
+  //               ready_rows_per_flag] >= ready_value;
+  // before loading a tile's A rows the producer waits for every flag covering them
+  // (ready_flags == nullptr: no wait). Tiles whose rows all lie in [local_rows_begin,
+  // local_rows_end) load from the fourth tensor map (A's locally held rows) and never wait.
   const uint64_t* ready_flags;
   uint64_t ready_value;
   uint32_t ready_rows_per_flag;
+  uint32_t ready_shard_rows;
+  uint32_t ready_chunks_per_shard;
+  uint32_t local_rows_begin, local_rows_end;
 
   // Hook: per-tile completion flag. After a tile's stores are visible system-wide,
   // tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value (nullptr: no flags).
   uint64_t* tile_flags;
   uint64_t tile_flag_value;
 
-  // Errors: first KernelStatus code of the launch (nullptr: not recorded); bound on every wait.
-  uint32_t* status;
-  uint64_t timeout_ns;
+  // Errors: where the first error of the launch goes, what else ends a wait, and the bound on
+  // every wait (common/wait.cuh).
+  WaitContext wait;
 
   // Opaque argument for the role function of blocks >= num_gemm_blocks.
   void* role_args;

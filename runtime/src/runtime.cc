@@ -3,6 +3,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include <cstdlib>
@@ -158,6 +159,8 @@ struct Communicator::Impl {
   std::vector<std::unique_ptr<VmmBuffer>> gpu_buffers;  // Staging::kGpuMemory buffers
   mp::RingDeviceState* ring_state = nullptr;
   unsigned long long* launch_counter = nullptr;
+  unsigned long long* fused_state = nullptr;
+  uint8_t** nvl_ptrs = nullptr;  // device array: rank r's NVLink buffer as mapped here
   DeviceStatus* status_host = nullptr;
   int cuda_device = 0;
   std::atomic<bool> daemon_gone{false};
@@ -172,6 +175,8 @@ struct Communicator::Impl {
     for (void* p : registered) (void)cudaHostUnregister(p);
     if (ring_state) (void)cudaFree(ring_state);
     if (launch_counter) (void)cudaFree(launch_counter);
+    if (fused_state) (void)cudaFree(fused_state);
+    if (nvl_ptrs) (void)cudaFree(nvl_ptrs);
     if (status_host) (void)cudaFreeHost(status_host);
   }
 
@@ -229,9 +234,12 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   if (size == 0 || rank >= size)
     return Status(StatusCode::kInvalidArgument,
                   "rank: " + std::to_string(rank) + " of size " + std::to_string(size) + "; expected rank < size");
-  if (bufs.empty() || bufs.size() > kMaxBuffers)
-    return Status(StatusCode::kInvalidArgument, "buffer_bytes: " + std::to_string(bufs.size()) +
-                                                    " buffers; expected 1.." + std::to_string(kMaxBuffers));
+  const size_t max_user_buffers = kMaxBuffers - (options.network_workspace_bytes > 0 ? 1 : 0);
+  if (bufs.empty() || bufs.size() > max_user_buffers)
+    return Status(StatusCode::kInvalidArgument,
+                  "buffer_bytes: " + std::to_string(bufs.size()) + " buffers; expected 1.." +
+                      std::to_string(max_user_buffers) +
+                      (options.network_workspace_bytes > 0 ? " (one is kept for network_workspace_bytes)" : ""));
   for (size_t i = 0; i < bufs.size(); ++i)
     if (bufs[i] == 0)
       return Status(StatusCode::kInvalidArgument, "buffer_bytes[" + std::to_string(i) + "]: 0; expected > 0");
@@ -265,8 +273,15 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
     if (!parsed.ok()) return parsed.status().with_context("MKERNEL_GPU_MEMORY");
     mode = parsed.value();
   }
-  MK_RETURN_IF_ERROR(setup_buffers(bufs, mode));
-  MK_ASSIGN_OR_RETURN(m.flags, m.client->create_flags(options.num_flags));
+  std::vector<uint64_t> all_bufs = bufs;
+  if (options.network_workspace_bytes > 0) {
+    network_workspace_ = static_cast<uint32_t>(bufs.size());
+    all_bufs.push_back(options.network_workspace_bytes);
+  }
+  MK_RETURN_IF_ERROR(setup_buffers(all_bufs, mode));
+  if (uint64_t{options.num_flags} + options.fused_flags > 0xFFFFFFFFull)
+    return Status(StatusCode::kInvalidArgument, "num_flags + fused_flags: over 2^32 - 1");
+  MK_ASSIGN_OR_RETURN(m.flags, m.client->create_flags(options.num_flags + options.fused_flags));
 
   // Map everything for the GPU.
   MK_ASSIGN_OR_RETURN(void* ring_dev, m.map_for_gpu(m.ring->mapping.data(), m.ring->mapping.size()));
@@ -282,12 +297,14 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
       MK_ASSIGN_OR_RETURN(void* dev, m.map_for_gpu(m.regions[i]->data(), m.regions[i]->size()));
       device_.buffers[i] = static_cast<uint8_t*>(dev);
     }
-    device_.buffer_bytes[i] = bufs[i];
+    device_.buffer_bytes[i] = all_bufs[i];
   }
-  device_.num_buffers = static_cast<uint32_t>(bufs.size());
+  device_.num_buffers = static_cast<uint32_t>(all_bufs.size());
+  device_.network_workspace = network_workspace_;
   MK_ASSIGN_OR_RETURN(void* flags_dev, m.map_for_gpu(m.flags->mapping.data(), m.flags->mapping.size()));
   device_.flags = static_cast<uint64_t*>(flags_dev);
-  device_.num_flags = m.flags->count;
+  device_.num_flags = options.num_flags;
+  device_.num_fused_flags = options.fused_flags;
   if (cudaError_t e = cudaMalloc(&m.ring_state, sizeof(mp::RingDeviceState)); e != cudaSuccess)
     return cuda_status("cudaMalloc (ring state)", e);
   if (cudaError_t e = cudaMalloc(&m.launch_counter, sizeof(unsigned long long)); e != cudaSuccess)
@@ -295,6 +312,12 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   if (cudaError_t e = cudaMemset(m.ring_state, 0, sizeof(mp::RingDeviceState)); e != cudaSuccess)
     return cuda_status("cudaMemset", e);
   if (cudaError_t e = cudaMemset(m.launch_counter, 0, sizeof(unsigned long long)); e != cudaSuccess)
+    return cuda_status("cudaMemset", e);
+  if (cudaError_t e = cudaMalloc(&m.fused_state, kernels::kFusedStateWords * sizeof(unsigned long long));
+      e != cudaSuccess)
+    return cuda_status("cudaMalloc (fused-op state)", e);
+  if (cudaError_t e = cudaMemset(m.fused_state, 0, kernels::kFusedStateWords * sizeof(unsigned long long));
+      e != cudaSuccess)
     return cuda_status("cudaMemset", e);
   if (cudaError_t e = cudaHostAlloc(&m.status_host, sizeof(DeviceStatus), cudaHostAllocMapped | cudaHostAllocPortable);
       e != cudaSuccess)
@@ -305,6 +328,7 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
     return cuda_status("cudaHostGetDevicePointer (status word)", e);
   device_.ring.state = m.ring_state;
   device_.launch_counter = m.launch_counter;
+  device_.fused_state = m.fused_state;
   device_.status = static_cast<DeviceStatus*>(status_dev);
   device_.rank = rank;
   device_.world_size = size;
@@ -323,8 +347,22 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   transport_ = info.transport;
   if (staging_ == Staging::kGpuMemory) staging_reason_ = "GPU memory registered through dmabuf by " + transport_;
   network_.assign(size, false);
+  std::vector<std::string> node_names(size);
   for (const mp::RankRoute& r : info.ranks)
-    if (r.rank < size) network_[r.rank] = r.network;
+    if (r.rank < size) {
+      network_[r.rank] = r.network;
+      node_names[r.rank] = r.node;
+    }
+  // Nodes numbered in order of their lowest rank; a rank the daemon did not name shares rank
+  // 0's node only if its name is equally empty.
+  node_of_.assign(size, 0);
+  std::vector<std::string> seen;
+  for (uint32_t r = 0; r < size; ++r) {
+    auto it = std::find(seen.begin(), seen.end(), node_names[r]);
+    node_of_[r] = static_cast<uint32_t>(it - seen.begin());
+    if (it == seen.end()) seen.push_back(node_names[r]);
+  }
+  num_nodes_ = static_cast<uint32_t>(seen.size());
   if (options.nvlink_bytes > 0) MK_RETURN_IF_ERROR(map_nvlink_peers(options));
   monitor_ = std::thread([this] { monitor(); });
   return Status::Ok();
@@ -381,12 +419,8 @@ Status Communicator::setup_buffers(const std::vector<uint64_t>& bufs, GpuMemory 
 
 Status Communicator::setup_nvlink(const Options& options) {
   Impl& m = *impl_;
-  if (rank_ >= kMaxNvlRanks)
-    return Status(StatusCode::kInvalidArgument, "nvlink_bytes: rank " + std::to_string(rank_) +
-                                                    " cannot have an NVLink buffer; only ranks below " +
-                                                    std::to_string(kMaxNvlRanks) + " can");
-  const uint64_t bytes = options.nvlink_bytes + uint64_t{kNvlFlags} * sizeof(uint64_t);
-  MK_ASSIGN_OR_RETURN(VmmBuffer * raw, VmmBuffer::allocate(m.cuda_device, bytes));
+  const kernels::NvlLayout layout{options.nvlink_bytes, options.nvlink_flags, options.fused_flags};
+  MK_ASSIGN_OR_RETURN(VmmBuffer * raw, VmmBuffer::allocate(m.cuda_device, layout.total_bytes()));
   m.nvl.emplace_back(raw);
   if (cudaError_t e = cudaMemset(raw->ptr(), 0, raw->size()); e != cudaSuccess) return cuda_status("cudaMemset", e);
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return cuda_status("cudaDeviceSynchronize", e);
@@ -394,8 +428,9 @@ Status Communicator::setup_nvlink(const Options& options) {
   const Status shared = m.client->share_handle(kNvlKey, fd);
   ::close(fd);
   MK_RETURN_IF_ERROR(shared.with_context("sharing the NVLink buffer"));
-  device_.nvl[rank_] = static_cast<uint8_t*>(raw->ptr());
-  device_.nvl_bytes = options.nvlink_bytes;
+  device_.nvl_bytes = layout.data_bytes;
+  device_.nvl_num_flags = layout.user_flags;
+  device_.nvl_fused_flags = layout.fused_flags;
   return Status::Ok();
 }
 
@@ -403,7 +438,9 @@ Status Communicator::map_nvlink_peers(const Options& options) {
   // Every rank shared its buffer before the rendezvous, so after it each one is there.
   Impl& m = *impl_;
   const size_t size = m.nvl.front()->size();
-  for (uint32_t r = 0; r < size_ && r < kMaxNvlRanks; ++r) {
+  std::vector<uint8_t*> ptrs(size_, nullptr);
+  ptrs[rank_] = static_cast<uint8_t*>(m.nvl.front()->ptr());
+  for (uint32_t r = 0; r < size_; ++r) {
     if (r == rank_ || network_[r]) continue;
     MK_ASSIGN_OR_RETURN(mp::UniqueFd fd, m.client->fetch_handle(r, kNvlKey));
     auto imported = VmmBuffer::import(fd.get(), m.cuda_device, size);
@@ -412,8 +449,15 @@ Status Communicator::map_nvlink_peers(const Options& options) {
                                             "'s NVLink buffer (is its GPU reachable over NVLink from GPU " +
                                             std::to_string(m.cuda_device) + "?)");
     m.nvl.emplace_back(imported.value());
-    device_.nvl[r] = static_cast<uint8_t*>(imported.value()->ptr());
+    ptrs[r] = static_cast<uint8_t*>(imported.value()->ptr());
   }
+  if (cudaError_t e = cudaMalloc(&m.nvl_ptrs, size_ * sizeof(uint8_t*)); e != cudaSuccess)
+    return cuda_status("cudaMalloc (NVLink peer table)", e);
+  if (cudaError_t e = cudaMemcpy(m.nvl_ptrs, ptrs.data(), size_ * sizeof(uint8_t*), cudaMemcpyHostToDevice);
+      e != cudaSuccess)
+    return cuda_status("cudaMemcpy (NVLink peer table)", e);
+  device_.nvl = m.nvl_ptrs;
+  nvl_ptrs_.assign(ptrs.begin(), ptrs.end());
   (void)options;
   return Status::Ok();
 }
@@ -430,7 +474,7 @@ void Communicator::monitor() {
     // A daemon that died cannot mark the ring: do it here so GPU waits end now.
     uint32_t* err = &m.ring->view.header->error;
     uint32_t expected = 0;
-    __atomic_compare_exchange_n(err, &expected, kRingErrDaemonGone, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    __atomic_compare_exchange_n(err, &expected, mp::kRingErrDaemonGone, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
     m.daemon_gone.store(true, std::memory_order_release);
     return;
   }
@@ -452,6 +496,23 @@ uint64_t Communicator::buffer_bytes(uint32_t i) const { return i < kMaxBuffers ?
 
 const uint64_t* Communicator::host_flags() const { return impl_->flags->flags(); }
 
+int Communicator::cuda_device() const { return impl_->cuda_device; }
+
+kernels::WaitContext Communicator::wait_context() const {
+  kernels::WaitContext w;
+  w.status = device_.status;
+  w.ring_error = &device_.ring.header->error;
+  if (void* own = nvlink_buffer(rank_); own != nullptr) {
+    const kernels::NvlLayout layout{device_.nvl_bytes, device_.nvl_num_flags, device_.nvl_fused_flags};
+    w.peer_abort = reinterpret_cast<const uint64_t*>(static_cast<uint8_t*>(own) + layout.system_offset()) +
+                   kernels::kNvlWordPeerAbort;
+  }
+  w.launch_counter = device_.launch_counter;
+  w.timeout_ns = device_.wait_timeout_ns;
+  w.rank = rank_;
+  return w;
+}
+
 Status Communicator::check() const {
   const Impl& m = *impl_;
   DeviceStatus st{};
@@ -459,30 +520,13 @@ Status Communicator::check() const {
   st.detail = __atomic_load_n(&m.status_host->detail, __ATOMIC_ACQUIRE);
   st.launch = __atomic_load_n(&m.status_host->launch, __ATOMIC_ACQUIRE);
   st.where = __atomic_load_n(&m.status_host->where, __ATOMIC_ACQUIRE);
+  st.rank = __atomic_load_n(&m.status_host->rank, __ATOMIC_ACQUIRE);
   if (st.code != kDeviceOk) {
-    std::string what;
-    switch (st.code) {
-      case kDevicePushFailed:
-        what = std::string("a command push failed: ") + mp::ring_status_name(st.detail);
-        break;
-      case kDeviceWaitTimeout:
-        what = "a wait for flag " + std::to_string(st.detail) + " expired after " +
-               std::to_string(device_.wait_timeout_ns / 1000000) + " ms";
-        break;
-      case kDeviceRingError:
-        what = st.detail == kRingErrDaemonGone ? "the daemon went away"
-                                               : "the daemon stopped the ring (error " + std::to_string(st.detail) + ")";
-        break;
-      case kDeviceBadArgument:
-        what = "a device call had an argument out of range (" +
-               std::string(st.detail == 1 ? "rank" : st.detail == 2 ? "buffer" : st.detail == 3 ? "range" : "flag") +
-               ")";
-        break;
-      default: what = "device error code " + std::to_string(st.code); break;
-    }
-    Status s(st.code == kDeviceWaitTimeout ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
-             "rank " + std::to_string(rank_) + ", launch " + std::to_string(st.launch) + ", at " +
-                 std::to_string(st.where) + ": " + what);
+    const StatusCode code = st.code == kDeviceWaitTimeout || st.code == kernels::kDevicePipelineTimeout
+                                ? StatusCode::kDeadlineExceeded
+                            : st.code == kDeviceBadArgument ? StatusCode::kInvalidArgument
+                                                            : StatusCode::kUnavailable;
+    Status s(code, kernels::describe_device_status(st, device_.wait_timeout_ns));
     std::lock_guard<std::mutex> lock(m.mu);
     if (!m.monitor_status.ok()) return s.with_context(m.monitor_status.message());
     return s;
@@ -491,7 +535,9 @@ Status Communicator::check() const {
   if (!m.monitor_status.ok()) return m.monitor_status;
   const uint32_t ring_err = __atomic_load_n(&m.ring->view.header->error, __ATOMIC_ACQUIRE);
   if (ring_err != 0)
-    return Status(StatusCode::kUnavailable, "the daemon stopped the ring (error " + std::to_string(ring_err) + ")");
+    return Status(StatusCode::kUnavailable, std::string("rank ") + std::to_string(rank_) + ": " +
+                                                mp::ring_error_name(ring_err) + " (ring error " +
+                                                std::to_string(ring_err) + ")");
   return Status::Ok();
 }
 

@@ -28,15 +28,15 @@ struct Buffers {
   float* ref = nullptr;
   void* ws = nullptr;
   size_t ws_bytes = 0;
-  uint32_t* status = nullptr;
+  mk::DeviceStatus* status = nullptr;
   Buffers(int m, int n, int k) {
     GT_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * m * k));
     GT_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * n * k));
     GT_CUDA(cudaMalloc(&d, sizeof(__nv_bfloat16) * m * n));
     GT_CUDA(cudaMalloc(&dc, sizeof(__nv_bfloat16) * m * n));
     GT_CUDA(cudaMalloc(&ref, sizeof(float) * m * n));
-    GT_CUDA(cudaMalloc(&status, sizeof(uint32_t)));
-    GT_CUDA(cudaMemset(status, 0, sizeof(uint32_t)));
+    GT_CUDA(cudaMalloc(&status, sizeof(mk::DeviceStatus)));
+    GT_CUDA(cudaMemset(status, 0, sizeof(mk::DeviceStatus)));
   }
   void workspace(size_t bytes) {
     if (bytes <= ws_bytes) return;
@@ -63,12 +63,14 @@ void check(bool ok, const std::string& what) {
   }
 }
 
-uint32_t read_status(const Buffers& b) {
-  uint32_t s = 0;
+mk::DeviceStatus read_status(const Buffers& b) {
+  mk::DeviceStatus s{};
   GT_CUDA(cudaMemcpy(&s, b.status, sizeof(s), cudaMemcpyDeviceToHost));
-  GT_CUDA(cudaMemset(b.status, 0, sizeof(uint32_t)));
+  GT_CUDA(cudaMemset(b.status, 0, sizeof(s)));
   return s;
 }
+
+std::string status_text(const mk::DeviceStatus& s) { return mk::describe_device_status(s, 0); }
 
 std::string shape_str(int m, int n, int k) {
   return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
@@ -83,7 +85,7 @@ mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cf
   args.n = n;
   args.k = k;
   args.config = cfg;
-  args.status = b.status;
+  args.wait.status = b.status;
   const size_t ws = mk::gemm_workspace_bytes(args);
   b.workspace(ws);
   args.workspace = b.ws;
@@ -121,8 +123,8 @@ void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label)
     }
     GT_CUDA(cudaGetLastError());
     GT_CUDA(cudaDeviceSynchronize());
-    const uint32_t st = read_status(b);
-    check(st == mk::kKernelOk, name + ": status " + mk::kernel_status_name(st));
+    const mk::DeviceStatus st = read_status(b);
+    check(st.code == mk::kDeviceOk, name + ": status " + status_text(st));
     const size_t count = static_cast<size_t>(m) * n;
     const auto out = to_host_float(b.d, count);
     const auto ref = to_host(b.ref, count);
@@ -161,7 +163,7 @@ void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
   mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
   check(r.ok(), "atomic-add launch: " + r.message);
   GT_CUDA(cudaDeviceSynchronize());
-  check(read_status(b) == mk::kKernelOk, "atomic-add status");
+  check(read_status(b).code == mk::kDeviceOk, "atomic-add status");
   const auto out = to_host_float(b.d, count);
   auto ref = to_host(b.ref, count);
   for (size_t i = 0; i < count; ++i) ref[i] += c0[i];
@@ -173,7 +175,8 @@ void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
 }
 
 // Tile flags raised with the launch's value; readiness flags satisfied; readiness flags that
-// never come end the launch with kKernelReadyFlagTimeout instead of hanging.
+// never come end the launch with kDeviceWaitTimeout (at step kStepGemmReady) instead of hanging;
+// a ring error word raised while waiting ends it with kDeviceRingError.
 void run_flag_cases() {
   const int m = 1000, n = 2048, k = 1024;
   for (int cluster : {1, 2}) {
@@ -202,7 +205,7 @@ void run_flag_cases() {
     mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
     check(r.ok(), "flags launch: " + r.message);
     GT_CUDA(cudaDeviceSynchronize());
-    check(read_status(b) == mk::kKernelOk, "flags status");
+    check(read_status(b).code == mk::kDeviceOk, "flags status");
     std::vector<uint64_t> h_flags(tiles);
     GT_CUDA(cudaMemcpy(h_flags.data(), tile_flags, tiles * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     uint32_t raised = 0;
@@ -215,26 +218,51 @@ void run_flag_cases() {
 
     // Readiness never reached: bounded wait, error code, clean exit.
     args.hooks.ready_value = 42;
-    args.timeout_ns = 20'000'000;  // 20 ms
+    args.wait.timeout_ns = 20'000'000;  // 20 ms
     const auto t0 = std::chrono::steady_clock::now();
     r = mk::gemm_bf16_tn(args, nullptr);
     check(r.ok(), "timeout launch: " + r.message);
     const cudaError_t sync = cudaDeviceSynchronize();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const uint32_t st = read_status(b);
-    const bool ok2 = sync == cudaSuccess && st == mk::kKernelReadyFlagTimeout && ms < 5000;
+    const mk::DeviceStatus st = read_status(b);
+    const bool ok2 = sync == cudaSuccess && st.code == mk::kDeviceWaitTimeout &&
+                     (st.where >> 56) == mk::kStepGemmReady && ms < 5000;
     std::printf("%s  readiness timeout c%d: status '%s' after %.1f ms, launch %s\n", ok2 ? "ok  " : "FAIL", cluster,
-                mk::kernel_status_name(st), ms, cudaGetErrorString(sync));
+                status_text(st).c_str(), ms, cudaGetErrorString(sync));
     if (!ok2) ++g_failures;
+
+    // The same wait with a long bound ends at once when the ring's error word is set.
+    uint32_t* ring_error = nullptr;
+    GT_CUDA(cudaMalloc(&ring_error, sizeof(uint32_t)));
+    const uint32_t gone = mkernel::protocol::kRingErrDaemonGone;
+    GT_CUDA(cudaMemcpy(ring_error, &gone, sizeof(gone), cudaMemcpyHostToDevice));
+    args.wait.timeout_ns = 10'000'000'000ull;
+    args.wait.ring_error = ring_error;
+    const auto t1 = std::chrono::steady_clock::now();
+    r = mk::gemm_bf16_tn(args, nullptr);
+    check(r.ok(), "ring-error launch: " + r.message);
+    const cudaError_t sync3 = cudaDeviceSynchronize();
+    const double ms3 = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+    const mk::DeviceStatus st3 = read_status(b);
+    const bool ok3 = sync3 == cudaSuccess && st3.code == mk::kDeviceRingError && st3.detail == gone && ms3 < 1000;
+    std::printf("%s  ring error while waiting c%d: status '%s' after %.1f ms\n", ok3 ? "ok  " : "FAIL", cluster,
+                status_text(st3).c_str(), ms3);
+    if (!ok3) ++g_failures;
+    GT_CUDA(cudaFree(ring_error));
     GT_CUDA(cudaFree(tile_flags));
     GT_CUDA(cudaFree(ready));
   }
 }
 
 // Role split: the last blocks of the grid run another role while the others compute the GEMM.
+// block_exit runs once per block (GEMM and role blocks) after its work: it counts them.
 struct MarkRole {
+  static constexpr bool kHasBlockExit = true;
   __device__ static void run(const mk::GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
     if (threadIdx.x == 0) static_cast<uint32_t*>(p.role_args)[role_block] = 1000 + num_role_blocks;
+  }
+  __device__ static void block_exit(const mk::GemmParams& p) {
+    atomicAdd(static_cast<uint32_t*>(p.role_args) + 63, 1u);
   }
 };
 
@@ -245,8 +273,8 @@ void run_role_case() {
   fill_random(b.w, static_cast<size_t>(n) * k, g_seed + 10);
   reference_gemm(b.a, b.w, b.ref, m, n, k);
   uint32_t* marks = nullptr;
-  GT_CUDA(cudaMalloc(&marks, kRoleBlocks * sizeof(uint32_t)));
-  GT_CUDA(cudaMemset(marks, 0, kRoleBlocks * sizeof(uint32_t)));
+  GT_CUDA(cudaMalloc(&marks, 64 * sizeof(uint32_t)));  // [0, kRoleBlocks): role marks; [63]: exits
+  GT_CUDA(cudaMemset(marks, 0, 64 * sizeof(uint32_t)));
   mk::GemmConfig cfg;
   cfg.block_n = 256;
   cfg.cluster_m = 2;
@@ -261,17 +289,87 @@ void run_role_case() {
   r = mk::launch_sm90_bf16_gemm<T, MarkRole>(plan, nullptr);
   check(r.ok(), "role launch: " + r.message);
   GT_CUDA(cudaDeviceSynchronize());
-  check(read_status(b) == mk::kKernelOk, "role status");
-  std::vector<uint32_t> h(kRoleBlocks);
-  GT_CUDA(cudaMemcpy(h.data(), marks, kRoleBlocks * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+  check(read_status(b).code == mk::kDeviceOk, "role status");
+  std::vector<uint32_t> h(64);
+  GT_CUDA(cudaMemcpy(h.data(), marks, 64 * sizeof(uint32_t), cudaMemcpyDeviceToHost));
   int marked = 0;
-  for (uint32_t v : h) marked += v == 1000 + kRoleBlocks;
+  for (int i = 0; i < kRoleBlocks; ++i) marked += h[i] == 1000 + kRoleBlocks;
+  const uint32_t blocks = static_cast<uint32_t>(plan.config.num_gemm_blocks + plan.config.num_role_blocks);
   const ErrorStats e = compare(to_host_float(b.d, static_cast<size_t>(m) * n), to_host(b.ref, static_cast<size_t>(m) * n));
-  const bool ok = marked == kRoleBlocks && e.non_finite == 0 && e.rel_fro < kTolerance;
-  std::printf("%s  role split: %d GEMM blocks, %d/%d role blocks ran, GEMM rel err %.2e\n", ok ? "ok  " : "FAIL",
-              plan.config.num_gemm_blocks, marked, kRoleBlocks, e.rel_fro);
+  const bool ok = marked == kRoleBlocks && h[63] == blocks && e.non_finite == 0 && e.rel_fro < kTolerance;
+  std::printf("%s  role split: %d GEMM blocks, %d/%d role blocks ran, block_exit %u/%u, GEMM rel err %.2e\n",
+              ok ? "ok  " : "FAIL", plan.config.num_gemm_blocks, marked, kRoleBlocks, h[63], blocks, e.rel_fro);
   if (!ok) ++g_failures;
   GT_CUDA(cudaFree(marks));
+}
+
+// Shards and local rows (what AllGather+GEMM uses): A is a stack of shards of 333 rows flagged
+// in chunks of 100 rows, so shard boundaries fall inside tiles; rows [333, 666) are also held
+// in a separate buffer (a_local), and A's copy of the rows of tiles lying wholly inside them is
+// poisoned, so only a kernel that reads those tiles from a_local gets them right. All flags are
+// raised but one chunk's, which must end the launch with a timeout naming a tile that needs it.
+void run_shard_case() {
+  const int m = 1332, n = 1024, k = 512, shard = 333, chunk = 100;
+  const int lb = 333, le = 666;
+  Buffers b(m, n, k);
+  fill_random(b.a, static_cast<size_t>(m) * k, g_seed + 21);
+  fill_random(b.w, static_cast<size_t>(n) * k, g_seed + 22);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  __nv_bfloat16* local = nullptr;
+  GT_CUDA(cudaMalloc(&local, sizeof(__nv_bfloat16) * (le - lb) * k));
+  GT_CUDA(cudaMemcpy(local, b.a + static_cast<size_t>(lb) * k, sizeof(__nv_bfloat16) * (le - lb) * k,
+                     cudaMemcpyDeviceToDevice));
+  // m blocks wholly inside [333, 666): rows [384, 512) and [512, 640).
+  poison(b.a + static_cast<size_t>(384) * k, static_cast<size_t>(640 - 384) * k);
+  const int chunks_per_shard = (shard + chunk - 1) / chunk;
+  const int num_flags = (m / shard) * chunks_per_shard;
+  uint64_t* ready = nullptr;
+  GT_CUDA(cudaMalloc(&ready, num_flags * sizeof(uint64_t)));
+  std::vector<uint64_t> h_ready(num_flags, 9);
+  GT_CUDA(cudaMemcpy(ready, h_ready.data(), num_flags * sizeof(uint64_t), cudaMemcpyHostToDevice));
+  for (int cluster : {1, 2}) {
+    mk::GemmConfig cfg;
+    cfg.cluster_m = cluster;
+    mk::GemmArgs args = make_args(b, m, n, k, cfg);
+    args.hooks.ready_flags = ready;
+    args.hooks.ready_value = 9;
+    args.hooks.ready_rows_per_flag = chunk;
+    args.hooks.ready_shard_rows = shard;
+    args.hooks.a_local = local;
+    args.hooks.local_rows_begin = lb;
+    args.hooks.local_rows_end = le;
+    args.hooks.first_m_block = lb / 128;
+    poison(b.d, static_cast<size_t>(m) * n);
+    mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
+    check(r.ok(), "shard launch: " + r.message);
+    GT_CUDA(cudaDeviceSynchronize());
+    const mk::DeviceStatus st = read_status(b);
+    const ErrorStats e = compare(to_host_float(b.d, static_cast<size_t>(m) * n), to_host(b.ref, static_cast<size_t>(m) * n));
+    const bool ok = st.code == mk::kDeviceOk && e.non_finite == 0 && e.rel_fro < kTolerance;
+    std::printf("%s  shards of %d rows, chunks of %d, local rows [%d, %d) c%d: rel err %.2e, status %s\n",
+                ok ? "ok  " : "FAIL", shard, chunk, lb, le, cluster, e.rel_fro, status_text(st).c_str());
+    if (!ok) ++g_failures;
+  }
+  // Chunk 1 of shard 3 (rows 1099..1198) never ready: m block 8 (rows 1024..1151) waits on it.
+  const uint64_t stale = 8;
+  GT_CUDA(cudaMemcpy(ready + 3 * chunks_per_shard + 1, &stale, sizeof(stale), cudaMemcpyHostToDevice));
+  mk::GemmArgs args = make_args(b, m, n, k, mk::GemmConfig{});
+  args.hooks.ready_flags = ready;
+  args.hooks.ready_value = 9;
+  args.hooks.ready_rows_per_flag = chunk;
+  args.hooks.ready_shard_rows = shard;
+  args.wait.timeout_ns = 20'000'000;
+  mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
+  check(r.ok(), "shard timeout launch: " + r.message);
+  GT_CUDA(cudaDeviceSynchronize());
+  const mk::DeviceStatus st = read_status(b);
+  const uint64_t where_index = st.where & ((uint64_t{1} << 56) - 1);
+  const bool ok = st.code == mk::kDeviceWaitTimeout && st.detail == static_cast<uint32_t>(3 * chunks_per_shard + 1) &&
+                  (where_index == 8 || where_index == 9);
+  std::printf("%s  missing chunk: status %s\n", ok ? "ok  " : "FAIL", status_text(st).c_str());
+  if (!ok) ++g_failures;
+  GT_CUDA(cudaFree(ready));
+  GT_CUDA(cudaFree(local));
 }
 
 void expect_error(int64_t m, int64_t n, int64_t k, mk::GemmError code, const char* must_contain, bool misalign = false) {
@@ -347,6 +445,7 @@ int main() {
   run_atomic_case(300, 2048, 1024, 128, 1);
   run_flag_cases();
   run_role_case();
+  run_shard_case();
 
   GT_CUBLAS(cublasDestroy(g_cublas));
   if (g_failures) {

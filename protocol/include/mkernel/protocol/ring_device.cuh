@@ -24,6 +24,7 @@
 #include "mkernel/protocol/command.h"
 #include "mkernel/protocol/ring.h"
 #include "mkernel/protocol/status.h"
+#include "mkernel/protocol/sync.cuh"
 
 namespace mkernel::protocol {
 
@@ -49,44 +50,6 @@ inline constexpr uint32_t kHeadHintEvery = 16;
 
 namespace ring_detail {
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t ld_acquire_gpu(const unsigned long long* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_max_release_gpu(unsigned long long* p, uint64_t v) {
-  asm volatile("red.release.gpu.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ void fence_acq_rel_sys() {
-  asm volatile("fence.acq_rel.sys;" ::: "memory");
-}
-
 // Writes bytes 0..59 of the slot (everything but the commit word) with wide stores, building
 // the words in registers (both sides are little-endian; command.h pins the offsets).
 __device__ __forceinline__ void store_payload(CommandRecord* slot, const Command& c) {
@@ -104,10 +67,10 @@ __device__ __forceinline__ void store_payload(CommandRecord* slot, const Command
 
 __device__ __forceinline__ void abandon(const RingProducerView& v, uint64_t first, uint32_t count,
                                         uint32_t why) {
-  st_relaxed_sys(&v.header->client_detail, count);
-  st_relaxed_sys(&v.header->client_pos, first);
-  fence_acq_rel_sys();
-  st_relaxed_sys(&v.header->client_error, why);
+  sync::st_relaxed_sys(&v.header->client_detail, count);
+  sync::st_relaxed_sys(&v.header->client_pos, first);
+  sync::fence_acq_rel_sys();
+  sync::st_relaxed_sys(&v.header->client_error, why);
 }
 
 // Waits until position `last` fits (last - tail < capacity). Bounded; see note 4.
@@ -120,25 +83,25 @@ inline constexpr uint64_t kHostPollIntervalNs = 4000;
 
 __device__ __forceinline__ uint32_t wait_for_space(const RingProducerView& v, uint64_t last) {
   const uint64_t cap = uint64_t{1} << v.capacity_log2;
-  uint64_t cached = ld_acquire_gpu(&v.state->cached_tail);
+  uint64_t cached = sync::ld_acquire_gpu(&v.state->cached_tail);
   if (last - cached < cap) return kRingOk;
-  const uint64_t start = globaltimer_ns();
+  const uint64_t start = sync::globaltimer_ns();
   uint64_t host_polled_at = 0;
   uint32_t sleep_ns = 32;
   for (;;) {
-    const uint64_t now = globaltimer_ns();
+    const uint64_t now = sync::globaltimer_ns();
     if (last - cached < cap + kHostPollWindow || now - host_polled_at >= kHostPollIntervalNs) {
       host_polled_at = now;
-      const uint64_t tail = ld_acquire_sys(&v.header->tail);
-      if (tail - cached < (uint64_t{1} << 63)) red_max_release_gpu(&v.state->cached_tail, tail);
+      const uint64_t tail = sync::ld_acquire_sys(&v.header->tail);
+      if (tail - cached < (uint64_t{1} << 63)) sync::red_max_release_gpu(&v.state->cached_tail, tail);
       if (last - tail < cap) return kRingOk;
-      if (ld_acquire_sys(&v.header->error) != 0) return kRingConsumerError;
-      if (ld_relaxed_sys(&v.header->epoch) != v.expected_epoch) return kRingEpochChanged;
+      if (sync::ld_acquire_sys(&v.header->error) != 0) return kRingConsumerError;
+      if (sync::ld_relaxed_sys(&v.header->epoch) != v.expected_epoch) return kRingEpochChanged;
     }
     if (now - start > v.timeout_ns) return kRingTimeout;
     __nanosleep(sleep_ns);
     if (sleep_ns < 512) sleep_ns *= 2;
-    cached = ld_acquire_gpu(&v.state->cached_tail);
+    cached = sync::ld_acquire_gpu(&v.state->cached_tail);
     if (last - cached < cap) return kRingOk;
   }
 }
@@ -147,7 +110,7 @@ __device__ __forceinline__ void publish_head_hint(const RingProducerView& v, uin
                                                   uint64_t last) {
   // Only when [first, last] holds a position p with p % kHeadHintEvery == kHeadHintEvery - 1.
   const uint64_t boundary = (last + 1) / kHeadHintEvery * kHeadHintEvery;
-  if (boundary > first) st_relaxed_sys(&v.header->head, last + 1);
+  if (boundary > first) sync::st_relaxed_sys(&v.header->head, last + 1);
 }
 
 }  // namespace ring_detail
@@ -165,8 +128,8 @@ __device__ __forceinline__ uint32_t ring_push(const RingProducerView& v, const C
   }
   CommandRecord* slot = &v.slots[pos & ((uint64_t{1} << v.capacity_log2) - 1)];
   ring_detail::store_payload(slot, c);
-  ring_detail::fence_acq_rel_sys();
-  ring_detail::st_relaxed_sys(&slot->commit, commit_word(pos, v.capacity_log2));
+  sync::fence_acq_rel_sys();
+  sync::st_relaxed_sys(&slot->commit, commit_word(pos, v.capacity_log2));
   ring_detail::publish_head_hint(v, pos, pos);
   return kRingOk;
 }
@@ -185,9 +148,9 @@ __device__ __forceinline__ uint32_t ring_push_batch(const RingProducerView& v, c
   }
   for (uint32_t i = 0; i < n; ++i)
     ring_detail::store_payload(&v.slots[(first + i) & (cap - 1)], cmds[i]);
-  ring_detail::fence_acq_rel_sys();
+  sync::fence_acq_rel_sys();
   for (uint32_t i = 0; i < n; ++i)
-    ring_detail::st_relaxed_sys(&v.slots[(first + i) & (cap - 1)].commit,
+    sync::st_relaxed_sys(&v.slots[(first + i) & (cap - 1)].commit,
                                 commit_word(first + i, v.capacity_log2));
   ring_detail::publish_head_hint(v, first, first + n - 1);
   return kRingOk;
@@ -219,8 +182,8 @@ __device__ __forceinline__ uint32_t ring_push_warp(const RingProducerView& v, co
   if (pos_out) *pos_out = pos;
   CommandRecord* slot = &v.slots[pos & ((uint64_t{1} << v.capacity_log2) - 1)];
   ring_detail::store_payload(slot, c);
-  ring_detail::fence_acq_rel_sys();
-  ring_detail::st_relaxed_sys(&slot->commit, commit_word(pos, v.capacity_log2));
+  sync::fence_acq_rel_sys();
+  sync::st_relaxed_sys(&slot->commit, commit_word(pos, v.capacity_log2));
   if (rank == n - 1) ring_detail::publish_head_hint(v, first, first + n - 1);
   return kRingOk;
 }

@@ -81,8 +81,18 @@ struct Options {
   bool network_for_local = false;  // reach ranks on this daemon through the network too
   // Bytes of this rank's NVLink buffer (device memory, CUDA VMM), 0 for none. Ranks on this
   // node (the same daemon) map each other's through handles the daemon brokers; kernels store
-  // into peers' buffers directly (DeviceComm::nvl, nvl_signal, nvl_wait).
+  // into peers' buffers directly (DeviceComm::nvl, nvl_signal, nvl_wait). The fused ops keep
+  // their symmetric workspace here (e.g. the gathered activation of all_gather_gemm), so size
+  // it with the ops' workspace functions (ops.h).
   uint64_t nvlink_bytes = 0;
+  // NVLink flags for application kernels (nvl_signal / nvl_wait indices 0..nvlink_flags-1).
+  uint32_t nvlink_flags = 512;
+  // Flags reserved for the fused ops, in the NVLink buffer and after the num_flags flags of the
+  // flag array; disjoint from the application's (comm.cuh note 4).
+  uint32_t fused_flags = 4096;
+  // Bytes of a buffer reserved for the fused ops' transfers between nodes (the rail peers'
+  // shards or partial sums arrive here), 0 for none; it follows the application's buffers.
+  uint64_t network_workspace_bytes = 0;
   // Where buffers live (note 2); MKERNEL_GPU_MEMORY=auto|require|off overrides it.
   GpuMemory gpu_memory = GpuMemory::kAuto;
 };
@@ -109,6 +119,10 @@ class Communicator {
   Status begin_launch(cudaStream_t stream);
   // The view kernels take (valid while this Communicator lives).
   const DeviceComm& device() const { return device_; }
+  // The bounded-wait context of this communicator for kernels that take one by value, e.g. a
+  // GEMM waiting on readiness flags (GemmArgs::wait): its errors land in this communicator's
+  // status word and its waits end when the ring is stopped or a peer failed.
+  kernels::WaitContext wait_context() const;
   // Host pointer of buffer i (the same memory the kernels see); nullptr when buffers are GPU
   // memory (staging() == kGpuMemory): use device_buffer and cudaMemcpy then.
   void* host_buffer(uint32_t i) const;
@@ -132,8 +146,21 @@ class Communicator {
   const std::string& transport() const { return transport_; }
   // Whether rank r is reached through the network transport (else inside the daemon).
   bool through_network(uint32_t r) const { return r < network_.size() && network_[r]; }
-  // Whether rank r's NVLink buffer is mapped here (DeviceComm::nvl[r]).
-  bool nvlink_mapped(uint32_t r) const { return r < kMaxNvlRanks && device_.nvl[r] != nullptr; }
+  // Whether rank r's NVLink buffer is mapped here (DeviceComm::nvl[r]), and where (the device
+  // address of its data, nullptr when it is not mapped).
+  bool nvlink_mapped(uint32_t r) const { return nvlink_buffer(r) != nullptr; }
+  void* nvlink_buffer(uint32_t r) const { return r < nvl_ptrs_.size() ? nvl_ptrs_[r] : nullptr; }
+  // Nodes: ranks on the same daemon share a node. node_of(r) numbers nodes in order of their
+  // lowest rank (rank 0's node is 0).
+  uint32_t node_of(uint32_t r) const { return r < node_of_.size() ? node_of_[r] : 0; }
+  uint32_t num_nodes() const { return num_nodes_; }
+  // The buffer reserved for the fused ops between nodes (Options::network_workspace_bytes), or
+  // kNoBuffer.
+  uint32_t network_workspace() const { return network_workspace_; }
+  static constexpr uint32_t kNoBuffer = kernels::kNoBuffer;
+  // The stream-ordered device memory the fused ops keep their launch bookkeeping in is
+  // DeviceComm::fused_state; one fused op at a time per communicator (stream order).
+  int cuda_device() const;
 
  private:
   Communicator() = default;
@@ -153,6 +180,10 @@ class Communicator {
   Staging staging_ = Staging::kHostPinned;
   std::string staging_reason_;
   std::vector<bool> network_;
+  std::vector<void*> nvl_ptrs_;  // host copy of DeviceComm::nvl
+  std::vector<uint32_t> node_of_;
+  uint32_t num_nodes_ = 1;
+  uint32_t network_workspace_ = kNoBuffer;
   std::thread monitor_;
   std::atomic<bool> stop_{false};
 };

@@ -1,0 +1,32 @@
+// sm90_bf16_gemm_instance.cuh: the library's instantiations of the persistent GEMM for one
+// BLOCK_N (cluster 1 and 2, store and atomic-add epilogues, no role function). Every BLOCK_N is
+// a translation unit of its own, generated from sm90_bf16_gemm_instance.cu.in by
+// kernels/CMakeLists.txt, so the instantiations compile in parallel and cannot drift apart.
+#pragma once
+
+#include "gemm/sm90_bf16_gemm_dispatch.h"
+#include "gemm/sm90_bf16_gemm_launch.cuh"
+
+namespace mkernel::kernels::detail {
+
+template <int kBlockN, int kClusterM, uint32_t kEpilogue>
+using LibraryTraits = Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogue>;
+
+template <int kBlockN>
+GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  const bool add = plan.epilogue == kEpilogueAtomicAdd;
+  if (plan.config.cluster_m == 2) {
+    return add ? launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 2, kEpilogueAtomicAdd>, NoRole>(plan, stream)
+               : launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(plan, stream);
+  }
+  return add ? launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueAtomicAdd>, NoRole>(plan, stream)
+             : launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueStore>, NoRole>(plan, stream);
+}
+
+template <int kBlockN>
+int max_resident_block_n(int cluster_m, int num_sms) {
+  return cluster_m == 2 ? max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(num_sms)
+                        : max_resident_gemm_blocks<LibraryTraits<kBlockN, 1, kEpilogueStore>, NoRole>(num_sms);
+}
+
+}  // namespace mkernel::kernels::detail
