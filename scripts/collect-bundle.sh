@@ -3,8 +3,8 @@
 # build directory into OUT/bin, and every shared library they need that a machine of the same
 # architecture may lack into OUT/lib, so they run on a machine with no package registry (the GPU
 # machine). The C and C++ runtimes (glibc, libstdc++, libgcc_s) are left out: the target's own,
-# newer ones serve, and so do the GPU driver and NCCL (benchmarks compare against the
-# target's own NCCL). OUT/env.sh sets PATH and LD_LIBRARY_PATH.
+# newer ones serve, and so do the GPU driver, NCCL and cuBLAS (benchmarks compare against the
+# target's own; the CUDA toolkit there has cuBLAS). OUT/env.sh sets PATH and LD_LIBRARY_PATH.
 #
 #   scripts/collect-bundle.sh BUILD_DIR OUT_DIR [extra program paths relative to BUILD_DIR...]
 set -euo pipefail
@@ -18,7 +18,7 @@ shift 2
 [[ -d $build ]] || { echo "$0: build directory '$build' does not exist" >&2; exit 2; }
 mkdir -p "$out/bin" "$out/lib"
 programs=(daemon/mkerneld daemon/ctl/mkerneldctl daemon/mkernel-demo-client "$@")
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libnvidia|libnccl)'
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcuda\.so|libnvidia|libnccl|libcublas)'
 for p in "${programs[@]}"; do
   src=$build/$p
   [[ -x $src ]] || { echo "$0: $src is not an executable (build it first)" >&2; exit 1; }

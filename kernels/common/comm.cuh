@@ -41,8 +41,14 @@ inline constexpr uint32_t kMaxBuffers = 16;
 // System words of an NVLink buffer (note 4).
 inline constexpr uint32_t kNvlSystemWords = 8;
 inline constexpr uint32_t kNvlWordPeerAbort = 0;  // rank + 1 of the first peer that failed
-// Words of DeviceComm::fused_state (fused/common.cuh says what each holds).
+// Words of DeviceComm::fused_state (fused/common/launch_state.cuh says what each holds).
 inline constexpr uint32_t kFusedStateWords = 8;
+// The fused-op flags of the flag array start with an agreement area: kAgreeWords flags per rank,
+// where every rank leaves the description of the op it is about to plan (the runtime's
+// agreement, runtime/src/ops/agree.cu); the ops' own flags follow it (fused_flag_index). The
+// area's place depends on num_flags only, so ranks that differ in anything else still agree
+// far enough to say so.
+inline constexpr uint32_t kAgreeWords = 12;
 inline constexpr uint32_t kNoBuffer = 0xFFFFFFFFu;
 
 // Byte offsets inside an NVLink buffer (note 4); host and device.
@@ -100,8 +106,14 @@ __device__ __forceinline__ uint64_t* nvl_fused_flag(const DeviceComm& c, uint32_
   return reinterpret_cast<uint64_t*>(nvl_ptr(c, rank) + nvl_layout(c).fused_flags_offset()) + idx;
 }
 
-// The fused ops' flag `idx` of the flag array (raised by the proxy), index for commands.
-__device__ __forceinline__ uint32_t fused_flag_index(const DeviceComm& c, uint32_t idx) { return c.num_flags + idx; }
+// Index in the flag array (for commands and waits) of the fused ops' flag `idx`, past the
+// agreement area, and of word `word` of rank `rank`'s agreement slot.
+MK_KERNEL_HD inline uint32_t fused_flag_index(const DeviceComm& c, uint32_t idx) {
+  return c.num_flags + c.world_size * kAgreeWords + idx;
+}
+MK_KERNEL_HD inline uint32_t agree_flag_index(const DeviceComm& c, uint32_t rank, uint32_t word) {
+  return c.num_flags + rank * kAgreeWords + word;
+}
 
 __device__ __forceinline__ uint64_t launch_number(const DeviceComm& c) {
   return sync::ld_acquire_gpu(c.launch_counter);
@@ -188,11 +200,26 @@ __device__ __forceinline__ bool nvl_wait(const DeviceComm& c, uint32_t idx, uint
   return wait_geq(nvl_flag(c, c.rank, idx), value, wait_context(c), idx, where);
 }
 
+// How block_copy reads its source. Stream: data this launch did not write (evict-first, may use
+// L1). L2: data another block of this launch wrote and flagged (bypasses the SM's L1, which is
+// not coherent). Volatile: memory another agent (the host, the NIC) wrote and flagged, e.g.
+// mapped pinned host memory (fetched again on every access).
+enum class LoadPolicy : uint8_t { kStream, kL2, kVolatile };
+
+template <LoadPolicy kPolicy>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (kPolicy == LoadPolicy::kStream) return __ldcs(p);
+  else if constexpr (kPolicy == LoadPolicy::kL2) return __ldcg(p);
+  else return __ldcv(p);
+}
+
 // Every thread of the block calls this: copies `bytes` (a multiple of 16, both pointers 16-byte
-// aligned) from src to dst with 16-byte accesses, several in flight per thread. dst may be a
-// peer's NVLink buffer, src local or a peer's.
+// aligned) from src to dst with 16-byte accesses, kUnroll loads in flight per thread before the
+// stores (a block keeps blockDim x kUnroll x 16 bytes in flight). dst may be a peer's NVLink
+// buffer, src local, a peer's or mapped host memory.
+template <LoadPolicy kPolicy = LoadPolicy::kStream>
 __device__ __forceinline__ void block_copy(void* dst, const void* src, uint64_t bytes) {
-  constexpr uint32_t kUnroll = 4;
+  constexpr uint32_t kUnroll = 8;
   auto* d = static_cast<uint4*>(dst);
   const auto* s = static_cast<const uint4*>(src);
   const uint64_t n = bytes / 16;
@@ -201,11 +228,11 @@ __device__ __forceinline__ void block_copy(void* dst, const void* src, uint64_t 
   for (; i + (kUnroll - 1) * blockDim.x < n; i += stride) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) v[u] = __ldcs(s + i + u * blockDim.x);
+    for (uint32_t u = 0; u < kUnroll; ++u) v[u] = load16<kPolicy>(s + i + u * blockDim.x);
 #pragma unroll
     for (uint32_t u = 0; u < kUnroll; ++u) d[i + u * blockDim.x] = v[u];
   }
-  for (; i < n; i += blockDim.x) d[i] = __ldcs(s + i);
+  for (; i < n; i += blockDim.x) d[i] = load16<kPolicy>(s + i);
 }
 
 // Every thread of the block calls this: stores `bytes` from src into rank's NVLink buffer at

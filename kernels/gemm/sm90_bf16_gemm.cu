@@ -125,6 +125,26 @@ void choose_config(const GemmArgs& a, int num_sms, GemmConfig* c) {
   }
 }
 
+// The plan's tensor maps from plan->args (pointers, shape and leading dimensions).
+GemmResult encode_maps(GemmPlan* plan) {
+  const GemmArgs& a = plan->args;
+  const GemmConfig& c = plan->config;
+  GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, kBlockM, kBlockK, "a");
+  if (!r.ok()) return r;
+  if (a.hooks.a_local != nullptr) {
+    r = make_tensor_map(&plan->tma_a_local, a.hooks.a_local, a.hooks.local_rows_end - a.hooks.local_rows_begin, a.k,
+                        a.lda, kBlockM, kBlockK, "a_local");
+    if (!r.ok()) return r;
+  } else {
+    plan->tma_a_local = plan->tma_a;
+  }
+  r = make_tensor_map(&plan->tma_b, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
+                      "w");
+  if (!r.ok()) return r;
+  // The output as a [m, n] tensor stored in 64 x 64 chunks (see store_tile_tma).
+  return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, 64, 64, "d");
+}
+
 }  // namespace
 
 GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
@@ -236,6 +256,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   p.num_gemm_blocks = static_cast<uint32_t>(c.num_gemm_blocks);
   p.ready_flags = h.ready_flags;
   p.ready_value = h.ready_value;
+  p.ready_value_ptr = h.ready_value_ptr;
   p.ready_rows_per_flag = h.ready_rows_per_flag;
   p.ready_shard_rows = h.ready_shard_rows > 0 ? h.ready_shard_rows : static_cast<uint32_t>(args.m);
   p.ready_chunks_per_shard =
@@ -246,6 +267,8 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   p.tile_flag_value = h.tile_flag_value;
   p.wait = args.wait;
   p.role_args = h.role_args;
+  p.role_ptrs[0] = h.role_ptrs[0];
+  p.role_ptrs[1] = h.role_ptrs[1];
 
   if (c.num_splits > 1) {
     const size_t need = gemm_workspace_bytes(args);
@@ -259,23 +282,38 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
     p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + counter_bytes);
   }
 
+  plan->args = args;
+  plan->args.lda = lda;
+  plan->args.ldw = ldw;
+  plan->args.ldd = ldd;
   plan->config = c;
   plan->num_stages = detail::gemm_stages_for_block_n(c.block_n);
   plan->epilogue = args.epilogue;
-  r = make_tensor_map(&plan->tma_a, args.a, args.m, args.k, lda, kBlockM, kBlockK, "a");
-  if (!r.ok()) return r;
-  if (h.a_local != nullptr) {
-    r = make_tensor_map(&plan->tma_a_local, h.a_local, h.local_rows_end - h.local_rows_begin, args.k, lda, kBlockM,
-                        kBlockK, "a_local");
-    if (!r.ok()) return r;
-  } else {
-    plan->tma_a_local = plan->tma_a;
+  return encode_maps(plan);
+}
+
+GemmResult gemm_rebind(GemmPlan* plan, const void* a, const void* w, void* d, const void* a_local) {
+  struct {
+    const char* name;
+    const void* p;
+  } ptrs[] = {{"a", a}, {"w", w}, {"d", d}};
+  for (const auto& p : ptrs) {
+    if (p.p == nullptr || reinterpret_cast<uintptr_t>(p.p) % 16 != 0) {
+      return fail(GemmError::kInvalidPointer, std::string("pointer ") + p.name + " is null or not 16-byte aligned");
+    }
   }
-  r = make_tensor_map(&plan->tma_b, args.w, args.n, args.k, ldw, static_cast<uint32_t>(c.block_n / c.cluster_m),
-                      kBlockK, "w");
-  if (!r.ok()) return r;
-  // The output as a [m, n] tensor stored in 64 x 64 chunks (see store_tile_tma).
-  return make_tensor_map(&plan->tma_d, args.d, args.m, args.n, ldd, 64, 64, "d");
+  if ((plan->args.hooks.a_local != nullptr) != (a_local != nullptr) ||
+      reinterpret_cast<uintptr_t>(a_local) % 16 != 0) {
+    return fail(GemmError::kInvalidPointer, "pointer a_local is not 16-byte aligned, or given to a plan made without "
+                                            "one (or missing for a plan made with one)");
+  }
+  if (a == plan->args.a && w == plan->args.w && d == plan->args.d && a_local == plan->args.hooks.a_local) return {};
+  plan->args.a = a;
+  plan->args.w = w;
+  plan->args.d = d;
+  plan->args.hooks.a_local = a_local;
+  plan->params.d = d;
+  return encode_maps(plan);
 }
 
 size_t gemm_workspace_bytes(const GemmArgs& args) {

@@ -88,14 +88,14 @@ namespace detail {
 // The flags covering consecutive rows have consecutive indices, so the tile waits for one run
 // of flags. Then makes what the peers (or the copy engine, or the host) stored visible to the
 // TMA loads that follow.
-__device__ __forceinline__ bool wait_rows_ready(const GemmParams& p, uint32_t row0, uint32_t row_end,
-                                                uint32_t m_block) {
+__device__ __forceinline__ bool wait_rows_ready(const GemmParams& p, uint64_t value, uint32_t row0,
+                                                uint32_t row_end, uint32_t m_block) {
   auto flag_of = [&](uint32_t g) {
     return (g / p.ready_shard_rows) * p.ready_chunks_per_shard + (g % p.ready_shard_rows) / p.ready_rows_per_flag;
   };
   const uint32_t last = flag_of(row_end - 1);
   for (uint32_t f = flag_of(row0); f <= last; ++f) {
-    if (!wait_geq(p.ready_flags + f, p.ready_value, p.wait, f, where_tag(kStepGemmReady, m_block))) return false;
+    if (!wait_geq(p.ready_flags + f, value, p.wait, f, where_tag(kStepGemmReady, m_block))) return false;
   }
   sync::fence_proxy_async_global();
   return true;
@@ -237,6 +237,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (p.local_rows_end > p.local_rows_begin) ptx::prefetch_tensor_map(&tma_a_local);
       uint32_t stage = 0, phase = 0;
       bool aborted = false;
+      const uint64_t ready_value =
+          p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
       for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
         const TileCoord tc = sched.get(unit, cta_rank);
         // Which copy of A this tile reads: the locally held rows (never waited for) when the
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const uint32_t row_end = min(row0 + T::kBlockM, p.m);
         const bool local = row0 >= p.local_rows_begin && row_end <= p.local_rows_end;
         if (!local && p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
-          if (!detail::wait_rows_ready(p, row0, row_end, tc.m_block)) aborted = true;
+          if (!detail::wait_rows_ready(p, ready_value, row0, row_end, tc.m_block)) aborted = true;
         }
         const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
         const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
@@ -420,6 +422,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     ptx::cluster_sync();
   }
   if constexpr (Role::kHasBlockExit) {
+    __syncwarp();  // the producer's thread 0 rejoins its warp before the (aligned) block barrier
     __syncthreads();
     if (threadIdx.x == 0) Role::block_exit(p);
   }

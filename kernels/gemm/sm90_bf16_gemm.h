@@ -69,6 +69,9 @@ struct GemmHooks {
   // inside a tile, whose producer then waits for the chunks of both shards.
   const uint64_t* ready_flags = nullptr;
   uint64_t ready_value = 0;
+  // When set, the value is read from here at the start of the launch instead (a launch counter
+  // in device memory, so a CUDA graph replay waits for its own launch's flags).
+  const unsigned long long* ready_value_ptr = nullptr;
   uint32_t ready_rows_per_flag = 128;
   uint32_t ready_shard_rows = 0;
   // Rows [local_rows_begin, local_rows_end) of A are also held at a_local (row-major, pitch
@@ -84,6 +87,7 @@ struct GemmHooks {
   uint64_t* tile_flags = nullptr;
   uint64_t tile_flag_value = 0;
   void* role_args = nullptr;
+  const void* role_ptrs[2] = {nullptr, nullptr};
 };
 
 struct GemmArgs {
@@ -108,6 +112,7 @@ struct GemmArgs {
 // and the tensor maps. Fused kernels build one with gemm_plan and launch the kernel template
 // with their own role (sm90_bf16_gemm_launch.cuh).
 struct GemmPlan {
+  GemmArgs args;      // what it was planned for (gemm_rebind changes the pointers only)
   GemmConfig config;  // no zeros left
   int num_stages = 0;
   GemmEpilogue epilogue = kEpilogueStore;
@@ -129,6 +134,11 @@ uint32_t gemm_num_tiles(const GemmArgs& args);
 
 // Plans and launches on `stream`. Asynchronous: device-side errors appear in *args.status.
 [[nodiscard]] GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream);
+
+// Points an existing plan at other operands of the same shape and layout: checks the pointers
+// and re-encodes the tensor maps, nothing else (cheap enough for every call of a fused op).
+// a_local may be null only when the plan was made without one.
+[[nodiscard]] GemmResult gemm_rebind(GemmPlan* plan, const void* a, const void* w, void* d, const void* a_local);
 
 // Launches an existing plan (no re-validation); for repeated launches of one shape.
 [[nodiscard]] GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream);

@@ -42,6 +42,7 @@ struct GemmParams {
   // local_rows_end) load from the fourth tensor map (A's locally held rows) and never wait.
   const uint64_t* ready_flags;
   uint64_t ready_value;
+  const unsigned long long* ready_value_ptr;  // when set, ready_value is *ready_value_ptr (a launch counter)
   uint32_t ready_rows_per_flag;
   uint32_t ready_shard_rows;
   uint32_t ready_chunks_per_shard;
@@ -56,8 +57,11 @@ struct GemmParams {
   // every wait (common/wait.cuh).
   WaitContext wait;
 
-  // Opaque argument for the role function of blocks >= num_gemm_blocks.
+  // Opaque argument for the role function of blocks >= num_gemm_blocks (device memory the host
+  // prepared once), and pointers that change from launch to launch (kernel parameters, so a
+  // CUDA graph captures them).
   void* role_args;
+  const void* role_ptrs[2];
 };
 
 }  // namespace mkernel::kernels

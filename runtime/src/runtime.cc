@@ -192,6 +192,7 @@ struct Communicator::Impl {
 };
 
 Communicator::~Communicator() {
+  op_cache_.clear();  // plans first: they free device memory of their own
   stop_.store(true);
   if (monitor_.joinable()) monitor_.join();
   impl_.reset();
@@ -248,6 +249,7 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   MK_ASSIGN_OR_RETURN(ParsedId pid, parse_id(id));
   rank_ = rank;
   size_ = size;
+  rendezvous_timeout_ = options.rendezvous_timeout;
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
 

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -150,8 +151,9 @@ class Communicator {
   // address of its data, nullptr when it is not mapped).
   bool nvlink_mapped(uint32_t r) const { return nvlink_buffer(r) != nullptr; }
   void* nvlink_buffer(uint32_t r) const { return r < nvl_ptrs_.size() ? nvl_ptrs_[r] : nullptr; }
-  // Nodes: ranks on the same daemon share a node. node_of(r) numbers nodes in order of their
-  // lowest rank (rank 0's node is 0).
+  // Nodes, by the node name each rank's daemon reports (config node.name, default the host
+  // name): node_of(r) numbers them in order of their lowest rank (rank 0's node is 0). Ranks on
+  // one daemon share a node; two daemons on one host are two nodes only if named apart.
   uint32_t node_of(uint32_t r) const { return r < node_of_.size() ? node_of_[r] : 0; }
   uint32_t num_nodes() const { return num_nodes_; }
   // The buffer reserved for the fused ops between nodes (Options::network_workspace_bytes), or
@@ -161,6 +163,11 @@ class Communicator {
   // The stream-ordered device memory the fused ops keep their launch bookkeeping in is
   // DeviceComm::fused_state; one fused op at a time per communicator (stream order).
   int cuda_device() const;
+  // The bound of collective setup steps (create(), the fused ops' agreement).
+  std::chrono::milliseconds rendezvous_timeout() const { return rendezvous_timeout_; }
+  // Plans the one-call fused ops keep per shape (ops.h), owned by and dropped with the
+  // communicator.
+  std::shared_ptr<void>& op_slot(const std::string& key) { return op_cache_[key]; }
 
  private:
   Communicator() = default;
@@ -184,6 +191,8 @@ class Communicator {
   std::vector<uint32_t> node_of_;
   uint32_t num_nodes_ = 1;
   uint32_t network_workspace_ = kNoBuffer;
+  std::chrono::milliseconds rendezvous_timeout_{60000};
+  std::map<std::string, std::shared_ptr<void>> op_cache_;
   std::thread monitor_;
   std::atomic<bool> stop_{false};
 };

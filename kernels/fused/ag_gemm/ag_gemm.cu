@@ -1,0 +1,179 @@
+// ag_gemm.cu: host side of the fused AllGather+GEMM (ag_gemm.h): checks, the movement plan in
+// device memory, the GEMM configuration, and the launch of the engine with the AllGather role.
+#include "fused/ag_gemm/ag_gemm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "fused/ag_gemm/ag_gemm.cuh"
+#include "gemm/sm90_bf16_gemm_dispatch.h"
+#include "gemm/sm90_bf16_gemm_launch.cuh"
+
+namespace mkernel::kernels {
+
+namespace {
+
+GemmResult fail(GemmError code, std::string message) { return GemmResult{code, std::move(message)}; }
+
+template <int kBlockN, int kClusterM>
+using AgTraits = Sm90GemmTraits<kBlockN, detail::gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore>;
+
+GemmResult launch_with_role(const GemmPlan& plan, cudaStream_t stream) {
+  const GemmConfig& c = plan.config;
+  if (c.block_n == 256) {
+    return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<256, 2>, AgGemmRole>(plan, stream)
+                            : launch_sm90_bf16_gemm<AgTraits<256, 1>, AgGemmRole>(plan, stream);
+  }
+  return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<128, 2>, AgGemmRole>(plan, stream)
+                          : launch_sm90_bf16_gemm<AgTraits<128, 1>, AgGemmRole>(plan, stream);
+}
+
+GemmResult cuda_fail(const char* what, cudaError_t e) {
+  return fail(GemmError::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+int ag_default_comm_blocks(const FusedLayout& layout) {
+  const int blocks = 2 + 2 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 2 : 0);
+  return std::min(16, blocks);
+}
+
+GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>* out) {
+  const DeviceComm& c = s.comm;
+  AgGeometry geo{s.layout, c.rank, s.m_local, s.k,
+                 s.config.chunk_rows != 0 ? s.config.chunk_rows : ag_default_chunk_rows(s.m_local)};
+  if (std::string e = ag_check_geometry(geo); !e.empty()) return fail(GemmError::kInvalidConfig, e);
+  if (s.layout.world() != c.world_size)
+    return fail(GemmError::kInvalidConfig, "layout: " + std::to_string(s.layout.nodes) + " x " +
+                                               std::to_string(s.layout.gpus) + " ranks, but the communicator has " +
+                                               std::to_string(c.world_size));
+  if (s.n_local == 0 || s.n_local % 8 != 0)
+    return fail(GemmError::kInvalidN, "n_local = " + std::to_string(s.n_local) +
+                                          " is not supported: it must be a positive multiple of 8 (TMA rows)");
+  const uint64_t m_total = uint64_t{s.m_local} * s.layout.world();
+  if (m_total > (uint64_t{1} << 31) - 1)
+    return fail(GemmError::kInvalidM, "M = world x m_local = " + std::to_string(m_total) + " is too large (at most 2^31 - 1)");
+  // The workspace.
+  if (c.nvl == nullptr || c.nvl_bytes < geo.nvl_bytes_needed())
+    return fail(GemmError::kWorkspaceTooSmall,
+                "the communicator's NVLink buffer holds " + std::to_string(c.nvl == nullptr ? 0 : c.nvl_bytes) +
+                    " bytes; the gathered activation needs world x m_local x k x 2 = " +
+                    std::to_string(geo.nvl_bytes_needed()) + " (Options::nvlink_bytes)");
+  if (c.nvl_fused_flags < geo.nvl_flags_needed())
+    return fail(GemmError::kWorkspaceTooSmall, "the NVLink buffer has " + std::to_string(c.nvl_fused_flags) +
+                                                   " fused-op flags; this plan needs " +
+                                                   std::to_string(geo.nvl_flags_needed()) + " (Options::fused_flags)");
+  if (uint64_t{c.num_fused_flags} < uint64_t{c.world_size} * kAgreeWords + geo.net_flags_needed())
+    return fail(GemmError::kWorkspaceTooSmall,
+                "the flag array has " + std::to_string(c.num_fused_flags) + " fused-op flags; this plan needs " +
+                    std::to_string(geo.net_flags_needed()) + " plus " + std::to_string(kAgreeWords) +
+                    " per rank for the agreement (Options::fused_flags)");
+  if (s.layout.nodes > 1) {
+    if (c.network_workspace == kNoBuffer || c.buffer_bytes[c.network_workspace] < geo.net_bytes_needed())
+      return fail(GemmError::kWorkspaceTooSmall,
+                  "ranks span " + std::to_string(s.layout.nodes) + " nodes: the network workspace must hold nodes x "
+                  "m_local x k x 2 = " + std::to_string(geo.net_bytes_needed()) + " bytes; it holds " +
+                      std::to_string(c.network_workspace == kNoBuffer ? 0 : c.buffer_bytes[c.network_workspace]) +
+                      " (Options::network_workspace_bytes)");
+  }
+  if (s.config.comm_blocks < 0 || s.config.gemm_blocks < 0)
+    return fail(GemmError::kInvalidConfig, "comm_blocks and gemm_blocks must not be negative");
+
+  std::unique_ptr<AgGemmPlan> p(new AgGemmPlan());
+  p->setup_ = s;
+  p->geo_ = geo;
+
+  // The GEMM over the gathered rows, own rows straight from A_r. The pointers of A_r, W and C
+  // come with each launch (gemm_rebind); the plan is made with stand-ins of the right alignment.
+  // DeviceComm::nvl is a device array: read the own entry once.
+  uint8_t* own = nullptr;
+  if (cudaError_t e = cudaMemcpy(&own, c.nvl + c.rank, sizeof(own), cudaMemcpyDeviceToHost); e != cudaSuccess)
+    return cuda_fail("reading the NVLink peer table", e);
+  if (own == nullptr) return fail(GemmError::kInvalidConfig, "this rank's NVLink buffer is not mapped");
+  p->gathered_ = own;
+  const NvlLayout nl{c.nvl_bytes, c.nvl_num_flags, c.nvl_fused_flags};
+  auto* ready = reinterpret_cast<uint64_t*>(own + nl.fused_flags_offset());
+
+  GemmArgs g;
+  g.a = own;
+  g.w = own;  // stand-in, rebound per launch
+  g.d = own;  // stand-in, rebound per launch
+  g.m = static_cast<int64_t>(m_total);
+  g.n = s.n_local;
+  g.k = s.k;
+  g.config.block_n = s.config.block_n;
+  g.config.cluster_m = s.config.cluster_m;
+  g.config.num_gemm_blocks = s.config.gemm_blocks;
+  g.config.num_role_blocks = s.config.comm_blocks != 0 ? s.config.comm_blocks : ag_default_comm_blocks(s.layout);
+  g.config.num_splits = 1;  // no split-K: its workspace would be one more thing to size per shape
+  g.hooks.ready_flags = ready;
+  g.hooks.ready_value_ptr = c.launch_counter;
+  g.hooks.ready_rows_per_flag = geo.chunk_rows;
+  g.hooks.ready_shard_rows = s.m_local;
+  g.hooks.a_local = own;  // stand-in, rebound per launch
+  g.hooks.local_rows_begin = int64_t{c.rank} * s.m_local;
+  g.hooks.local_rows_end = g.hooks.local_rows_begin + s.m_local;
+  // Own rows first: from the first tile that lies wholly inside them.
+  const uint32_t m_blocks = static_cast<uint32_t>((m_total + 127) / 128);
+  g.hooks.first_m_block = static_cast<uint32_t>((uint64_t{c.rank} * s.m_local + 127) / 128) % m_blocks;
+  g.wait = s.wait;
+  GemmResult r = gemm_plan(g, &p->gemm_);
+  if (!r.ok()) return r;
+
+  // The movement plan and the role's arguments, in device memory.
+  const std::vector<AgStep> steps = ag_steps(geo);
+  if (cudaError_t e = cudaMalloc(&p->steps_, std::max<size_t>(1, steps.size()) * sizeof(AgStep)); e != cudaSuccess)
+    return cuda_fail("cudaMalloc (movement plan)", e);
+  if (cudaError_t e = cudaMemcpy(p->steps_, steps.data(), steps.size() * sizeof(AgStep), cudaMemcpyHostToDevice);
+      e != cudaSuccess)
+    return cuda_fail("cudaMemcpy (movement plan)", e);
+  AgGemmRoleArgs ra;
+  ra.comm = c;
+  ra.layout = s.layout;
+  ra.rank = c.rank;
+  ra.m_local = s.m_local;
+  ra.k = s.k;
+  ra.chunk_rows = geo.chunk_rows;
+  ra.chunks = geo.chunks();
+  ra.num_steps = static_cast<uint32_t>(steps.size());
+  ra.steps = p->steps_;
+  ra.gathered = own;
+  ra.ready = ready;
+  ra.workspace = s.layout.nodes > 1 ? c.buffers[c.network_workspace] : nullptr;
+  if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(AgGemmRoleArgs)); e != cudaSuccess)
+    return cuda_fail("cudaMalloc (role arguments)", e);
+  if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
+    return cuda_fail("cudaMemcpy (role arguments)", e);
+  p->gemm_.params.role_args = p->role_args_;
+  *out = std::move(p);
+  return {};
+}
+
+AgGemmPlan::~AgGemmPlan() {
+  if (steps_ != nullptr) (void)cudaFree(steps_);
+  if (role_args_ != nullptr) (void)cudaFree(role_args_);
+}
+
+GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void* gathered_out, cudaStream_t stream) {
+  if (a_local == nullptr || reinterpret_cast<uintptr_t>(a_local) % 16 != 0)
+    return fail(GemmError::kInvalidPointer, "pointer a (this rank's rows) is null or not 16-byte aligned");
+  if (gathered_out != nullptr && reinterpret_cast<uintptr_t>(gathered_out) % 16 != 0)
+    return fail(GemmError::kInvalidPointer, "pointer gathered_out is not 16-byte aligned");
+  GemmResult r = gemm_rebind(&gemm_, gathered_, w, c, a_local);
+  if (!r.ok()) return r;
+  gemm_.params.role_ptrs[0] = a_local;
+  gemm_.params.role_ptrs[1] = gathered_out;
+  return launch_with_role(gemm_, stream);
+}
+
+std::string AgGemmPlan::describe() const {
+  const FusedLayout& l = setup_.layout;
+  return "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
+         ") m_local=" + std::to_string(geo_.m_local) + " k=" + std::to_string(geo_.k) +
+         " n_local=" + std::to_string(setup_.n_local) + " chunks=" + std::to_string(geo_.chunks()) + "x" +
+         std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) + " gemm " +
+         gemm_config_string(gemm_);
+}
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,220 @@
+// ag_gemm.cuh: the device code of AllGather+GEMM (host side: ag_gemm.h / ag_gemm.cu).
+//
+//   C[M, N_local] = AllGather(A_r [m_local, k] over ranks) [M, k] * W_r[N_local, k]^T
+//
+// One persistent kernel per rank: the GEMM engine (gemm/sm90_bf16_gemm.cuh) with this role.
+//   GEMM blocks   compute the rank's own rows first, straight from A_r (GemmHooks::a_local), then
+//                 every other tile once the chunks holding its rows are flagged ready in the
+//                 gathered buffer (the engine's readiness hook, flags carry launch numbers).
+//   comm blocks   run this rank's movement plan (ag_gemm_plan.h): AgGemmRole::run takes steps
+//                 round-robin; each step is one chunk moved by the whole block, then flagged.
+//   every block   counts itself out (block_exit); the last one ends the launch: it records the
+//                 launch and tells its node peers (done flags) and rail peers (slot-free signals)
+//                 that its buffers may be written again.
+#pragma once
+
+#include <cstdint>
+
+#include "common/comm.cuh"
+#include "fused/ag_gemm/ag_gemm_plan.h"
+#include "fused/common/launch_state.cuh"
+#include "gemm/sm90_bf16_gemm_params.h"
+
+namespace mkernel::kernels {
+
+// What the communication role needs, prepared once per plan in device memory
+// (GemmParams::role_args). Per-launch pointers travel in GemmParams::role_ptrs:
+//   role_ptrs[0]  A_r, this rank's shard [m_local, k] (packed, row-major)
+//   role_ptrs[1]  an output for the whole gathered A [M, k], or null (then the workspace holds it
+//                 until the next fused launch on this communicator)
+struct AgGemmRoleArgs {
+  DeviceComm comm;
+  FusedLayout layout;
+  uint32_t rank = 0;
+  uint32_t m_local = 0;
+  uint32_t k = 0;
+  uint32_t chunk_rows = 0;
+  uint32_t chunks = 0;
+  uint32_t num_steps = 0;
+  const AgStep* steps = nullptr;  // this rank's plan (device memory)
+  uint8_t* gathered = nullptr;    // this rank's gathered A: the start of its NVLink buffer
+  uint64_t* ready = nullptr;      // this rank's NVLink fused-op flags (ready(), done())
+  uint8_t* workspace = nullptr;   // this rank's network workspace (nodes > 1), else null
+};
+
+#if defined(__CUDACC__)
+
+namespace ag_detail {
+
+struct Ctx {
+  const AgGemmRoleArgs& a;
+  const DeviceComm& c;
+  uint64_t launch;
+  uint64_t prev;
+  const uint8_t* a_local;
+  uint8_t* gathered_out;
+
+  __device__ uint64_t row_bytes() const { return uint64_t{a.k} * 2; }
+  __device__ uint64_t shard_bytes() const { return uint64_t{a.m_local} * row_bytes(); }
+  __device__ uint64_t chunk_offset(uint32_t c) const { return uint64_t{c} * a.chunk_rows * row_bytes(); }
+  __device__ uint64_t chunk_bytes(uint32_t c) const {
+    const uint32_t rows = c + 1 < a.chunks ? a.chunk_rows : a.m_local - (a.chunks - 1) * a.chunk_rows;
+    return uint64_t{rows} * row_bytes();
+  }
+  __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return shard * a.chunks + c; }
+  __device__ uint32_t done_flag(uint32_t peer) const { return a.layout.world() * a.chunks + peer; }
+  __device__ uint32_t arrival_flag(uint32_t node, uint32_t c) const { return node * a.chunks + c; }
+  __device__ uint32_t slot_free_flag(uint32_t node) const { return a.layout.nodes * a.chunks + node; }
+};
+
+// Thread 0 waits for what a step needs (bounded). False: the error is recorded, the block stops.
+__device__ __forceinline__ bool wait_step_inputs(const Ctx& x, const AgStep& s) {
+  const WaitContext w = wait_context(x.c);
+  const uint32_t r = x.a.rank;
+  switch (s.kind) {
+    case kAgLocal: return true;
+    case kAgPush: {
+      // The peer finished reading its gathered buffer in the previous fused launch.
+      const uint32_t done = x.done_flag(s.peer);
+      if (!wait_geq(x.a.ready + done, x.prev, w, done, where_tag(kStepPeerFree, s.peer))) return false;
+      if (s.shard == r) return true;
+      // Forwarding a shard from another node: this rank received it first.
+      const uint32_t f = x.ready_flag(s.shard, s.chunk);
+      return wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{s.shard} * 65536 + s.chunk));
+    }
+    case kAgSend:
+      // Every rail peer finished forwarding out of the slot this rank writes (previous launch).
+      for (uint32_t i = 1; i < x.a.layout.nodes; ++i) {
+        const uint32_t to = x.a.layout.send_node(s.node, i);
+        const uint32_t f = fused_flag_index(x.c, x.slot_free_flag(to));
+        if (!wait_geq(x.c.flags + f, x.prev, w, f, where_tag(kStepPeerFree, x.a.layout.rail_peer(r, to))))
+          return false;
+      }
+      return true;
+    case kAgReceive: {
+      const uint32_t f = fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk));
+      return wait_geq(x.c.flags + f, x.launch, w, f, where_tag(kStepNetworkArrival, uint64_t{s.node} * 65536 + s.chunk));
+    }
+  }
+  return false;
+}
+
+// Runs one step with the whole block. Returns the same on every thread.
+__device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s) {
+  __shared__ bool ok;
+  __syncthreads();  // every thread read the previous step's `ok` before it is written again
+  if (threadIdx.x == 0) ok = wait_step_inputs(x, s);
+  __syncthreads();
+  if (!ok) return false;
+  const uint32_t r = x.a.rank;
+  const uint64_t off = x.chunk_offset(s.chunk);
+  const uint64_t bytes = x.chunk_bytes(s.chunk);
+  const uint64_t at = uint64_t{s.shard} * x.shard_bytes() + off;  // the chunk in a gathered buffer
+  switch (s.kind) {
+    case kAgLocal:
+      block_copy<LoadPolicy::kStream>(x.a.gathered + at, x.a_local + off, bytes);
+      __syncthreads();
+      if (threadIdx.x == 0) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
+      break;
+    case kAgPush: {
+      uint8_t* peer = nvl_ptr(x.c, s.peer);
+      if (s.shard == r) {
+        block_copy<LoadPolicy::kStream>(peer + at, x.a_local + off, bytes);
+      } else {
+        block_copy<LoadPolicy::kL2>(peer + at, x.a.gathered + at, bytes);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) raise_flag(nvl_fused_flag(x.c, s.peer, x.ready_flag(s.shard, s.chunk)), x.launch);
+      break;
+    }
+    case kAgSend: {
+      // Stage once in slot `node` of the own workspace, then one put per other node.
+      const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;
+      block_copy<LoadPolicy::kStream>(x.a.workspace + slot_at, x.a_local + off, bytes);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        sync::fence_acq_rel_sys();  // the staged bytes before the proxy reads them
+        bool sent = true;
+        for (uint32_t i = 1; i < x.a.layout.nodes && sent; ++i) {
+          const uint32_t to = x.a.layout.rail_peer(r, x.a.layout.send_node(s.node, i));
+          sent = put_signal(x.c, to, x.c.network_workspace, slot_at, x.c.network_workspace, slot_at, bytes,
+                            fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk)), where_tag(kStepNetworkSend, to));
+        }
+        ok = sent;
+      }
+      __syncthreads();
+      if (!ok) return false;
+      break;
+    }
+    case kAgReceive: {
+      const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;
+      block_copy<LoadPolicy::kVolatile>(x.a.gathered + at, x.a.workspace + slot_at, bytes);
+      __syncthreads();
+      if (threadIdx.x == 0) raise_flag(x.a.ready + x.ready_flag(s.shard, s.chunk), x.launch);
+      break;
+    }
+  }
+  return true;
+}
+
+}  // namespace ag_detail
+
+struct AgGemmRole {
+  static constexpr bool kHasBlockExit = true;
+
+  __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
+    const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);
+    const ag_detail::Ctx x{a,
+                           a.comm,
+                           launch_number(a.comm),
+                           previous_fused_launch(a.comm),
+                           static_cast<const uint8_t*>(p.role_ptrs[0]),
+                           static_cast<uint8_t*>(const_cast<void*>(p.role_ptrs[1]))};
+    for (uint32_t i = role_block; i < a.num_steps; i += num_role_blocks) {
+      if (!ag_detail::run_step(x, a.steps[i])) return;
+    }
+    // The gathered output, when the caller asked for one: every chunk once it is here.
+    if (x.gathered_out == nullptr) return;
+    const WaitContext w = wait_context(a.comm);
+    __shared__ bool ok;
+    const uint32_t pieces = a.layout.world() * a.chunks;
+    for (uint32_t i = role_block; i < pieces; i += num_role_blocks) {
+      const uint32_t shard = i / a.chunks, chunk = i % a.chunks;
+      if (threadIdx.x == 0)
+        ok = wait_geq(a.ready + i, x.launch, w, i, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk));
+      __syncthreads();
+      if (!ok) return;
+      const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
+      block_copy<LoadPolicy::kL2>(x.gathered_out + at, a.gathered + at, x.chunk_bytes(chunk));
+      __syncthreads();
+    }
+  }
+
+  // Thread 0 of every block after its work; the last block ends the launch (launch_state.cuh).
+  __device__ static void block_exit(const GemmParams& p) {
+    const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);
+    const DeviceComm& c = a.comm;
+    if (!count_block_exit(c)) return;
+    const uint64_t launch = launch_number(c);
+    record_fused_launch(c, launch);
+    sync::fence_acq_rel_sys();
+    // Node peers may write into this rank's gathered buffer again.
+    for (uint32_t i = 1; i < a.layout.gpus; ++i) {
+      const uint32_t peer = a.layout.node_peer(a.rank, i);
+      sync::st_relaxed_sys(nvl_fused_flag(c, peer, a.layout.world() * a.chunks + a.rank), launch);
+    }
+    // Rail peers may write into this rank's workspace slots again.
+    const uint32_t node = a.layout.node_of(a.rank);
+    for (uint32_t i = 1; i < a.layout.nodes; ++i) {
+      const uint32_t to = a.layout.rail_peer(a.rank, a.layout.send_node(node, i));
+      if (!signal(c, to, fused_flag_index(c, a.layout.nodes * a.chunks + node), where_tag(kStepPeerFree, to))) break;
+    }
+    // A failure of this rank (the GEMM's waits report without telling anyone) ends the peers'
+    // waits now rather than at their bound.
+    if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+  }
+};
+
+#endif  // __CUDACC__
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,84 @@
+// ag_gemm.h: host side of the fused AllGather+GEMM kernel (device code: ag_gemm.cuh; the
+// movement plan: ag_gemm_plan.h). Applications use the runtime's entry points
+// (mkernel/runtime/ops.h), which add the communicator's checks and the agreement between ranks;
+// this is the layer below, usable by anything that has a DeviceComm.
+//
+//   rank r:  C_r [M, n_local] = A [M, k] * W_r [n_local, k]^T,   A = rows of every rank's A_q
+//            stacked in rank order (A_q [m_local, k]), M = world * m_local
+//
+// Workspace (on the communicator, the same on every rank): the NVLink buffer holds the gathered
+// A (nvl_bytes >= world * m_local * k * 2) and its fused-op flags (world * chunks + world);
+// between nodes the network workspace holds one shard per node and the flag array's fused-op
+// flags the arrivals (nodes * chunks + nodes).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/comm.cuh"
+#include "fused/ag_gemm/ag_gemm_plan.h"
+#include "gemm/sm90_bf16_gemm.h"
+
+namespace mkernel::kernels {
+
+struct AgGemmRoleArgs;  // ag_gemm.cuh
+
+struct AgGemmConfig {
+  int comm_blocks = 0;      // blocks running the movement plan; 0: ag_default_comm_blocks
+  int gemm_blocks = 0;      // blocks running GEMM tiles; 0: every SM the comm blocks leave
+  int block_n = 0;          // GEMM tile width (128, 256); 0: the engine's choice for the shape
+  int cluster_m = 0;        // 1 or 2; 0: the engine's choice
+  uint32_t chunk_rows = 0;  // rows per moved and flagged chunk; 0: ag_default_chunk_rows
+};
+
+// The split of blocks between roles when the caller leaves it open: enough communication blocks
+// to keep NVLink busy for the node peers (two per peer) and the network path (two), plus two for
+// the local copy; at most 16, so the GEMM keeps at least 116 of 132 SMs. Measured alternatives
+// are in docs/kernels.md.
+int ag_default_comm_blocks(const FusedLayout& layout);
+
+struct AgGemmSetup {
+  DeviceComm comm;          // the communicator's device view (host copy)
+  WaitContext wait;         // its wait context (status word, ring error, peer abort, bound)
+  FusedLayout layout;       // layout.world() == comm.world_size; rank = comm.rank
+  uint32_t m_local = 0;     // rows of A per rank (any positive value)
+  uint32_t n_local = 0;     // rows of W_r (columns of C_r); multiple of 8
+  uint32_t k = 0;           // multiple of 8
+  AgGemmConfig config;
+};
+
+class AgGemmPlan {
+ public:
+  // Checks the setup against the communicator's workspace and builds the plan: the movement
+  // steps and role arguments in device memory, the GEMM configuration. Nothing is launched.
+  static GemmResult create(const AgGemmSetup& setup, std::unique_ptr<AgGemmPlan>* out);
+  ~AgGemmPlan();
+  AgGemmPlan(const AgGemmPlan&) = delete;
+  AgGemmPlan& operator=(const AgGemmPlan&) = delete;
+
+  // Enqueues one launch on `stream` (the caller enqueued begin_launch first): a_local [m_local,
+  // k], w [n_local, k], c [M, n_local], gathered_out [M, k] or null, all bf16, packed, 16-byte
+  // aligned. Asynchronous; device-side errors land in the communicator's status word.
+  GemmResult launch(const void* a_local, const void* w, void* c, void* gathered_out, cudaStream_t stream);
+
+  const AgGeometry& geometry() const { return geo_; }
+  const GemmPlan& gemm() const { return gemm_; }
+  // The gathered A in this rank's workspace (valid until the next fused launch).
+  const void* gathered() const { return gathered_; }
+  // e.g. "R=2 (1x2) m_local=4096 k=8192 n=4096 chunks=8x512 comm=4 gemm=128 n256 c2 ..."
+  std::string describe() const;
+
+ private:
+  AgGemmPlan() = default;
+  AgGemmSetup setup_;
+  AgGeometry geo_;
+  GemmPlan gemm_;
+  void* gathered_ = nullptr;
+  AgStep* steps_ = nullptr;          // device memory
+  AgGemmRoleArgs* role_args_ = nullptr;  // device memory
+};
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,338 @@
+// ag_gemm_plan.cc: the AllGather+GEMM movement plan and its CPU replay (ag_gemm_plan.h).
+#include "fused/ag_gemm/ag_gemm_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <tuple>
+
+namespace mkernel::kernels {
+
+uint32_t ag_default_chunk_rows(uint32_t m_local) {
+  if (m_local <= 128) return std::max<uint32_t>(1, m_local);
+  const uint32_t chunks = std::min<uint32_t>(8, (m_local + 127) / 128);
+  const uint32_t rows = (m_local + chunks - 1) / chunks;
+  return (rows + 127) / 128 * 128;
+}
+
+std::string ag_check_geometry(const AgGeometry& g) {
+  if (g.layout.nodes == 0 || g.layout.gpus == 0)
+    return "layout: " + std::to_string(g.layout.nodes) + " nodes x " + std::to_string(g.layout.gpus) +
+           " GPUs; expected at least 1 x 1";
+  if (g.rank >= g.layout.world())
+    return "rank: " + std::to_string(g.rank) + "; expected below the world size " + std::to_string(g.layout.world());
+  if (g.m_local == 0) return "m_local: 0; expected at least 1 row per rank";
+  if (g.k == 0 || g.k % 8 != 0) return "k: " + std::to_string(g.k) + "; expected a positive multiple of 8";
+  if (g.chunk_rows == 0) return "chunk_rows: 0; expected at least 1";
+  if (g.chunks() > 0xFFFF) return "chunk_rows: " + std::to_string(g.chunk_rows) + " gives over 65535 chunks";
+  return "";
+}
+
+std::vector<AgStep> ag_steps(const AgGeometry& g) {
+  const FusedLayout& L = g.layout;
+  const uint32_t r = g.rank, n = L.node_of(r);
+  std::vector<AgStep> steps;
+  auto add = [&](AgStepKind kind, uint32_t chunk, uint32_t shard, uint32_t peer, uint32_t node) {
+    steps.push_back(AgStep{static_cast<uint8_t>(kind), 0, static_cast<uint16_t>(chunk), shard, peer, node});
+  };
+  // Phase 1: the own shard, chunk by chunk: into the own gathered buffer (the GEMM's tiles that
+  // straddle a shard boundary read it there), to the node peers, to the other nodes.
+  for (uint32_t c = 0; c < g.chunks(); ++c) {
+    add(kAgLocal, c, r, r, n);
+    for (uint32_t i = 1; i < L.gpus; ++i) add(kAgPush, c, r, L.node_peer(r, i), n);
+    if (L.nodes > 1) add(kAgSend, c, r, r, n);
+  }
+  // Phase 2: what the rail peers sent, node by node, spread over the node.
+  for (uint32_t i = 1; i < L.nodes; ++i) {
+    const uint32_t from = L.recv_node(n, i);
+    const uint32_t shard = L.rail_peer(r, from);
+    for (uint32_t c = 0; c < g.chunks(); ++c) {
+      add(kAgReceive, c, shard, r, from);
+      for (uint32_t j = 1; j < L.gpus; ++j) add(kAgPush, c, shard, L.node_peer(r, j), from);
+    }
+  }
+  return steps;
+}
+
+// ---- replay ------------------------------------------------------------------------------------
+
+namespace {
+
+// What a buffer chunk holds: which launch's copy of which shard chunk (0 launch: nothing yet).
+struct Piece {
+  uint32_t launch = 0, shard = 0, chunk = 0;
+  bool operator==(const Piece&) const = default;
+};
+
+struct RankState {
+  std::vector<Piece> gathered;          // [shard * chunks + chunk]
+  std::vector<Piece> slots;             // [node * chunks + chunk]: network workspace
+  std::vector<uint64_t> nvl_flags;      // NVLink fused-op flags
+  std::vector<uint64_t> net_flags;      // fused-op flags of the flag array
+  std::vector<uint32_t> received;       // writes into gathered this launch, per piece
+  uint32_t launch = 0;                  // launch in progress (or last finished)
+  uint32_t prev = 0;                    // fused_state[0] at the start of `launch`
+  bool running = false;
+  std::vector<size_t> next_step;        // per comm block
+  size_t gemm_next = 0;                 // GEMM reads pieces in order
+  bool gemm_done = false;
+  uint32_t reads_outstanding = 0;       // GEMM reads of `launch` still to come
+};
+
+}  // namespace
+
+AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_rows, const AgReplayOptions& o) {
+  AgReplayReport rep;
+  const uint32_t R = L.world();
+  std::vector<AgGeometry> geo(R);
+  std::vector<std::vector<AgStep>> plan(R);
+  for (uint32_t r = 0; r < R; ++r) {
+    geo[r] = AgGeometry{L, r, m_local, 8, chunk_rows == 0 ? ag_default_chunk_rows(m_local) : chunk_rows};
+    if (std::string e = ag_check_geometry(geo[r]); !e.empty()) return rep.error = e, rep;
+    plan[r] = ag_steps(geo[r]);
+  }
+  // Faults (AgPlanFault): break rank 0's plan on purpose.
+  auto& p0 = plan[0];
+  switch (o.fault) {
+    case AgPlanFault::kDropLastPush:
+      for (size_t i = p0.size(); i-- > 0;)
+        if (p0[i].kind == kAgPush) {
+          p0.erase(p0.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
+      break;
+    case AgPlanFault::kSendTwice:
+      for (size_t i = 0; i < p0.size(); ++i)
+        if (p0[i].kind == kAgSend) {
+          p0.insert(p0.begin() + static_cast<std::ptrdiff_t>(i), p0[i]);
+          break;
+        }
+      break;
+    case AgPlanFault::kForwardFirst:
+      std::stable_partition(p0.begin(), p0.end(), [](const AgStep& s) { return !(s.kind == kAgPush && s.shard != 0); });
+      std::stable_partition(p0.begin(), p0.end(), [](const AgStep& s) { return s.kind != kAgReceive; });
+      break;
+    default: break;
+  }
+  const bool wait_free = o.fault != AgPlanFault::kNoPeerFreeWait;
+  const bool wait_arrival = o.fault != AgPlanFault::kReceiveUnflagged;
+  const AgGeometry& g0 = geo[0];
+  const uint32_t C = g0.chunks();
+  std::vector<RankState> st(R);
+  for (auto& s : st) {
+    s.gathered.assign(size_t{R} * C, Piece{});
+    s.slots.assign(size_t{L.nodes} * C, Piece{});
+    s.nvl_flags.assign(g0.nvl_flags_needed(), 0);
+    s.net_flags.assign(std::max<uint32_t>(1, g0.net_flags_needed()), 0);
+    s.next_step.assign(o.comm_blocks, 0);
+  }
+  // Per (launch, shard, destination node): network sends, to prove "once per node".
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> sends;
+  auto fail = [&](std::string e) {
+    if (rep.error.empty()) rep.error = std::move(e);
+  };
+  auto name = [](uint32_t r, const AgStep& s) {
+    static const char* kinds[] = {"local", "push", "send", "receive"};
+    return "rank " + std::to_string(r) + " step " + kinds[s.kind] + "(shard " + std::to_string(s.shard) + ", chunk " +
+           std::to_string(s.chunk) + ", peer " + std::to_string(s.peer) + ", node " + std::to_string(s.node) + ")";
+  };
+
+  // A step of rank r for launch l: runnable when its waits hold; running it performs its writes
+  // and checks them.
+  auto ready_to_run = [&](uint32_t r, const AgStep& s) -> bool {
+    const RankState& me = st[r];
+    const uint32_t l = me.launch, prev = me.prev;
+    switch (s.kind) {
+      case kAgLocal: return true;
+      case kAgPush:
+        if (s.shard != r && me.nvl_flags[g0.ready_flag(s.shard, s.chunk)] < l) return false;
+        return !wait_free || me.nvl_flags[g0.done_flag(s.peer)] >= prev;
+      case kAgSend:
+        for (uint32_t i = 1; i < L.nodes && wait_free; ++i)
+          if (me.net_flags[g0.slot_free_flag(L.send_node(s.node, i))] < prev) return false;
+        return true;
+      case kAgReceive: return !wait_arrival || me.net_flags[g0.arrival_flag(s.node, s.chunk)] >= l;
+    }
+    return false;
+  };
+  auto write_gathered = [&](uint32_t dst, uint32_t shard, uint32_t chunk, Piece p, const std::string& who) {
+    RankState& d = st[dst];
+    // The destination must be in this launch (its previous GEMM finished) or have finished the
+    // previous one: a write for launch l while dst's GEMM of launch l - 1 still reads is a
+    // write-after-read race.
+    if (d.launch + 1 == p.launch && d.running)
+      fail(who + ": writes rank " + std::to_string(dst) + "'s gathered buffer for launch " + std::to_string(p.launch) +
+           " while its launch " + std::to_string(d.launch) + " still runs");
+    if (d.launch + 1 < p.launch || d.launch > p.launch)
+      fail(who + ": writes rank " + std::to_string(dst) + " for launch " + std::to_string(p.launch) +
+           " while it is at launch " + std::to_string(d.launch));
+    d.gathered[size_t{shard} * C + chunk] = p;
+    // Counted for launch p.launch: a write that arrives before dst started that launch (dst
+    // finished the previous one) is counted when dst ends it.
+    ++d.received[size_t{shard} * C + chunk];
+  };
+
+  // Agents: (rank, block) comm blocks, and (rank, gemm). A rank's next launch starts when its
+  // previous one ended (all blocks and its GEMM done): stream order.
+  std::mt19937_64 rng(o.seed);
+  auto start_launch = [&](uint32_t r) {
+    RankState& s = st[r];
+    s.prev = s.launch;  // fused_state[0]: the last fused launch (0 before the first)
+    ++s.launch;
+    s.running = true;
+    std::fill(s.next_step.begin(), s.next_step.end(), 0);
+    s.gemm_next = 0;
+    s.gemm_done = false;
+  };
+  for (uint32_t r = 0; r < R; ++r) {
+    st[r].received.assign(size_t{R} * C, 0);
+    start_launch(r);
+  }
+  auto end_launch = [&](uint32_t r) {
+    RankState& s = st[r];
+    // Every piece received exactly once in this launch.
+    for (uint32_t sh = 0; sh < R; ++sh)
+      for (uint32_t c = 0; c < C; ++c) {
+        const uint32_t n = s.received[size_t{sh} * C + c];
+        if (n != 1)
+          fail("rank " + std::to_string(r) + " launch " + std::to_string(s.launch) + ": shard " + std::to_string(sh) +
+               " chunk " + std::to_string(c) + " arrived " + std::to_string(n) + " times; expected once");
+      }
+    std::fill(s.received.begin(), s.received.end(), 0);
+    s.running = false;
+    // block_exit of the last block: done() to node peers, slot_free() to rail peers.
+    for (uint32_t i = 1; i < L.gpus; ++i) {
+      const uint32_t p = L.node_peer(r, i);
+      st[p].nvl_flags[g0.done_flag(r)] = std::max<uint64_t>(st[p].nvl_flags[g0.done_flag(r)], s.launch);
+    }
+    for (uint32_t i = 1; i < L.nodes; ++i) {
+      const uint32_t p = L.rail_peer(r, L.send_node(L.node_of(r), i));
+      uint64_t& f = st[p].net_flags[g0.slot_free_flag(L.node_of(r))];
+      f = std::max<uint64_t>(f, s.launch);
+    }
+  };
+
+  for (;;) {
+    // Collect runnable agents.
+    std::vector<std::pair<uint32_t, int>> runnable;  // (rank, block or -1 for the GEMM)
+    bool all_finished = true;
+    for (uint32_t r = 0; r < R; ++r) {
+      RankState& s = st[r];
+      if (!s.running) continue;
+      all_finished = false;
+      for (uint32_t b = 0; b < o.comm_blocks; ++b) {
+        // Block b takes steps b, b + blocks, ...
+        const size_t i = b + s.next_step[b] * o.comm_blocks;
+        if (i < plan[r].size() && ready_to_run(r, plan[r][i])) runnable.emplace_back(r, static_cast<int>(b));
+      }
+      if (!s.gemm_done) {
+        const uint32_t sh = static_cast<uint32_t>(s.gemm_next / C), c = static_cast<uint32_t>(s.gemm_next % C);
+        if (s.nvl_flags[g0.ready_flag(sh, c)] >= s.launch) runnable.emplace_back(r, -1);
+      }
+    }
+    if (all_finished) break;
+    if (runnable.empty()) {
+      // Deadlock: name every waiting agent.
+      std::string e = "deadlock: no agent can run;";
+      for (uint32_t r = 0; r < R && e.size() < 2000; ++r) {
+        const RankState& s = st[r];
+        if (!s.running) continue;
+        for (uint32_t b = 0; b < o.comm_blocks; ++b) {
+          const size_t i = b + s.next_step[b] * o.comm_blocks;
+          if (i < plan[r].size()) e += " [block " + std::to_string(b) + " of " + name(r, plan[r][i]) + " waits]";
+        }
+        if (!s.gemm_done)
+          e += " [rank " + std::to_string(r) + " GEMM waits for piece " + std::to_string(s.gemm_next) + "]";
+      }
+      fail(e);
+      break;
+    }
+    const auto [r, b] = runnable[rng() % runnable.size()];
+    RankState& me = st[r];
+    const uint32_t l = me.launch, n = L.node_of(r);
+    if (b < 0) {
+      // The GEMM reads the next piece: it must be this launch's.
+      const uint32_t sh = static_cast<uint32_t>(me.gemm_next / C), c = static_cast<uint32_t>(me.gemm_next % C);
+      const Piece want{l, sh, c};
+      if (!(me.gathered[me.gemm_next] == want))
+        fail("rank " + std::to_string(r) + " launch " + std::to_string(l) + ": GEMM read shard " + std::to_string(sh) +
+             " chunk " + std::to_string(c) + " holding launch " + std::to_string(me.gathered[me.gemm_next].launch) +
+             " shard " + std::to_string(me.gathered[me.gemm_next].shard));
+      if (++me.gemm_next == size_t{R} * C) me.gemm_done = true;
+    } else {
+      const size_t i = static_cast<size_t>(b) + me.next_step[b] * o.comm_blocks;
+      const AgStep s = plan[r][i];
+      ++me.next_step[b];
+      ++rep.steps_run;
+      const std::string who = name(r, s) + " launch " + std::to_string(l);
+      switch (s.kind) {
+        case kAgLocal:
+          write_gathered(r, r, s.chunk, Piece{l, r, s.chunk}, who);
+          me.nvl_flags[g0.ready_flag(r, s.chunk)] = l;
+          break;
+        case kAgPush: {
+          if (L.node_of(s.peer) != n || s.peer == r) fail(who + ": pushes outside its node or to itself");
+          const Piece p = s.shard == r ? Piece{l, r, s.chunk} : me.gathered[size_t{s.shard} * C + s.chunk];
+          if (!(p == Piece{l, s.shard, s.chunk})) fail(who + ": forwards a piece it does not hold");
+          write_gathered(s.peer, s.shard, s.chunk, p, who);
+          st[s.peer].nvl_flags[g0.ready_flag(s.shard, s.chunk)] = l;
+          ++rep.nvlink_chunk_transfers;
+          break;
+        }
+        case kAgSend: {
+          me.slots[size_t{n} * C + s.chunk] = Piece{l, r, s.chunk};
+          for (uint32_t k = 1; k < L.nodes; ++k) {
+            const uint32_t to_node = L.send_node(n, k);
+            const uint32_t p = L.rail_peer(r, to_node);
+            RankState& d = st[p];
+            // The rail peer must have finished reading this slot in its previous launch.
+            if (d.launch + 1 == l && d.running)
+              fail(who + ": overwrites rank " + std::to_string(p) + "'s slot while its launch " +
+                   std::to_string(d.launch) + " may still read it");
+            d.slots[size_t{n} * C + s.chunk] = Piece{l, r, s.chunk};
+            d.net_flags[g0.arrival_flag(n, s.chunk)] = std::max<uint64_t>(d.net_flags[g0.arrival_flag(n, s.chunk)], l);
+            ++rep.network_chunk_transfers;
+            const uint32_t cnt = ++sends[{l, r * 65536 + s.chunk, to_node}];
+            rep.max_network_sends_per_shard_node = std::max<uint64_t>(rep.max_network_sends_per_shard_node, cnt);
+            if (to_node == n) fail(who + ": sends to its own node");
+          }
+          break;
+        }
+        case kAgReceive: {
+          const Piece p = me.slots[size_t{s.node} * C + s.chunk];
+          if (!(p == Piece{l, s.shard, s.chunk}))
+            fail(who + ": slot holds launch " + std::to_string(p.launch) + " shard " + std::to_string(p.shard) +
+                 ", not this launch's");
+          write_gathered(r, s.shard, s.chunk, p, who);
+          me.nvl_flags[g0.ready_flag(s.shard, s.chunk)] = l;
+          break;
+        }
+      }
+    }
+    // A rank whose blocks and GEMM are all done ends its launch and starts the next.
+    bool blocks_done = true;
+    for (uint32_t bb = 0; bb < o.comm_blocks; ++bb)
+      if (bb + me.next_step[bb] * o.comm_blocks < plan[r].size()) blocks_done = false;
+    if (me.running && blocks_done && me.gemm_done) {
+      end_launch(r);
+      if (me.launch < o.launches) start_launch(r);
+    }
+    if (!rep.error.empty()) break;
+  }
+  // Every shard chunk went to every other node exactly once per launch.
+  if (rep.error.empty()) {
+    const uint64_t want = uint64_t{o.launches} * R * (L.nodes - 1) * C;
+    if (rep.network_chunk_transfers != want)
+      fail("network chunk transfers: " + std::to_string(rep.network_chunk_transfers) + "; expected " +
+           std::to_string(want) + " (each chunk once per other node)");
+    if (L.nodes > 1 && rep.max_network_sends_per_shard_node != 1)
+      fail("a chunk went to one node " + std::to_string(rep.max_network_sends_per_shard_node) + " times");
+    const uint64_t want_nvl = uint64_t{o.launches} * R * (L.gpus - 1) * L.nodes * C;
+    if (rep.nvlink_chunk_transfers != want_nvl)
+      fail("NVLink chunk transfers: " + std::to_string(rep.nvlink_chunk_transfers) + "; expected " +
+           std::to_string(want_nvl));
+  }
+  return rep;
+}
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,135 @@
+// ag_gemm_plan.h: the movement plan of AllGather+GEMM, a host object. It says, for one rank,
+// which piece of the activation goes where, in which order, over which path, and which flag
+// says it arrived; the kernel's communication blocks execute exactly this list
+// (ag_gemm.cuh), and the CPU tests replay it for every layout up to 8 x 8 (ag_replay).
+//
+// Design notes
+//  1. Pieces. Rank r = (node n, local g) holds shard r: rows [r * m_local, (r + 1) * m_local) of
+//     the gathered activation A [world * m_local, k]. Each shard is cut into `chunks` chunks of
+//     chunk_rows rows (the last may be shorter); a chunk is what moves and what is flagged.
+//  2. Paths. Inside a node a rank stores its chunks straight into every node peer's gathered
+//     buffer over NVLink (kAgPush). Between nodes it stages each chunk once in its network
+//     workspace (slot n) and puts it, through its proxy, to its rail peer on every other node
+//     (kAgSend), into that peer's slot n. The rail peer copies it into its own gathered buffer
+//     (kAgReceive) and pushes it on to its node peers over NVLink (kAgPush of a shard that is
+//     not its own). So every chunk crosses the network once per destination node and NVLink
+//     once per destination GPU.
+//  3. Flags (all carry launch numbers, comm.cuh note 2), with one writer each:
+//       NVLink fused-op flags of a rank:
+//         ready(s, c)    = s * chunks + c            chunk c of shard s is in its gathered buffer
+//         done(p)        = world * chunks + p        node peer p finished its previous fused launch
+//                                                    (so its gathered buffer may be written again)
+//       Fused-op flags of the flag array (raised by the proxy on arrival):
+//         arrival(n, c)  = n * chunks + c            chunk c from node n is in workspace slot n
+//         slot_free(n)   = nodes * chunks + n        node n's rail peer finished its previous
+//                                                    fused launch (its slots may be written again)
+//     The GEMM waits on ready(); the communication steps wait on ready() (to forward), arrival()
+//     (to receive), done() and slot_free() of the previous launch (before overwriting).
+//  4. Order. Steps are listed so that no step waits for one listed after it on the same rank, and
+//     the only waits across ranks are for other ranks' first-phase steps (which wait only on the
+//     previous launch): the communication blocks take steps round-robin in list order, so any
+//     number of blocks (1 included) finishes. Sends go first to the peer that needs the rows
+//     next (layout.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fused/common/layout.h"
+
+namespace mkernel::kernels {
+
+enum AgStepKind : uint8_t {
+  kAgLocal = 0,    // own shard chunk -> own gathered buffer; raise own ready(r, c)
+  kAgPush = 1,     // chunk of `shard` -> node peer `peer`'s gathered buffer over NVLink; raise its ready
+  kAgSend = 2,     // own shard chunk -> workspace slot `node` (= own node), then put to every
+                   //   rail peer's slot `node`, raising its arrival(node, c)
+  kAgReceive = 3,  // wait arrival(node, c); workspace slot `node` -> own gathered; raise own ready
+};
+
+struct AgStep {
+  uint8_t kind;
+  uint8_t reserved;
+  uint16_t chunk;
+  uint32_t shard;  // whose rows
+  uint32_t peer;   // kAgPush: the destination rank
+  uint32_t node;   // kAgSend: own node; kAgReceive: the node the chunk came from
+};
+static_assert(sizeof(AgStep) == 16);
+
+// Everything the plan depends on.
+struct AgGeometry {
+  FusedLayout layout;
+  uint32_t rank = 0;
+  uint32_t m_local = 0;     // rows per shard (any positive value)
+  uint32_t k = 0;           // columns (elements)
+  uint32_t chunk_rows = 0;  // 0: ag_default_chunk_rows
+
+  uint32_t chunks() const { return (m_local + chunk_rows - 1) / chunk_rows; }
+  uint32_t rows_of_chunk(uint32_t c) const {
+    return c + 1 < chunks() ? chunk_rows : m_local - (chunks() - 1) * chunk_rows;
+  }
+  uint64_t row_bytes() const { return uint64_t{k} * 2; }
+  uint64_t shard_bytes() const { return uint64_t{m_local} * row_bytes(); }
+
+  // Flag indices (note 3).
+  uint32_t ready_flag(uint32_t shard, uint32_t chunk) const { return shard * chunks() + chunk; }
+  uint32_t done_flag(uint32_t peer) const { return layout.world() * chunks() + peer; }
+  uint32_t arrival_flag(uint32_t node, uint32_t chunk) const { return node * chunks() + chunk; }
+  uint32_t slot_free_flag(uint32_t node) const { return layout.nodes * chunks() + node; }
+  uint32_t nvl_flags_needed() const { return layout.world() * chunks() + layout.world(); }
+  uint32_t net_flags_needed() const { return layout.nodes > 1 ? layout.nodes * chunks() + layout.nodes : 0; }
+
+  // Workspace: the gathered activation in the NVLink buffer; one slot per node in the network
+  // workspace when the ranks span nodes.
+  uint64_t nvl_bytes_needed() const { return uint64_t{layout.world()} * shard_bytes(); }
+  uint64_t net_bytes_needed() const { return layout.nodes > 1 ? uint64_t{layout.nodes} * shard_bytes() : 0; }
+};
+
+// Chunks of at least 128 rows (a GEMM tile's height), at most 8 per shard: enough for the GEMM to
+// start on a shard before all of it arrived, few enough that flags and steps stay cheap.
+uint32_t ag_default_chunk_rows(uint32_t m_local);
+
+// "" when the geometry is usable, else what is wrong (field, value, expectation).
+std::string ag_check_geometry(const AgGeometry& g);
+
+// This rank's steps, in the order the communication blocks take them (note 4).
+std::vector<AgStep> ag_steps(const AgGeometry& g);
+
+// ---- CPU replay (tests) --------------------------------------------------------------------------
+
+// Broken plans, to prove the replay's checks catch what they claim to.
+enum class AgPlanFault : uint8_t {
+  kNone,
+  kDropLastPush,       // rank 0's last NVLink push is missing
+  kNoPeerFreeWait,     // pushes and sends do not wait for the previous launch's readers
+  kSendTwice,          // rank 0 sends its first chunk twice
+  kReceiveUnflagged,   // receives do not wait for the arrival flag
+  kForwardFirst,       // rank 0 lists its forwarding pushes before the receives they forward
+};
+
+struct AgReplayOptions {
+  uint32_t launches = 3;           // consecutive launches, no reset in between
+  uint32_t comm_blocks = 2;        // blocks per rank taking steps round-robin
+  uint64_t seed = 1;               // interleaving of ranks, blocks and GEMMs
+  AgPlanFault fault = AgPlanFault::kNone;
+};
+
+struct AgReplayReport {
+  std::string error;                    // "" when every check held
+  uint64_t steps_run = 0;
+  uint64_t network_chunk_transfers = 0; // chunks put through the proxies, all launches
+  uint64_t nvlink_chunk_transfers = 0;  // chunks stored into a peer over NVLink, all launches
+  uint64_t max_network_sends_per_shard_node = 0;  // of one shard to one node in one launch
+};
+
+// Replays every rank's plan as an interleaving of independent agents (each rank's communication
+// blocks and its GEMM, which reads every chunk once its ready flag says so), over `launches`
+// launches, and checks: every rank receives every chunk of every shard exactly once per launch,
+// with the right launch's data, before its GEMM reads it; nothing is overwritten while its reader
+// of the previous launch may still read it; every chunk crosses the network once per destination
+// node and never to its own node; nobody waits on a flag nobody raises (no agent left waiting).
+AgReplayReport ag_replay(const FusedLayout& layout, uint32_t m_local, uint32_t chunk_rows, const AgReplayOptions& o);
+
+}  // namespace mkernel::kernels

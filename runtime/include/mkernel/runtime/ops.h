@@ -1,0 +1,91 @@
+// ops.h: the fused operators of libmkernel, on a Communicator.
+//
+//   AllGather+GEMM (tensor-parallel column-linear layer over R ranks):
+//     rank r holds A_r [m_local, k] (its rows of the activation) and W_r [n_local, k] (its weight
+//     shard, nn.Linear layout); it gets C_r = AllGather(A) @ W_r^T, [M, n_local], M = R * m_local,
+//     and, when asked, the gathered A [M, k] (for the backward pass).
+//
+// Design notes
+//  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
+//     calls create() with its shape; the ranks agree (shape, layout, flag counts) through their
+//     daemons before anything is launched, and disagreement is an error on every rank naming
+//     both values, never a hang or wrong numbers. launch() then runs on the caller's stream with
+//     no host synchronisation, any number of times, and can be captured in a CUDA graph (each
+//     replay is a new launch). all_gather_gemm() does both, keeping plans per shape.
+//  2. Where ranks are. Ranks on one daemon share a node and reach each other over NVLink; ranks
+//     on other daemons are other nodes, reached through the proxies by rail peers only. Ranks
+//     must be numbered node-major with the same number of GPUs on every node.
+//  3. Workspace. The gathered activation lives in the communicator's NVLink buffer
+//     (Options::nvlink_bytes >= all_gather_gemm_nvlink_bytes), with fused-op flags
+//     (Options::fused_flags); between nodes one shard per node also lives in the network workspace
+//     (Options::network_workspace_bytes >= all_gather_gemm_network_bytes). One fused op at a time
+//     per communicator, in stream order.
+//  4. Errors. Bad arguments are refused before anything is launched, with the field, the value
+//     and what was expected. Failures on the GPU (a peer that died, the daemon gone, a wait past
+//     Options::device_wait_timeout_ns) end the kernel on every rank; Communicator::check() then
+//     names the rank, the launch, the step and the cause.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mkernel/common/status.h"
+#include "mkernel/runtime/runtime.h"
+
+namespace mkernel::kernels {
+class AgGemmPlan;
+}
+
+namespace mkernel::rt {
+
+// The block split and chunking of AllGather+GEMM; zeros mean "choose" (docs/kernels.md).
+struct AllGatherGemmConfig {
+  int comm_blocks = 0;      // blocks that move the activation
+  int gemm_blocks = 0;      // blocks that compute tiles (0: the SMs the comm blocks leave)
+  int block_n = 0;          // GEMM tile width 128 or 256
+  int cluster_m = 0;        // 1 or 2
+  uint32_t chunk_rows = 0;  // rows moved and flagged together
+};
+
+// Options::nvlink_bytes and Options::network_workspace_bytes an AllGather+GEMM of this size needs.
+uint64_t all_gather_gemm_nvlink_bytes(uint32_t world, uint64_t m_local, uint64_t k);
+uint64_t all_gather_gemm_network_bytes(uint32_t nodes, uint64_t m_local, uint64_t k);
+
+class AllGatherGemm {
+ public:
+  // Collective (note 1). The agreement is a launch on `stream`, stream-ordered after the
+  // caller's earlier work there; create() waits for that stream (up to
+  // Options::rendezvous_timeout), never for the whole device.
+  static StatusOr<std::unique_ptr<AllGatherGemm>> create(Communicator& comm, uint64_t m_local, uint64_t n_local,
+                                                         uint64_t k, const AllGatherGemmConfig& config = {},
+                                                         cudaStream_t stream = nullptr);
+  ~AllGatherGemm();
+
+  // Enqueues begin_launch and the fused kernel on `stream`: a [m_local, k], w [n_local, k],
+  // c [M, n_local], gathered_out [M, k] or null; bf16, row-major, packed, 16-byte aligned,
+  // device memory of this rank's GPU.
+  Status launch(const void* a, const void* w, void* c, void* gathered_out, cudaStream_t stream);
+
+  // The gathered activation in the workspace: valid after the launch completes and until the
+  // next fused launch on this communicator (gathered_out gives a copy of one's own instead).
+  const void* gathered() const;
+  // The plan in words (layout, chunks, blocks, GEMM configuration).
+  std::string describe() const;
+  uint32_t nodes() const { return nodes_; }
+  uint32_t gpus_per_node() const { return gpus_; }
+
+ private:
+  AllGatherGemm() = default;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<kernels::AgGemmPlan> plan_;
+  uint32_t nodes_ = 1, gpus_ = 1;
+};
+
+// One call: plans the shape on its first use (collectively, note 1, on `stream`) and launches.
+Status all_gather_gemm(Communicator& comm, const void* a, const void* w, void* c, void* gathered_out,
+                       uint64_t m_local, uint64_t n_local, uint64_t k, cudaStream_t stream);
+
+}  // namespace mkernel::rt

@@ -1,0 +1,125 @@
+// agree.cu: the agreement between ranks before a fused op is planned (agree.h).
+#include "agree.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/comm.cuh"
+
+namespace mkernel::rt {
+
+namespace {
+
+namespace mk = mkernel::kernels;
+
+Status cuda_status(const char* what, cudaError_t e) {
+  return Status(StatusCode::kDeviceError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// One block. Thread 0 sends this rank's words to every other rank (flag value: launch << 32 |
+// word, so a later agreement's values are larger); every thread then waits for its share of the
+// other ranks' words. table[q * W + i] gets rank q's word i; answered[q] = 1 when it came.
+__global__ void agree_kernel(mk::DeviceComm c, const uint32_t* mine, uint32_t words, uint32_t* table,
+                             uint32_t* answered, uint64_t timeout_ns, uint32_t* push_failed) {
+  const uint64_t launch = mk::launch_number(c);
+  if (threadIdx.x == 0) {
+    for (uint32_t q = 0; q < c.world_size && *push_failed == 0; ++q) {
+      if (q == c.rank) continue;
+      for (uint32_t i = 0; i < words; ++i) {
+        const uint32_t flag = mk::agree_flag_index(c, c.rank, i);
+        const uint64_t value = (launch << 32) | mine[i];
+        if (protocol::ring_push(c.ring, protocol::make_signal(q, flag, value, i)) != protocol::kRingOk) {
+          *push_failed = 1;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // The waits record nothing in the status word: a rank that does not take part is the
+  // caller's error to report, not a broken communicator.
+  mk::WaitContext w = mk::wait_context(c);
+  w.status = nullptr;
+  w.timeout_ns = timeout_ns;
+  for (uint32_t q = threadIdx.x; q < c.world_size; q += blockDim.x) {
+    bool ok = true;
+    for (uint32_t i = 0; i < words && ok; ++i) {
+      if (q == c.rank) {
+        table[q * mk::kAgreeWords + i] = mine[i];
+        continue;
+      }
+      const uint64_t* f = c.flags + mk::agree_flag_index(c, q, i);
+      ok = mk::wait_geq(f, launch << 32, w, 0, 0);
+      if (ok) table[q * mk::kAgreeWords + i] = static_cast<uint32_t>(sync::ld_acquire_sys(f) & 0xFFFFFFFFu);
+    }
+    answered[q] = ok ? 1u : 0u;
+  }
+}
+
+}  // namespace
+
+Status agree(Communicator& comm, const std::string& what, const std::vector<uint32_t>& words,
+             const std::vector<std::string>& names, cudaStream_t stream) {
+  const mk::DeviceComm& c = comm.device();
+  const uint32_t W = static_cast<uint32_t>(words.size());
+  if (W == 0 || W > mk::kAgreeWords || names.size() != words.size())
+    return Status(StatusCode::kInternal, what + ": agreement of " + std::to_string(W) + " words");
+  const uint64_t area = uint64_t{c.world_size} * mk::kAgreeWords;
+  if (c.num_fused_flags < area)
+    return Status(StatusCode::kResourceExhausted,
+                  what + ": the flag array has " + std::to_string(c.num_fused_flags) + " fused-op flags; agreeing needs " +
+                      std::to_string(area) + " (" + std::to_string(mk::kAgreeWords) +
+                      " per rank; Options::fused_flags)");
+  MK_RETURN_IF_ERROR(comm.check().with_context(what + ": the communicator had already failed"));
+
+  const uint32_t R = c.world_size;
+  const size_t count = W + size_t{R} * mk::kAgreeWords + R + 1;  // mine, table, answered, push_failed
+  std::vector<uint32_t> host(count, 0);
+  std::copy(words.begin(), words.end(), host.begin());
+  uint32_t* dev = nullptr;
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dev), count * sizeof(uint32_t), stream);
+      e != cudaSuccess)
+    return cuda_status("cudaMallocAsync (agreement)", e);
+  auto run = [&]() -> Status {
+    cudaError_t e = cudaMemcpyAsync(dev, host.data(), count * sizeof(uint32_t), cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
+    MK_RETURN_IF_ERROR(comm.begin_launch(stream));
+    const uint64_t timeout_ns = static_cast<uint64_t>(comm.rendezvous_timeout().count()) * 1000000ull;
+    agree_kernel<<<1, 128, 0, stream>>>(c, dev, W, dev + W, dev + W + size_t{R} * mk::kAgreeWords, timeout_ns,
+                                        dev + count - 1);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_status("agreement kernel launch", e);
+    e = cudaMemcpyAsync(host.data(), dev, count * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+    if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
+    return Status::Ok();
+  };
+  const Status launched = run();
+  (void)cudaFreeAsync(dev, stream);
+  if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess && launched.ok())
+    return cuda_status("agreement kernel", e);
+  MK_RETURN_IF_ERROR(launched);
+  MK_RETURN_IF_ERROR(comm.check().with_context(what));
+  if (host[count - 1] != 0)
+    return Status(StatusCode::kUnavailable, what + ": rank " + std::to_string(c.rank) +
+                                                " could not push its agreement commands (ring full or stopped)");
+  const uint32_t* table = host.data() + W;
+  const uint32_t* answered = table + size_t{R} * mk::kAgreeWords;
+  std::string missing;
+  for (uint32_t q = 0; q < R; ++q)
+    if (answered[q] == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+  if (!missing.empty())
+    return Status(StatusCode::kDeadlineExceeded,
+                  what + ": rank(s) " + missing + " did not take part within " +
+                      std::to_string(comm.rendezvous_timeout().count()) +
+                      " ms (every rank must create the op, with the same Options::num_flags)");
+  for (uint32_t q = 0; q < R; ++q)
+    for (uint32_t i = 0; i < W; ++i)
+      if (table[q * mk::kAgreeWords + i] != words[i])
+        return Status(StatusCode::kInvalidArgument,
+                      what + ": ranks disagree on " + names[i] + ": rank " + std::to_string(q) + " has " +
+                          std::to_string(table[q * mk::kAgreeWords + i]) + ", rank " + std::to_string(c.rank) +
+                          " has " + std::to_string(words[i]));
+  return Status::Ok();
+}
+
+}  // namespace mkernel::rt

@@ -1,0 +1,282 @@
+// AllGather+GEMM correctness (ops.h): every rank's C_r against an fp32 reference and cuBLAS on
+// the gathered inputs, and the gathered output bit for bit against the concatenation of the
+// shards (what an NCCL all-gather produces: copying is exact, so "NCCL all-gather then cuBLAS"
+// and "cuBLAS on the concatenation" are the same check). Fresh random inputs per launch (seed
+// printed; MKERNEL_TEST_SEED replays), outputs poisoned with NaN before every launch.
+//
+// Layouts (fused_harness.h): one node of 2 and of 3 ranks (the NVLink path), two nodes of one
+// rank over libfabric shm and over tcp;ofi_rxm (the proxy path, host-staged), and two nodes of
+// two ranks (rail peers through the proxies, then NVLink). On one GPU every rank shares it;
+// with two GPUs the one-node layouts of two ranks use both. Per layout: M/R not a multiple of
+// 128, odd chunk sizes, three launches in a row without resets, then a CUDA graph replayed with
+// new data; argument errors and ranks that disagree on the shape.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fused_harness.h"
+#include "gemm/gemm_test_util.cuh"
+#include "mkernel/runtime/ops.h"
+#include "mkernel/runtime/runtime.h"
+
+namespace {
+
+namespace rt = mkernel::rt;
+using gemm_test::compare;
+using gemm_test::ErrorStats;
+using gemm_test::fill_random;
+using gemm_test::poison;
+using gemm_test::to_host;
+using gemm_test::to_host_float;
+
+constexpr double kTolerance = 5e-3;  // relative Frobenius error (the GEMM test's bound)
+uint64_t g_seed = 0;
+std::mutex g_print;
+
+#define RANK_CHECK(cond, ...)                                          \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::lock_guard<std::mutex> lock_(g_print);                      \
+      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
+      std::printf(__VA_ARGS__);                                        \
+      std::printf("\n");                                               \
+      ++fails;                                                         \
+    }                                                                  \
+  } while (0)
+
+struct Case {
+  fused_test::Topology topo;
+  uint32_t m_local, n_local, k;
+  uint32_t chunk_rows = 0;
+  int cluster_m = 1;
+  bool gathered_out = true;
+};
+
+uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
+
+// One rank of one case: plan, three launches, a graph replayed three times.
+int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu) {
+  int fails = 0;
+  const uint32_t R = cs.topo.world();
+  const uint64_t M = uint64_t{R} * cs.m_local;
+  const uint32_t n = cs.n_local, k = cs.k;
+  __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr, *g = nullptr, *a_all = nullptr, *c_ref_cublas = nullptr;
+  float* ref = nullptr;
+  GT_CUDA(cudaMalloc(&a, sizeof(__nv_bfloat16) * cs.m_local * k));
+  GT_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * n * k));
+  GT_CUDA(cudaMalloc(&c, sizeof(__nv_bfloat16) * M * n));
+  GT_CUDA(cudaMalloc(&g, sizeof(__nv_bfloat16) * M * k));
+  GT_CUDA(cudaMalloc(&a_all, sizeof(__nv_bfloat16) * M * k));
+  GT_CUDA(cudaMalloc(&c_ref_cublas, sizeof(__nv_bfloat16) * M * n));
+  GT_CUDA(cudaMalloc(&ref, sizeof(float) * M * n));
+  cublasHandle_t blas;
+  GT_CUBLAS(cublasCreate(&blas));
+  GT_CUBLAS(cublasSetStream(blas, stream));
+
+  rt::AllGatherGemmConfig cfg;
+  cfg.chunk_rows = cs.chunk_rows;
+  cfg.cluster_m = cs.cluster_m;
+  if (shared_gpu) {
+    // Every rank's kernel must be resident at once on the one GPU: split its 132 SMs.
+    const int per_rank = 132 / static_cast<int>(R);
+    cfg.comm_blocks = 4;
+    cfg.gemm_blocks = (per_rank - cfg.comm_blocks) / cs.cluster_m * cs.cluster_m;
+  }
+  auto made = rt::AllGatherGemm::create(comm, cs.m_local, n, k, cfg, stream);
+  RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
+  if (!made.ok()) return fails;
+  rt::AllGatherGemm& op = *made.value();
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::printf("      plan: %s\n", op.describe().c_str());
+  }
+
+  // Inputs of launch `l`: every rank draws shard q of A from the same seed, so each can build
+  // the whole gathered A for its reference.
+  auto check_launch = [&](uint64_t launch_seed, const char* what) {
+    GT_CUDA(cudaStreamSynchronize(stream));
+    const mkernel::Status st = comm.check();
+    RANK_CHECK(st.ok(), "%s: check(): %s", what, st.to_string().c_str());
+    for (uint32_t q = 0; q < R; ++q)
+      fill_random(a_all + uint64_t{q} * cs.m_local * k, uint64_t{cs.m_local} * k, shard_seed(launch_seed, q), 1.0f,
+                  stream);
+    gemm_test::reference_gemm(a_all, w, ref, static_cast<int>(M), static_cast<int>(n), static_cast<int>(k), stream);
+    const float alpha = 1.f, beta = 0.f;
+    GT_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, static_cast<int>(M), k, &alpha, w, CUDA_R_16BF, k, a_all,
+                           CUDA_R_16BF, k, &beta, c_ref_cublas, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+    GT_CUDA(cudaStreamSynchronize(stream));
+    const size_t cn = M * n;
+    const auto out = to_host_float(c, cn);
+    const ErrorStats e_ref = compare(out, to_host(ref, cn));
+    const ErrorStats e_blas = compare(out, to_host_float(c_ref_cublas, cn));
+    RANK_CHECK(e_ref.non_finite == 0 && e_ref.rel_fro < kTolerance && e_blas.rel_fro < kTolerance,
+               "%s: C: %zu unwritten (first at row %zu), rel err vs fp32 %.2e, vs cuBLAS %.2e", what,
+               e_ref.non_finite, e_ref.first_bad == SIZE_MAX ? 0 : e_ref.first_bad / n, e_ref.rel_fro, e_blas.rel_fro);
+    if (cs.gathered_out) {
+      std::vector<uint16_t> hg(M * k), ha(M * k);
+      GT_CUDA(cudaMemcpy(hg.data(), g, hg.size() * 2, cudaMemcpyDeviceToHost));
+      GT_CUDA(cudaMemcpy(ha.data(), a_all, ha.size() * 2, cudaMemcpyDeviceToHost));
+      size_t diff = 0, first = 0;
+      for (size_t i = 0; i < hg.size(); ++i)
+        if (hg[i] != ha[i] && diff++ == 0) first = i;
+      RANK_CHECK(diff == 0, "%s: gathered A differs from the concatenation in %zu elements (first: row %zu)", what,
+                 diff, first / k);
+    }
+    return e_ref.rel_fro;
+  };
+  auto prepare = [&](uint64_t launch_seed) {
+    fill_random(a, uint64_t{cs.m_local} * k, shard_seed(launch_seed, rank), 1.0f, stream);
+    fill_random(w, uint64_t{n} * k, launch_seed * 31 + rank, 1.0f, stream);
+    poison(c, M * n, stream);
+    if (cs.gathered_out) poison(g, M * k, stream);
+  };
+
+  double worst = 0;
+  for (int l = 0; l < 3; ++l) {  // repeated launches, no reset
+    const uint64_t seed = g_seed + 1000 * l + 1;
+    prepare(seed);
+    const mkernel::Status s = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
+    RANK_CHECK(s.ok(), "launch %d: %s", l, s.to_string().c_str());
+    worst = std::max(worst, check_launch(seed, ("launch " + std::to_string(l)).c_str()));
+  }
+  // The same call captured in a CUDA graph and replayed with new data: each replay is a new
+  // launch (its flags carry the new launch number).
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const mkernel::Status cap = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
+  GT_CUDA(cudaStreamEndCapture(stream, &graph));
+  RANK_CHECK(cap.ok(), "launch in capture: %s", cap.to_string().c_str());
+  GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int l = 0; l < 3; ++l) {
+    const uint64_t seed = g_seed + 5000 + 1000 * l;
+    prepare(seed);
+    GT_CUDA(cudaGraphLaunch(exec, stream));
+    worst = std::max(worst, check_launch(seed, ("graph replay " + std::to_string(l)).c_str()));
+  }
+  GT_CUDA(cudaGraphExecDestroy(exec));
+  GT_CUDA(cudaGraphDestroy(graph));
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::printf("      3 launches + 3 graph replays: worst rel err vs fp32 %.2e\n", worst);
+  }
+
+  cublasDestroy(blas);
+  cudaFree(a);
+  cudaFree(w);
+  cudaFree(c);
+  cudaFree(g);
+  cudaFree(a_all);
+  cudaFree(c_ref_cublas);
+  cudaFree(ref);
+  return fails;
+}
+
+rt::Options options_for(const Case& cs) {
+  rt::Options o;
+  o.nvlink_bytes = rt::all_gather_gemm_nvlink_bytes(cs.topo.world(), cs.m_local, cs.k);
+  o.network_workspace_bytes = rt::all_gather_gemm_network_bytes(cs.topo.nodes, cs.m_local, cs.k);
+  o.device_wait_timeout_ns = 10'000'000'000ull;
+  o.rendezvous_timeout = std::chrono::milliseconds(60000);
+  return o;
+}
+
+int run_case(const Case& cs) {
+  fused_test::Cluster cluster(cs.topo, "ag");
+  if (!cluster.start()) return 1;
+  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s\n",
+              cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
+              cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, options_for(cs), {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream) {
+        return run_rank(cs, rank, comm, stream, cluster.shared_gpu());
+      });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s  %s m_local %u: %d rank(s) failed (%.1f s)\n", failed == 0 ? "ok  " : "FAIL", cs.topo.name().c_str(),
+              cs.m_local, failed, s);
+  return failed == 0 ? 0 : 1;
+}
+
+// Bad arguments are refused before anything is launched, naming the field; ranks that disagree
+// on the shape both get an error naming the two values.
+int run_error_cases() {
+  const fused_test::Topology topo{1, 2, "shm"};
+  fused_test::Cluster cluster(topo, "agerr");
+  if (!cluster.start()) return 1;
+  rt::Options o;
+  o.nvlink_bytes = 1 << 20;
+  o.rendezvous_timeout = std::chrono::milliseconds(20000);
+  std::atomic<int> bad{0};
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream) {
+        int fails = 0;
+        auto expect = [&](const mkernel::Status& s, const char* must, const char* what) {
+          const bool ok = !s.ok() && s.message().find(must) != std::string::npos;
+          RANK_CHECK(ok, "%s: expected an error containing \"%s\", got \"%s\"", what, must, s.to_string().c_str());
+          if (ok && rank == 0) {
+            std::lock_guard<std::mutex> lock(g_print);
+            std::printf("      refused (%s): %s\n", what, s.message().c_str());
+          }
+        };
+        expect(rt::AllGatherGemm::create(comm, 64, 128, 100, {}, stream).status(), "k = 100", "k not a multiple of 8");
+        expect(rt::AllGatherGemm::create(comm, 64, 12, 128, {}, stream).status(), "n_local = 12", "n_local");
+        expect(rt::AllGatherGemm::create(comm, 0, 128, 128, {}, stream).status(), "m_local = 0", "m_local");
+        // The NVLink buffer (1 MiB) cannot hold 2 x 1024 x 1024 bf16.
+        expect(rt::AllGatherGemm::create(comm, 1024, 128, 1024, {}, stream).status(), "nvlink_bytes",
+               "workspace too small");
+        // Disagreement: rank 1 plans k = 136, rank 0 k = 128.
+        expect(rt::AllGatherGemm::create(comm, 64, 128, rank == 0 ? 128 : 136, {}, stream).status(),
+               "ranks disagree on k", "ranks disagree");
+        // A good plan, then a misaligned and a host pointer.
+        auto op = rt::AllGatherGemm::create(comm, 64, 128, 128, {}, stream);
+        RANK_CHECK(op.ok(), "create: %s", op.status().to_string().c_str());
+        if (op.ok()) {
+          __nv_bfloat16* d = nullptr;
+          GT_CUDA(cudaMalloc(&d, 1 << 20));
+          std::vector<uint16_t> host(1 << 16);
+          expect(op.value()->launch(reinterpret_cast<char*>(d) + 2, d, d, nullptr, stream), "pointer a",
+                 "misaligned a");
+          expect(op.value()->launch(d, host.data(), d, nullptr, stream), "pointer w", "host memory for w");
+          cudaFree(d);
+        }
+        bad += fails;
+        return fails;
+      });
+  std::printf("%s  argument errors and disagreement\n", failed == 0 && bad == 0 ? "ok  " : "FAIL");
+  return failed == 0 && bad == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  mkt::require_gpus_or_skip("ag_gemm_gpu_test", 1);
+  const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
+  g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)
+                    : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
+  std::printf("ag_gemm_gpu_test: seed %llu (MKERNEL_TEST_SEED replays it)\n", static_cast<unsigned long long>(g_seed));
+  const std::vector<Case> cases = {
+      {{1, 2, "shm"}, 300, 264, 520, 0, 1, true},     // M/R not a multiple of 128
+      {{1, 2, "shm"}, 512, 256, 512, 0, 2, false},    // clusters of 2, workspace view only
+      {{1, 2, "shm"}, 64, 512, 1024, 0, 1, true},     // decode-sized: one chunk per shard
+      {{1, 3, "shm"}, 200, 136, 264, 50, 1, true},    // odd rank count, chunks of 50 rows
+      {{2, 1, "shm"}, 257, 256, 512, 0, 1, true},     // two nodes through the proxies
+      {{2, 1, "tcp;ofi_rxm"}, 130, 128, 256, 64, 1, true},
+      {{2, 2, "shm"}, 130, 128, 256, 0, 1, true},     // rail peers, then NVLink
+  };
+  int failures = 0;
+  for (const Case& cs : cases) failures += run_case(cs);
+  failures += run_error_cases();
+  if (failures == 0) std::printf("PASS ag_gemm_gpu_test\n");
+  return failures == 0 ? 0 : 1;
+}
