@@ -10,7 +10,8 @@ OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
 source "$bundle/env.sh"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
+for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib \
+         /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
 done
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -18,10 +19,10 @@ nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu --format
 summary=()
 for t in "$@"; do
   echo "== $t"
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   timeout "${MKERNEL_TEST_TIMEOUT:-300}" "$bundle/bin/$t" > "$OUT/$t.log" 2>&1
   rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
   tail -n 40 "$OUT/$t.log"
   case $rc in
     0) verdict=PASS ;;
@@ -29,7 +30,7 @@ for t in "$@"; do
     124) verdict="FAIL(timeout)" ;;
     *) verdict="FAIL($rc)" ;;
   esac
-  summary+=("$(printf '%-32s %-14s %6.1f s' "$t" "$verdict" "$secs")")
+  summary+=("$(printf '%-32s %-14s %6d.%01d s' "$t" "$verdict" $((ms / 1000)) $((ms % 1000 / 100)))")
 done
 echo "== summary ($(head -2 "$OUT/gpu.txt" | tail -1))"
 printf '%s\n' "${summary[@]}"

@@ -64,7 +64,8 @@ struct Case {
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
 
 // One rank of one case: plan, three launches, a graph replayed three times.
-int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu) {
+int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu,
+             const fused_test::RankSync& sync) {
   int fails = 0;
   const uint32_t R = cs.topo.world();
   const uint64_t M = uint64_t{R} * cs.m_local;
@@ -78,9 +79,14 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   GT_CUDA(cudaMalloc(&a_all, sizeof(__nv_bfloat16) * M * k));
   GT_CUDA(cudaMalloc(&c_ref_cublas, sizeof(__nv_bfloat16) * M * n));
   GT_CUDA(cudaMalloc(&ref, sizeof(float) * M * n));
+  // cuBLAS with a workspace of its own, so no call of it allocates (fused_harness.h).
+  void* blas_ws = nullptr;
+  constexpr size_t kBlasWorkspace = 32 << 20;
+  GT_CUDA(cudaMalloc(&blas_ws, kBlasWorkspace));
   cublasHandle_t blas;
   GT_CUBLAS(cublasCreate(&blas));
   GT_CUBLAS(cublasSetStream(blas, stream));
+  GT_CUBLAS(cublasSetWorkspace(blas, blas_ws, kBlasWorkspace));
 
   rt::AllGatherGemmConfig cfg;
   cfg.chunk_rows = cs.chunk_rows;
@@ -94,6 +100,15 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   auto made = rt::AllGatherGemm::create(comm, cs.m_local, n, k, cfg, stream);
   RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
   if (!made.ok()) return fails;
+  // Warm up what loads lazily (the reference kernels, cuBLAS) before the ranks move in step.
+  fill_random(a_all, 1024, 1, 1.0f, stream);
+  gemm_test::reference_gemm(a_all, w, ref, 8, 8, 8, stream);
+  {
+    const float alpha = 1.f, beta = 0.f;
+    GT_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 8, 8, 8, &alpha, w, CUDA_R_16BF, 8, a_all, CUDA_R_16BF, 8,
+                           &beta, c_ref_cublas, CUDA_R_16BF, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  GT_CUDA(cudaStreamSynchronize(stream));
   rt::AllGatherGemm& op = *made.value();
   if (rank == 0) {
     std::lock_guard<std::mutex> lock(g_print);
@@ -145,6 +160,8 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   for (int l = 0; l < 3; ++l) {  // repeated launches, no reset
     const uint64_t seed = g_seed + 1000 * l + 1;
     prepare(seed);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    sync();
     const mkernel::Status s = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
     RANK_CHECK(s.ok(), "launch %d: %s", l, s.to_string().c_str());
     worst = std::max(worst, check_launch(seed, ("launch " + std::to_string(l)).c_str()));
@@ -153,14 +170,18 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   // launch (its flags carry the new launch number).
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  sync();
   GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   const mkernel::Status cap = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
   GT_CUDA(cudaStreamEndCapture(stream, &graph));
   RANK_CHECK(cap.ok(), "launch in capture: %s", cap.to_string().c_str());
   GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  GT_CUDA(cudaGraphUpload(exec, stream));
   for (int l = 0; l < 3; ++l) {
     const uint64_t seed = g_seed + 5000 + 1000 * l;
     prepare(seed);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    sync();
     GT_CUDA(cudaGraphLaunch(exec, stream));
     worst = std::max(worst, check_launch(seed, ("graph replay " + std::to_string(l)).c_str()));
   }
@@ -171,7 +192,9 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     std::printf("      3 launches + 3 graph replays: worst rel err vs fp32 %.2e\n", worst);
   }
 
+  sync();  // nobody frees (a device-wide synchronisation) while another rank's kernel runs
   cublasDestroy(blas);
+  cudaFree(blas_ws);
   cudaFree(a);
   cudaFree(w);
   cudaFree(c);
@@ -199,8 +222,9 @@ int run_case(const Case& cs) {
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   const auto t0 = std::chrono::steady_clock::now();
   const int failed = fused_test::run_ranks_in_threads(
-      cluster, options_for(cs), {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream) {
-        return run_rank(cs, rank, comm, stream, cluster.shared_gpu());
+      cluster, options_for(cs), {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        return run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
       });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s  %s m_local %u: %d rank(s) failed (%.1f s)\n", failed == 0 ? "ok  " : "FAIL", cs.topo.name().c_str(),
@@ -219,7 +243,7 @@ int run_error_cases() {
   o.rendezvous_timeout = std::chrono::milliseconds(20000);
   std::atomic<int> bad{0};
   const int failed = fused_test::run_ranks_in_threads(
-      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream) {
+      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync&) {
         int fails = 0;
         auto expect = [&](const mkernel::Status& s, const char* must, const char* what) {
           const bool ok = !s.ok() && s.message().find(must) != std::string::npos;

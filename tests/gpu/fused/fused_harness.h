@@ -73,9 +73,17 @@ class Cluster {
 };
 
 // Creates every rank's communicator (in its own thread, since create() waits for all) with
-// `base` options pointed at its daemon and device, then runs body(rank, comm, stream) in that
-// thread. Returns how many ranks failed (a failed create() counts, with its message printed).
-using RankBody = std::function<int(uint32_t rank, rt::Communicator& comm, cudaStream_t stream)>;
+// `base` options pointed at its daemon and device, then runs body(rank, comm, stream, sync) in
+// that thread. Returns how many ranks failed (a failed create() counts, with its message printed).
+//
+// Ranks that share a GPU share its work queue: a CUDA call that synchronises the whole device
+// implicitly (cudaMalloc, cudaFree, module loading, a cuBLAS call that allocates its workspace,
+// mapping a peer's buffer) waits for every running kernel, including another rank's kernel that
+// waits for this rank's data: a stall until that kernel's bound. One rank per GPU, as deployed,
+// never meets this. The bodies therefore move in step around launches: sync() is a barrier of
+// all ranks' threads, called once everything that may allocate is done and before the launches.
+using RankSync = std::function<void()>;
+using RankBody = std::function<int(uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const RankSync& sync)>;
 
 inline int run_ranks_in_threads(Cluster& cluster, const rt::Options& base, const std::vector<uint64_t>& buffers,
                                 const RankBody& body) {
@@ -93,6 +101,8 @@ inline int run_ranks_in_threads(Cluster& cluster, const rt::Options& base, const
   // No rank tears down its communicator while another may still send to it (the last launch's
   // slot-free signals travel after the kernels ended).
   std::barrier done(static_cast<std::ptrdiff_t>(R));
+  std::barrier step(static_cast<std::ptrdiff_t>(R));
+  const RankSync sync = [&step] { step.arrive_and_wait(); };
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < R; ++r) {
     threads.emplace_back([&, r] {
@@ -107,10 +117,13 @@ inline int run_ranks_in_threads(Cluster& cluster, const rt::Options& base, const
       } else if (auto made = rt::Communicator::create(r, R, id.value(), buffers, o); !made.ok()) {
         std::printf("FAIL rank %u: create: %s\n", r, made.status().to_string().c_str());
         ++failed;
+        step.arrive_and_drop();
       } else {
         comm = std::move(made.value());
-        if (body(r, *comm, stream) != 0) ++failed;
+        sync();  // every rank done with its communicator's set-up (which maps peers' buffers)
+        if (body(r, *comm, stream, sync) != 0) ++failed;
         (void)cudaStreamSynchronize(stream);
+        step.arrive_and_drop();
       }
       done.arrive_and_wait();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));  // in-flight proxy commands land

@@ -1,0 +1,362 @@
+// ag_gemm_bench: the fused AllGather+GEMM (ops.h) beside, in the same run and on the same
+// inputs: our GEMM alone on the per-rank problem (`mkernel_gemm`, the gathered A already in
+// place), cuBLAS alone (`cublas`), and with more than one rank NCCL all-gather then cuBLAS in
+// sequence (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with
+// NCCL_P2P_DISABLE=1 so both sides go through host memory).
+//
+// One process per rank on GPU rank % GPUs; one mkerneld (one node: the NVLink path) or, with
+// --nodes, one mkerneld per rank (every rank a node: the proxy path, host-staged, over
+// --provider). Shapes are global (M rows of the gathered activation, N and K of the whole
+// weight; rank r holds M/world rows and N/world weight rows). Random bf16 inputs; every
+// implementation's output is checked against cuBLAS on the same gathered inputs before timing.
+// Timing: warm-up, then --rounds rounds that take turns between the implementations, --iters
+// launches per implementation in all, each timed with CUDA events on rank 0's stream; medians
+// (p10, p90) printed as a table with ratios last and appended as JSON lines to --jsonl.
+//
+//   ag_gemm_bench [--world W] [--nodes] [--provider shm] [--shapes 8192x8192x8192,...]
+//                 [--small-m] [--iters 50] [--rounds 5] [--jsonl FILE] [--commit C] [--machine M]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "gemm/gemm_test_util.cuh"
+#include "gemm/sm90_bf16_gemm.h"
+#include "mkernel/runtime/ops.h"
+#include "mkernel/runtime/runtime.h"
+#include "runtime_gpu_util.h"
+
+namespace rt = mkernel::rt;
+namespace mk = mkernel::kernels;
+
+namespace {
+
+struct Shape {
+  int64_t m, n, k;  // global
+};
+
+constexpr int kMaxShapes = 32;
+constexpr int kImpls = 4;
+const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas"};
+
+struct Result {
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double err = -1;  // rel. error vs cuBLAS on the gathered inputs (-1: not run)
+  bool ran = false;
+};
+
+struct Shared {  // parent <-> ranks, in a shared anonymous mapping
+  ncclUniqueId nccl_id;
+  Result res[kMaxShapes][kImpls];
+  char config[kMaxShapes][160];
+  char error[512];
+};
+
+struct Args {
+  int world = 0;
+  bool nodes = false;
+  std::string provider = "shm";
+  std::vector<Shape> shapes;
+  int iters = 50, rounds = 5;
+  std::string jsonl, commit = "unknown", machine = "unknown";
+};
+
+std::vector<Shape> parse_shapes(const std::string& s) {
+  std::vector<Shape> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    const size_t end = std::min(s.find(',', pos), s.size());
+    Shape sh{};
+    if (std::sscanf(s.substr(pos, end - pos).c_str(), "%ldx%ldx%ld", &sh.m, &sh.n, &sh.k) == 3) out.push_back(sh);
+    pos = end + 1;
+  }
+  return out;
+}
+
+void stats(std::vector<float> v, Result* r) {
+  std::sort(v.begin(), v.end());
+  r->median_ms = v[v.size() / 2];
+  r->p10_ms = v[v.size() / 10];
+  r->p90_ms = v[std::min(v.size() - 1, v.size() * 9 / 10)];
+  r->ran = true;
+}
+
+double rel_err(const __nv_bfloat16* a, const __nv_bfloat16* b, size_t n) {
+  const auto x = gemm_test::to_host_float(a, n), y = gemm_test::to_host_float(b, n);
+  return gemm_test::compare(x, y).rel_fro;
+}
+
+int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std::vector<std::string>& sockets,
+             Shared* sh) {
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  const int dev = static_cast<int>(rank) % std::max(1, gpus);
+  cudaSetDevice(dev);
+  const uint32_t W = static_cast<uint32_t>(args.world);
+  int64_t max_mk = 0, max_nk = 0, max_mn = 0;
+  for (const Shape& s : args.shapes) {
+    max_mk = std::max(max_mk, s.m * s.k);
+    max_nk = std::max(max_nk, s.n / W * s.k);
+    max_mn = std::max(max_mn, s.m * s.n / W);
+  }
+  rt::Options o;
+  o.socket_path = sockets[args.nodes ? rank : 0];
+  o.cuda_device = dev;
+  o.nvlink_bytes = static_cast<uint64_t>(max_mk) * 2;
+  if (args.nodes && W > 1) o.network_workspace_bytes = static_cast<uint64_t>(max_mk) * 2;
+  o.device_wait_timeout_ns = 20'000'000'000ull;
+  auto made = rt::Communicator::create(rank, W, id, {4096}, o);
+  if (!made.ok()) {
+    std::snprintf(sh->error, sizeof(sh->error), "rank %u: create: %s", rank, made.status().to_string().c_str());
+    return 1;
+  }
+  rt::Communicator& comm = *made.value();
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  ncclComm_t nc = nullptr;
+  if (W > 1 && ncclCommInitRank(&nc, static_cast<int>(W), sh->nccl_id, static_cast<int>(rank)) != ncclSuccess) {
+    std::snprintf(sh->error, sizeof(sh->error), "rank %u: ncclCommInitRank failed", rank);
+    return 1;
+  }
+  cublasHandle_t blas;
+  cublasCreate(&blas);
+  cublasSetStream(blas, st);
+  __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr, *c_ref = nullptr, *g = nullptr;
+  cudaMalloc(&a, max_mk / W * 2 + 256);
+  cudaMalloc(&w, max_nk * 2);
+  cudaMalloc(&c, max_mn * 2);
+  cudaMalloc(&c_ref, max_mn * 2);
+  cudaMalloc(&g, max_mk * 2);
+  void* ws = nullptr;
+  const size_t ws_bytes = 256u << 20;
+  cudaMalloc(&ws, ws_bytes);
+  cudaMemset(ws, 0, ws_bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+
+  for (size_t si = 0; si < args.shapes.size(); ++si) {
+    const Shape& s = args.shapes[si];
+    const int64_t m_local = s.m / W, n_local = s.n / W, k = s.k;
+    gemm_test::fill_random(a, m_local * k, 1000 + si * 64 + rank, 1.0f, st);
+    gemm_test::fill_random(w, n_local * k, 2000 + si * 64 + rank, 1.0f, st);
+    auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, {}, st);
+    if (!op.ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld: %s", rank, s.m, s.n, s.k,
+                    op.status().to_string().c_str());
+      return 1;
+    }
+    if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op.value()->describe().c_str());
+    // The gathered A for the baselines: the fused op's own output, checked against NCCL's.
+    auto fused = [&] { return op.value()->launch(a, w, c, nullptr, st); };
+    mk::GemmArgs ga;
+    ga.a = g;
+    ga.w = w;
+    ga.d = c;
+    ga.m = s.m;
+    ga.n = n_local;
+    ga.k = k;
+    ga.workspace = ws;
+    ga.workspace_bytes = ws_bytes;
+    mk::GemmPlan gp;
+    if (mk::GemmResult r = mk::gemm_plan(ga, &gp); !r.ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: gemm plan: %s", rank, r.message.c_str());
+      return 1;
+    }
+    const float alpha = 1.f, beta = 0.f;
+    auto blas_gemm = [&](__nv_bfloat16* out) {
+      cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_local), static_cast<int>(s.m),
+                   static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), g, CUDA_R_16BF, static_cast<int>(k),
+                   &beta, out, CUDA_R_16BF, static_cast<int>(n_local), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    auto run_impl = [&](int impl) -> bool {
+      switch (impl) {
+        case 0: return fused().ok();
+        case 1: return mk::gemm_launch(gp, st).ok();
+        case 2: blas_gemm(c); return true;
+        case 3:
+          if (nc == nullptr) return false;
+          ncclAllGather(a, g, static_cast<size_t>(m_local * k), ncclBfloat16, nc, st);
+          blas_gemm(c);
+          return true;
+      }
+      return false;
+    };
+    // Correctness first: the gathered A by NCCL (or the fused op with one rank), cuBLAS on it
+    // as the reference, then each implementation's C against it.
+    if (nc != nullptr) {
+      ncclAllGather(a, g, static_cast<size_t>(m_local * k), ncclBfloat16, nc, st);
+    } else {
+      cudaMemcpyAsync(g, a, m_local * k * 2, cudaMemcpyDeviceToDevice, st);
+    }
+    blas_gemm(c_ref);
+    cudaStreamSynchronize(st);
+    for (int impl = 0; impl < kImpls; ++impl) {
+      if (impl == 3 && nc == nullptr) continue;
+      gemm_test::poison(c, s.m * n_local, st);
+      if (!run_impl(impl)) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s failed to launch", rank, kImplNames[impl]);
+        return 1;
+      }
+      cudaStreamSynchronize(st);
+      const double e = rel_err(c, c_ref, s.m * n_local);
+      if (rank == 0) sh->res[si][impl].err = e;
+      if (!(e < 1e-2) || !comm.check().ok()) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s wrong on %ldx%ldx%ld: rel err %.3e; %s", rank,
+                      kImplNames[impl], s.m, s.n, s.k, e, comm.check().to_string().c_str());
+        return 1;
+      }
+    }
+    // Timing: rounds take turns between implementations.
+    std::vector<float> times[kImpls];
+    for (int warm = 0; warm < 5; ++warm)
+      for (int impl = 0; impl < kImpls; ++impl) run_impl(impl);
+    cudaStreamSynchronize(st);
+    const int per_round = std::max(1, args.iters / args.rounds);
+    for (int round = 0; round < args.rounds; ++round)
+      for (int impl = 0; impl < kImpls; ++impl) {
+        if (impl == 3 && nc == nullptr) continue;
+        for (int i = 0; i < per_round; ++i) {
+          cudaEventRecord(e0, st);
+          run_impl(impl);
+          cudaEventRecord(e1, st);
+          cudaEventSynchronize(e1);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, e0, e1);
+          times[impl].push_back(ms);
+        }
+      }
+    if (!comm.check().ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s", rank, comm.check().to_string().c_str());
+      return 1;
+    }
+    if (rank == 0)
+      for (int impl = 0; impl < kImpls; ++impl)
+        if (!times[impl].empty()) stats(times[impl], &sh->res[si][impl]);
+  }
+  if (nc != nullptr) ncclCommDestroy(nc);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--world") args.world = std::atoi(next().c_str());
+    else if (a == "--nodes") args.nodes = true;
+    else if (a == "--provider") args.provider = next();
+    else if (a == "--shapes") args.shapes = parse_shapes(next());
+    else if (a == "--small-m")
+      for (int64_t m : {128, 256, 512, 1024, 2048})
+        for (int64_t n : {8192, 28672}) args.shapes.push_back({m, n, 8192});
+    else if (a == "--iters") args.iters = std::atoi(next().c_str());
+    else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
+    else if (a == "--jsonl") args.jsonl = next();
+    else if (a == "--commit") args.commit = next();
+    else if (a == "--machine") args.machine = next();
+    else {
+      std::printf("ag_gemm_bench: unknown argument \"%s\" (see the header of bench/fused/ag_gemm_bench.cu)\n", a.c_str());
+      return 2;
+    }
+  }
+  const int gpus = mkt::driver_gpu_count();
+  if (gpus < 1) {
+    std::printf("ag_gemm_bench: needs a Hopper GPU, the driver lists none\n");
+    return 77;
+  }
+  if (args.world <= 0) args.world = gpus;
+  if (args.shapes.empty()) args.shapes = {{4096, 8192, 8192}, {8192, 8192, 8192}, {16384, 14336, 4096}, {32768, 8192, 8192}};
+  if (args.shapes.size() > kMaxShapes) args.shapes.resize(kMaxShapes);
+  for (const Shape& s : args.shapes)
+    if (s.m % args.world != 0 || s.n % (8 * args.world) != 0 || s.k % 8 != 0) {
+      std::printf("ag_gemm_bench: shape %ldx%ldx%ld does not split over %d ranks (M %% world, N %% (8 world), K %% 8)\n",
+                  s.m, s.n, s.k, args.world);
+      return 2;
+    }
+  if (args.world > gpus)
+    std::printf("note: %d ranks on %d GPU(s): ranks share GPUs, timings are not those of a deployment\n", args.world,
+                gpus);
+  if (args.nodes) ::setenv("NCCL_P2P_DISABLE", "1", 1);  // NCCL through host memory too
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  auto* sh = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(sh, 0, sizeof(Shared));
+  if (args.world > 1) ncclGetUniqueId(&sh->nccl_id);
+  std::vector<std::unique_ptr<mkt::Daemon>> daemons;
+  std::string ids;
+  for (int g = 0; g < gpus; ++g) ids += (g ? ", " : "") + std::to_string(g);
+  const int num_daemons = args.nodes ? args.world : 1;
+  std::vector<std::string> sockets;
+  for (int d = 0; d < num_daemons; ++d) {
+    daemons.push_back(std::make_unique<mkt::Daemon>(
+        mkt::temp_dir("agbench"),
+        mkt::daemon_yaml(args.provider, ids) + "node: {name: \"bench-node-" + std::to_string(d) + "\"}\n"));
+    if (!daemons.back()->start()) {
+      std::printf("ag_gemm_bench: mkerneld %d did not start (log in %s)\n", d, daemons.back()->dir().c_str());
+      return 1;
+    }
+    sockets.push_back(daemons.back()->socket());
+  }
+  rt::Options o;
+  o.socket_path = sockets[0];
+  o.proxy = 0;
+  auto id = rt::get_unique_id(o);
+  if (!id.ok()) {
+    std::printf("ag_gemm_bench: get_unique_id: %s\n", id.status().to_string().c_str());
+    return 1;
+  }
+  const int failed = mkt::run_ranks(static_cast<uint32_t>(args.world),
+                                    [&](uint32_t r) { return run_rank(r, args, id.value(), sockets, sh); },
+                                    std::chrono::seconds(1200));
+  if (failed != 0) {
+    std::printf("ag_gemm_bench: %d rank(s) failed: %s\n", failed, sh->error[0] ? sh->error : "(no message)");
+    return 1;
+  }
+  char date[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  FILE* jl = args.jsonl.empty() ? nullptr : std::fopen(args.jsonl.c_str(), "a");
+  const char* nccl_name = args.nodes ? "nccl_shm+cublas" : "nccl+cublas";
+  std::printf("\nag_gemm_bench: world %d, nodes %d%s, %s, commit %s\n", args.world, args.nodes ? args.world : 1,
+              args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "", args.machine.c_str(),
+              args.commit.c_str());
+  std::printf("%-20s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "our gemm", "cublas", nccl_name,
+              "vs seq", "vs gemm", "vs cublas");
+  for (size_t si = 0; si < args.shapes.size(); ++si) {
+    const Shape& s = args.shapes[si];
+    const Result* r = sh->res[si];
+    char shape[32];
+    std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", s.m, s.n, s.k);
+    const double seq = r[3].ran ? r[3].median_ms : 0;
+    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %9.3f %9.3f %9.3f\n", shape, r[0].median_ms, r[1].median_ms,
+                r[2].median_ms, seq, seq > 0 ? seq / r[0].median_ms : 0.0, r[0].median_ms / r[1].median_ms,
+                r[2].median_ms / r[0].median_ms);
+    for (int impl = 0; impl < kImpls && jl; ++impl) {
+      if (!r[impl].ran) continue;
+      std::fprintf(jl,
+                   "{\"benchmark\": \"ag_gemm\", \"shape\": {\"M\": %ld, \"N\": %ld, \"K\": %ld}, \"split\": \"A rows and W "
+                   "rows over world\", \"world\": %d, \"nodes\": %d, \"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": "
+                   "%.4f, \"p90_ms\": %.4f, \"iters\": %d, \"rel_err_vs_cublas\": %.2e, \"config\": \"%s\", "
+                   "\"provider\": \"%s\", \"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
+                   s.m, s.n, s.k, args.world, args.nodes ? args.world : 1, impl == 3 ? nccl_name : kImplNames[impl],
+                   r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
+                   impl == 0 ? sh->config[si] : "", args.nodes ? args.provider.c_str() : "nvlink", args.machine.c_str(),
+                   args.commit.c_str(), date);
+    }
+  }
+  if (jl) std::fclose(jl);
+  std::printf("(vs seq: NCCL+cuBLAS time / fused time; vs gemm: fused / our GEMM alone, goal <= 1.08; vs cublas: "
+              "cuBLAS / fused)\n");
+  return 0;
+}
