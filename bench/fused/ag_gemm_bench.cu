@@ -271,6 +271,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // no module load while a rank's kernel waits for another
   const int gpus = mkt::driver_gpu_count();
   if (gpus < 1) {
     std::printf("ag_gemm_bench: needs a Hopper GPU, the driver lists none\n");

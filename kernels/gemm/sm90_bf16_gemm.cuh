@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (blockIdx.x >= p.num_gemm_blocks) {
     Role::run(p, blockIdx.x - p.num_gemm_blocks, gridDim.x - p.num_gemm_blocks);
     if constexpr (Role::kHasBlockExit) {
+      __syncwarp();  // a role's thread 0 may have worked alone; its warp rejoins first
       __syncthreads();
       if (threadIdx.x == 0) Role::block_exit(p);
     }

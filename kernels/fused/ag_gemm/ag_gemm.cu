@@ -18,6 +18,10 @@ GemmResult fail(GemmError code, std::string message) { return GemmResult{code, s
 template <int kBlockN, int kClusterM>
 using AgTraits = Sm90GemmTraits<kBlockN, detail::gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore>;
 
+static_assert(AgTraits<128, 1>::kSmemBytes >= BulkCopier::kSmemBytes + 1024 &&
+                  AgTraits<256, 1>::kSmemBytes >= BulkCopier::kSmemBytes + 1024,
+              "the communication blocks' bulk copier must fit in the GEMM's shared memory");
+
 GemmResult launch_with_role(const GemmPlan& plan, cudaStream_t stream) {
   const GemmConfig& c = plan.config;
   if (c.block_n == 256) {

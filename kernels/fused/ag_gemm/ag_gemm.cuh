@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "common/bulk_copy.cuh"
 #include "common/comm.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
 #include "fused/common/launch_state.cuh"
@@ -99,8 +100,10 @@ __device__ __forceinline__ bool wait_step_inputs(const Ctx& x, const AgStep& s) 
   return false;
 }
 
-// Runs one step with the whole block. Returns the same on every thread.
-__device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s) {
+// Runs one step with the whole block; returns the same on every thread. Chunks that stay in GPU
+// memory (this GPU's or a peer's over NVLink) move through thread 0's bulk copier; chunks to or
+// from the host-staged network workspace move with every thread's loads and stores.
+__device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s, BulkCopier& copier) {
   __shared__ bool ok;
   __syncthreads();  // every thread read the previous step's `ok` before it is written again
   if (threadIdx.x == 0) ok = wait_step_inputs(x, s);
@@ -110,23 +113,26 @@ __device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s) {
   const uint64_t off = x.chunk_offset(s.chunk);
   const uint64_t bytes = x.chunk_bytes(s.chunk);
   const uint64_t at = uint64_t{s.shard} * x.shard_bytes() + off;  // the chunk in a gathered buffer
+  const uint64_t where = where_tag(kStepShardArrival, uint64_t{s.shard} * 65536 + s.chunk);
+  auto bulk = [&](uint8_t* dst, const uint8_t* src) {
+    if (copier.copy(dst, src, bytes, x.c.wait_timeout_ns)) return true;
+    report(x.c, kDevicePipelineTimeout, 0, where);
+    return false;
+  };
   switch (s.kind) {
     case kAgLocal:
-      block_copy<LoadPolicy::kStream>(x.a.gathered + at, x.a_local + off, bytes);
-      __syncthreads();
-      if (threadIdx.x == 0) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
-      break;
-    case kAgPush: {
-      uint8_t* peer = nvl_ptr(x.c, s.peer);
-      if (s.shard == r) {
-        block_copy<LoadPolicy::kStream>(peer + at, x.a_local + off, bytes);
-      } else {
-        block_copy<LoadPolicy::kL2>(peer + at, x.a.gathered + at, bytes);
+      if (threadIdx.x == 0) {
+        ok = bulk(x.a.gathered + at, x.a_local + off);
+        if (ok) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
       }
-      __syncthreads();
-      if (threadIdx.x == 0) raise_flag(nvl_fused_flag(x.c, s.peer, x.ready_flag(s.shard, s.chunk)), x.launch);
       break;
-    }
+    case kAgPush:
+      if (threadIdx.x == 0) {
+        uint8_t* peer = nvl_ptr(x.c, s.peer);
+        ok = bulk(peer + at, s.shard == r ? x.a_local + off : x.a.gathered + at);
+        if (ok) raise_flag(nvl_fused_flag(x.c, s.peer, x.ready_flag(s.shard, s.chunk)), x.launch);
+      }
+      break;
     case kAgSend: {
       // Stage once in slot `node` of the own workspace, then one put per other node.
       const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;
@@ -134,16 +140,12 @@ __device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s) {
       __syncthreads();
       if (threadIdx.x == 0) {
         sync::fence_acq_rel_sys();  // the staged bytes before the proxy reads them
-        bool sent = true;
-        for (uint32_t i = 1; i < x.a.layout.nodes && sent; ++i) {
+        for (uint32_t i = 1; i < x.a.layout.nodes && ok; ++i) {
           const uint32_t to = x.a.layout.rail_peer(r, x.a.layout.send_node(s.node, i));
-          sent = put_signal(x.c, to, x.c.network_workspace, slot_at, x.c.network_workspace, slot_at, bytes,
-                            fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk)), where_tag(kStepNetworkSend, to));
+          ok = put_signal(x.c, to, x.c.network_workspace, slot_at, x.c.network_workspace, slot_at, bytes,
+                          fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk)), where_tag(kStepNetworkSend, to));
         }
-        ok = sent;
       }
-      __syncthreads();
-      if (!ok) return false;
       break;
     }
     case kAgReceive: {
@@ -154,7 +156,9 @@ __device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s) {
       break;
     }
   }
-  return true;
+  __syncwarp();  // thread 0 may have copied alone; its warp rejoins before the block barrier
+  __syncthreads();
+  return ok;
 }
 
 }  // namespace ag_detail
@@ -170,23 +174,27 @@ struct AgGemmRole {
                            previous_fused_launch(a.comm),
                            static_cast<const uint8_t*>(p.role_ptrs[0]),
                            static_cast<uint8_t*>(const_cast<void*>(p.role_ptrs[1]))};
+    // The block's shared memory is the role's (the GEMM contract): thread 0's bulk copier.
+    extern __shared__ uint8_t role_smem_raw[];
+    BulkCopier copier;
+    if (threadIdx.x == 0)
+      copier.init(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(role_smem_raw) + 1023) & ~uintptr_t{1023}));
     for (uint32_t i = role_block; i < a.num_steps; i += num_role_blocks) {
-      if (!ag_detail::run_step(x, a.steps[i])) return;
+      if (!ag_detail::run_step(x, a.steps[i], copier)) return;
     }
     // The gathered output, when the caller asked for one: every chunk once it is here.
-    if (x.gathered_out == nullptr) return;
+    if (x.gathered_out == nullptr || threadIdx.x != 0) return;
     const WaitContext w = wait_context(a.comm);
-    __shared__ bool ok;
     const uint32_t pieces = a.layout.world() * a.chunks;
     for (uint32_t i = role_block; i < pieces; i += num_role_blocks) {
       const uint32_t shard = i / a.chunks, chunk = i % a.chunks;
-      if (threadIdx.x == 0)
-        ok = wait_geq(a.ready + i, x.launch, w, i, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk));
-      __syncthreads();
-      if (!ok) return;
+      const uint64_t where = where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk);
+      if (!wait_geq(a.ready + i, x.launch, w, i, where)) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
-      block_copy<LoadPolicy::kL2>(x.gathered_out + at, a.gathered + at, x.chunk_bytes(chunk));
-      __syncthreads();
+      if (!copier.copy(x.gathered_out + at, a.gathered + at, x.chunk_bytes(chunk), a.comm.wait_timeout_ns)) {
+        report(a.comm, kDevicePipelineTimeout, 0, where);
+        return;
+      }
     }
   }
 

@@ -97,11 +97,10 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     cfg.comm_blocks = 4;
     cfg.gemm_blocks = (per_rank - cfg.comm_blocks) / cs.cluster_m * cs.cluster_m;
   }
-  auto made = rt::AllGatherGemm::create(comm, cs.m_local, n, k, cfg, stream);
-  RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
-  if (!made.ok()) return fails;
-  // Warm up what loads lazily (the reference kernels, cuBLAS) before the ranks move in step.
+  // Warm up what loads lazily (the test's kernels, cuBLAS), then move in step (fused_harness.h):
+  // the plan's agreement is a kernel that waits for the other ranks.
   fill_random(a_all, 1024, 1, 1.0f, stream);
+  poison(c, 8, stream);
   gemm_test::reference_gemm(a_all, w, ref, 8, 8, 8, stream);
   {
     const float alpha = 1.f, beta = 0.f;
@@ -109,6 +108,11 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
                            &beta, c_ref_cublas, CUDA_R_16BF, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   GT_CUDA(cudaStreamSynchronize(stream));
+  sync();
+  auto made = rt::AllGatherGemm::create(comm, cs.m_local, n, k, cfg, stream);
+  RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
+  if (!made.ok()) return fails;
+  sync();  // every rank's plan made (its device allocations done) before anyone launches
   rt::AllGatherGemm& op = *made.value();
   if (rank == 0) {
     std::lock_guard<std::mutex> lock(g_print);
@@ -243,7 +247,8 @@ int run_error_cases() {
   o.rendezvous_timeout = std::chrono::milliseconds(20000);
   std::atomic<int> bad{0};
   const int failed = fused_test::run_ranks_in_threads(
-      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync&) {
+      cluster, o, {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
         int fails = 0;
         auto expect = [&](const mkernel::Status& s, const char* must, const char* what) {
           const bool ok = !s.ok() && s.message().find(must) != std::string::npos;
@@ -253,6 +258,10 @@ int run_error_cases() {
             std::printf("      refused (%s): %s\n", what, s.message().c_str());
           }
         };
+        __nv_bfloat16* d = nullptr;
+        GT_CUDA(cudaMalloc(&d, 1 << 20));
+        std::vector<uint16_t> host(1 << 16);
+        sync();  // allocations done everywhere before the agreements (fused_harness.h)
         expect(rt::AllGatherGemm::create(comm, 64, 128, 100, {}, stream).status(), "k = 100", "k not a multiple of 8");
         expect(rt::AllGatherGemm::create(comm, 64, 12, 128, {}, stream).status(), "n_local = 12", "n_local");
         expect(rt::AllGatherGemm::create(comm, 0, 128, 128, {}, stream).status(), "m_local = 0", "m_local");
@@ -266,14 +275,12 @@ int run_error_cases() {
         auto op = rt::AllGatherGemm::create(comm, 64, 128, 128, {}, stream);
         RANK_CHECK(op.ok(), "create: %s", op.status().to_string().c_str());
         if (op.ok()) {
-          __nv_bfloat16* d = nullptr;
-          GT_CUDA(cudaMalloc(&d, 1 << 20));
-          std::vector<uint16_t> host(1 << 16);
           expect(op.value()->launch(reinterpret_cast<char*>(d) + 2, d, d, nullptr, stream), "pointer a",
                  "misaligned a");
           expect(op.value()->launch(d, host.data(), d, nullptr, stream), "pointer w", "host memory for w");
-          cudaFree(d);
         }
+        sync();
+        cudaFree(d);
         bad += fails;
         return fails;
       });
@@ -284,6 +291,9 @@ int run_error_cases() {
 }  // namespace
 
 int main() {
+  // Ranks that share a GPU run kernels that wait for each other; loading a module on first use
+  // (CUDA's lazy loading) can wait for the running ones. Load everything up front.
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   mkt::require_gpus_or_skip("ag_gemm_gpu_test", 1);
   const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
   g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)

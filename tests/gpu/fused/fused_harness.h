@@ -81,7 +81,8 @@ class Cluster {
 // mapping a peer's buffer) waits for every running kernel, including another rank's kernel that
 // waits for this rank's data: a stall until that kernel's bound. One rank per GPU, as deployed,
 // never meets this. The bodies therefore move in step around launches: sync() is a barrier of
-// all ranks' threads, called once everything that may allocate is done and before the launches.
+// all ranks' threads, called once everything that may allocate is done and before the launches;
+// and such programs set CUDA_MODULE_LOADING=EAGER (a module loaded on first use waits too).
 using RankSync = std::function<void()>;
 using RankBody = std::function<int(uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const RankSync& sync)>;
 
