@@ -45,8 +45,10 @@ struct Shape {
 };
 
 constexpr int kMaxShapes = 32;
-constexpr int kImpls = 4;
-const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas"};
+// mkernel writes the gathered A too (as the all-gather of the baseline does, and as a training
+// step needs it for the backward pass); mkernel_c_only computes C alone.
+constexpr int kImpls = 5;
+const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_c_only"};
 
 struct Result {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
@@ -130,12 +132,13 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
   cublasHandle_t blas;
   cublasCreate(&blas);
   cublasSetStream(blas, st);
-  __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr, *c_ref = nullptr, *g = nullptr;
+  __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr, *c_ref = nullptr, *g = nullptr, *g2 = nullptr;
   cudaMalloc(&a, max_mk / W * 2 + 256);
   cudaMalloc(&w, max_nk * 2);
   cudaMalloc(&c, max_mn * 2);
   cudaMalloc(&c_ref, max_mn * 2);
   cudaMalloc(&g, max_mk * 2);
+  cudaMalloc(&g2, max_mk * 2);
   void* ws = nullptr;
   const size_t ws_bytes = 256u << 20;
   cudaMalloc(&ws, ws_bytes);
@@ -157,7 +160,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     }
     if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op.value()->describe().c_str());
     // The gathered A for the baselines: the fused op's own output, checked against NCCL's.
-    auto fused = [&] { return op.value()->launch(a, w, c, nullptr, st); };
+    auto fused = [&](void* gathered_out) { return op.value()->launch(a, w, c, gathered_out, st); };
     mk::GemmArgs ga;
     ga.a = g;
     ga.w = w;
@@ -180,7 +183,8 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     };
     auto run_impl = [&](int impl) -> bool {
       switch (impl) {
-        case 0: return fused().ok();
+        case 0: return fused(g2).ok();
+        case 4: return fused(nullptr).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
         case 2: blas_gemm(c); return true;
         case 3:
@@ -210,9 +214,17 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       cudaStreamSynchronize(st);
       const double e = rel_err(c, c_ref, s.m * n_local);
       if (rank == 0) sh->res[si][impl].err = e;
-      if (!(e < 1e-2) || !comm.check().ok()) {
-        std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s wrong on %ldx%ldx%ld: rel err %.3e; %s", rank,
-                      kImplNames[impl], s.m, s.n, s.k, e, comm.check().to_string().c_str());
+      bool gathered_ok = true;
+      if (impl == 0) {  // the gathered A, bit for bit
+        std::vector<uint16_t> x(s.m * k), y(s.m * k);
+        cudaMemcpy(x.data(), g, x.size() * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(y.data(), g2, y.size() * 2, cudaMemcpyDeviceToHost);
+        gathered_ok = x == y;
+      }
+      if (!(e < 1e-2) || !gathered_ok || !comm.check().ok()) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s wrong on %ldx%ldx%ld: rel err %.3e%s; %s", rank,
+                      kImplNames[impl], s.m, s.n, s.k, e, gathered_ok ? "" : ", gathered A differs",
+                      comm.check().to_string().c_str());
         return 1;
       }
     }
@@ -332,17 +344,17 @@ int main(int argc, char** argv) {
   std::printf("\nag_gemm_bench: world %d, nodes %d%s, %s, commit %s\n", args.world, args.nodes ? args.world : 1,
               args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "", args.machine.c_str(),
               args.commit.c_str());
-  std::printf("%-20s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "our gemm", "cublas", nccl_name,
-              "vs seq", "vs gemm", "vs cublas");
+  std::printf("%-20s %10s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "C only", "our gemm", "cublas",
+              nccl_name, "vs seq", "vs gemm", "vs cublas");
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];
     const Result* r = sh->res[si];
     char shape[32];
     std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", s.m, s.n, s.k);
     const double seq = r[3].ran ? r[3].median_ms : 0;
-    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %9.3f %9.3f %9.3f\n", shape, r[0].median_ms, r[1].median_ms,
-                r[2].median_ms, seq, seq > 0 ? seq / r[0].median_ms : 0.0, r[0].median_ms / r[1].median_ms,
-                r[2].median_ms / r[0].median_ms);
+    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %10.4f %9.3f %9.3f %9.3f\n", shape, r[0].median_ms, r[4].median_ms,
+                r[1].median_ms, r[2].median_ms, seq, seq > 0 ? seq / r[0].median_ms : 0.0,
+                r[0].median_ms / r[1].median_ms, r[2].median_ms / r[0].median_ms);
     for (int impl = 0; impl < kImpls && jl; ++impl) {
       if (!r[impl].ran) continue;
       std::fprintf(jl,
@@ -352,7 +364,7 @@ int main(int argc, char** argv) {
                    "\"provider\": \"%s\", \"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
                    s.m, s.n, s.k, args.world, args.nodes ? args.world : 1, impl == 3 ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
-                   impl == 0 ? sh->config[si] : "", args.nodes ? args.provider.c_str() : "nvlink", args.machine.c_str(),
+                   impl == 0 || impl == 4 ? sh->config[si] : "", args.nodes ? args.provider.c_str() : "nvlink", args.machine.c_str(),
                    args.commit.c_str(), date);
     }
   }

@@ -63,6 +63,17 @@ struct Ctx {
     return uint64_t{rows} * row_bytes();
   }
   __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return shard * a.chunks + c; }
+  // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them.
+  __device__ bool straddled(uint32_t c) const {
+    const uint64_t lo = uint64_t{a.rank} * a.m_local, hi = lo + a.m_local;
+    const uint64_t m = uint64_t{a.layout.world()} * a.m_local;
+    const uint64_t g0 = lo + uint64_t{c} * a.chunk_rows, g1 = g0 + chunk_bytes(c) / row_bytes();
+    for (uint64_t b = g0 / 128; b * 128 < g1; ++b) {
+      const uint64_t t0 = b * 128, t1 = t0 + 128 < m ? t0 + 128 : m;
+      if (t0 < lo || t1 > hi) return true;
+    }
+    return false;
+  }
   __device__ uint32_t done_flag(uint32_t peer) const { return a.layout.world() * a.chunks + peer; }
   __device__ uint32_t arrival_flag(uint32_t node, uint32_t c) const { return node * a.chunks + c; }
   __device__ uint32_t slot_free_flag(uint32_t node) const { return a.layout.nodes * a.chunks + node; }
@@ -121,8 +132,12 @@ __device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s, BulkCopi
   };
   switch (s.kind) {
     case kAgLocal:
+      // The own rows reach the workspace only where a GEMM tile reads them there (a tile that
+      // straddles a shard boundary); every other own tile loads from A_r itself. The gathered
+      // output, when asked for, gets every own chunk straight from A_r.
       if (threadIdx.x == 0) {
-        ok = bulk(x.a.gathered + at, x.a_local + off);
+        if (x.straddled(s.chunk)) ok = bulk(x.a.gathered + at, x.a_local + off);
+        if (ok && x.gathered_out != nullptr) ok = bulk(x.gathered_out + at, x.a_local + off);
         if (ok) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
       }
       break;
@@ -188,6 +203,7 @@ struct AgGemmRole {
     const uint32_t pieces = a.layout.world() * a.chunks;
     for (uint32_t i = role_block; i < pieces; i += num_role_blocks) {
       const uint32_t shard = i / a.chunks, chunk = i % a.chunks;
+      if (shard == a.rank) continue;  // the own chunks went straight from A_r (kAgLocal)
       const uint64_t where = where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk);
       if (!wait_geq(a.ready + i, x.launch, w, i, where)) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);

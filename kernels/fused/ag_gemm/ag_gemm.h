@@ -34,10 +34,11 @@ struct AgGemmConfig {
   uint32_t chunk_rows = 0;  // rows per moved and flagged chunk; 0: ag_default_chunk_rows
 };
 
-// The split of blocks between roles when the caller leaves it open: enough communication blocks
-// to keep NVLink busy for the node peers (two per peer) and the network path (two), plus two for
-// the local copy; at most 16, so the GEMM keeps at least 116 of 132 SMs. Measured alternatives
-// are in docs/kernels.md.
+// The split of blocks between roles when the caller leaves it open. One SM moves about 40 GB/s
+// of device-to-device copy (measured, docs/kernels.md), so: four per node peer (each peer gets
+// the whole shard over NVLink), four for the network path (staging and forwarding), two for the
+// copies into the workspace and the gathered output; at most 16, so the GEMM keeps at least 116
+// of 132 SMs.
 int ag_default_comm_blocks(const FusedLayout& layout);
 
 struct AgGemmSetup {
@@ -66,8 +67,6 @@ class AgGemmPlan {
 
   const AgGeometry& geometry() const { return geo_; }
   const GemmPlan& gemm() const { return gemm_; }
-  // The gathered A in this rank's workspace (valid until the next fused launch).
-  const void* gathered() const { return gathered_; }
   // e.g. "R=2 (1x2) m_local=4096 k=8192 n=4096 chunks=8x512 comm=4 gemm=128 n256 c2 ..."
   std::string describe() const;
 

@@ -158,8 +158,6 @@ Status AllGatherGemm::launch(const void* a, const void* w, void* c, void* gather
   return from_gemm(plan_->launch(a, w, c, gathered_out, stream), what);
 }
 
-const void* AllGatherGemm::gathered() const { return plan_->gathered(); }
-
 std::string AllGatherGemm::describe() const { return plan_->describe(); }
 
 Status all_gather_gemm(Communicator& comm, const void* a, const void* w, void* c, void* gathered_out, uint64_t m_local,

@@ -301,6 +301,7 @@ int main() {
   std::printf("ag_gemm_gpu_test: seed %llu (MKERNEL_TEST_SEED replays it)\n", static_cast<unsigned long long>(g_seed));
   const std::vector<Case> cases = {
       {{1, 2, "shm"}, 300, 264, 520, 0, 1, true},     // M/R not a multiple of 128
+      {{1, 2, "shm"}, 300, 264, 520, 0, 2, false},    // the same, own rows only where tiles straddle
       {{1, 2, "shm"}, 512, 256, 512, 0, 2, false},    // clusters of 2, workspace view only
       {{1, 2, "shm"}, 64, 512, 1024, 0, 1, true},     // decode-sized: one chunk per shard
       {{1, 3, "shm"}, 200, 136, 264, 50, 1, true},    // odd rank count, chunks of 50 rows

@@ -66,12 +66,11 @@ class AllGatherGemm {
 
   // Enqueues begin_launch and the fused kernel on `stream`: a [m_local, k], w [n_local, k],
   // c [M, n_local], gathered_out [M, k] or null; bf16, row-major, packed, 16-byte aligned,
-  // device memory of this rank's GPU.
+  // device memory of this rank's GPU. With gathered_out the kernel also writes the gathered
+  // activation there (every rank's rows, for the backward pass), overlapped with the GEMM; the
+  // workspace itself is the op's and holds no complete copy.
   Status launch(const void* a, const void* w, void* c, void* gathered_out, cudaStream_t stream);
 
-  // The gathered activation in the workspace: valid after the launch completes and until the
-  // next fused launch on this communicator (gathered_out gives a copy of one's own instead).
-  const void* gathered() const;
   // The plan in words (layout, chunks, blocks, GEMM configuration).
   std::string describe() const;
   uint32_t nodes() const { return nodes_; }
