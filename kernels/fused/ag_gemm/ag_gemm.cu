@@ -110,7 +110,6 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   g.config.cluster_m = s.config.cluster_m;
   g.config.num_gemm_blocks = s.config.gemm_blocks;
   g.config.num_role_blocks = s.config.comm_blocks != 0 ? s.config.comm_blocks : ag_default_comm_blocks(s.layout);
-  g.config.num_splits = 1;  // no split-K: its workspace would be one more thing to size per shape
   g.hooks.ready_flags = ready;
   g.hooks.ready_value_ptr = c.launch_counter;
   g.hooks.ready_rows_per_flag = geo.chunk_rows;
@@ -122,8 +121,23 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   const uint32_t m_blocks = static_cast<uint32_t>((m_total + 127) / 128);
   g.hooks.first_m_block = static_cast<uint32_t>((uint64_t{c.rank} * s.m_local + 127) / 128) % m_blocks;
   g.wait = s.wait;
+  // Split-K where the engine picks it (few tiles: small M), with the plan's own scratch.
+  if (const size_t ws = gemm_workspace_bytes(g); ws > 0) {
+    if (cudaError_t e = cudaMalloc(&p->split_workspace_, ws); e != cudaSuccess)
+      return cuda_fail("cudaMalloc (split-K workspace)", e);
+    if (cudaError_t e = cudaMemset(p->split_workspace_, 0, ws); e != cudaSuccess) return cuda_fail("cudaMemset", e);
+    g.workspace = p->split_workspace_;
+    g.workspace_bytes = ws;
+  }
   GemmResult r = gemm_plan(g, &p->gemm_);
   if (!r.ok()) return r;
+  // The own rows of the gathered output go by the copy engine, beside the kernel.
+  if (cudaError_t e = cudaStreamCreateWithFlags(&p->side_, cudaStreamNonBlocking); e != cudaSuccess)
+    return cuda_fail("cudaStreamCreate", e);
+  if (cudaError_t e = cudaEventCreateWithFlags(&p->fork_, cudaEventDisableTiming); e != cudaSuccess)
+    return cuda_fail("cudaEventCreate", e);
+  if (cudaError_t e = cudaEventCreateWithFlags(&p->join_, cudaEventDisableTiming); e != cudaSuccess)
+    return cuda_fail("cudaEventCreate", e);
 
   // The movement plan and the role's arguments, in device memory.
   const std::vector<AgStep> steps = ag_steps(geo);
@@ -157,6 +171,10 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
 AgGemmPlan::~AgGemmPlan() {
   if (steps_ != nullptr) (void)cudaFree(steps_);
   if (role_args_ != nullptr) (void)cudaFree(role_args_);
+  if (split_workspace_ != nullptr) (void)cudaFree(split_workspace_);
+  if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
+  if (join_ != nullptr) (void)cudaEventDestroy(join_);
+  if (side_ != nullptr) (void)cudaStreamDestroy(side_);
 }
 
 GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void* gathered_out, cudaStream_t stream) {
@@ -168,7 +186,21 @@ GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void*
   if (!r.ok()) return r;
   gemm_.params.role_ptrs[0] = a_local;
   gemm_.params.role_ptrs[1] = gathered_out;
-  return launch_with_role(gemm_, stream);
+  if (gathered_out == nullptr) return launch_with_role(gemm_, stream);
+  // Fork: the copy engine writes the own rows of the gathered output while the kernel runs (the
+  // kernel copies the other ranks' rows as they arrive); join before anything later on `stream`.
+  const uint64_t own_at = uint64_t{geo_.rank} * geo_.shard_bytes();
+  cudaError_t e = cudaEventRecord(fork_, stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(side_, fork_, 0);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(static_cast<uint8_t*>(gathered_out) + own_at, a_local, geo_.shard_bytes(),
+                        cudaMemcpyDeviceToDevice, side_);
+  if (e == cudaSuccess) e = cudaEventRecord(join_, side_);
+  if (e != cudaSuccess) return cuda_fail("the gathered output's copy of the own rows", e);
+  r = launch_with_role(gemm_, stream);
+  if (const cudaError_t j = cudaStreamWaitEvent(stream, join_, 0); j != cudaSuccess && r.ok())
+    return cuda_fail("joining the copy of the own rows", j);
+  return r;
 }
 
 std::string AgGemmPlan::describe() const {

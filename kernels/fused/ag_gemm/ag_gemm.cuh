@@ -133,11 +133,10 @@ __device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s, BulkCopi
   switch (s.kind) {
     case kAgLocal:
       // The own rows reach the workspace only where a GEMM tile reads them there (a tile that
-      // straddles a shard boundary); every other own tile loads from A_r itself. The gathered
-      // output, when asked for, gets every own chunk straight from A_r.
+      // straddles a shard boundary); every other own tile loads from A_r itself. (The gathered
+      // output's own rows are the copy engine's, ag_gemm.cu.)
       if (threadIdx.x == 0) {
         if (x.straddled(s.chunk)) ok = bulk(x.a.gathered + at, x.a_local + off);
-        if (ok && x.gathered_out != nullptr) ok = bulk(x.gathered_out + at, x.a_local + off);
         if (ok) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
       }
       break;
@@ -203,7 +202,7 @@ struct AgGemmRole {
     const uint32_t pieces = a.layout.world() * a.chunks;
     for (uint32_t i = role_block; i < pieces; i += num_role_blocks) {
       const uint32_t shard = i / a.chunks, chunk = i % a.chunks;
-      if (shard == a.rank) continue;  // the own chunks went straight from A_r (kAgLocal)
+      if (shard == a.rank) continue;  // the own rows: the copy engine's (ag_gemm.cu)
       const uint64_t where = where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk);
       if (!wait_geq(a.ready + i, x.launch, w, i, where)) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);

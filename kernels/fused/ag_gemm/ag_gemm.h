@@ -78,6 +78,9 @@ class AgGemmPlan {
   void* gathered_ = nullptr;
   AgStep* steps_ = nullptr;          // device memory
   AgGemmRoleArgs* role_args_ = nullptr;  // device memory
+  void* split_workspace_ = nullptr;  // the GEMM's split-K scratch (small M), zero between launches
+  cudaStream_t side_ = nullptr;      // the copy engine's copy of the own rows into gathered_out
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };
 
 }  // namespace mkernel::kernels
