@@ -2,7 +2,8 @@
 # demo.sh: the main job on an already built tree: start mkerneld with its built-in default
 # config (no GPU and no RDMA device needed) in a private runtime directory, move data through
 # one of its proxies with the demonstration client, show what `mkerneldctl status` and `stats`
-# report, and stop the daemon. Extra arguments go to mkernel-demo-client.
+# report, and stop the daemon; then, where Hopper GPUs are present, run the fused
+# AllGather+GEMM on them beside NCCL + cuBLAS. Extra arguments go to mkernel-demo-client.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -36,3 +37,21 @@ echo "== mkerneldctl stats"
 "$bin/ctl/mkerneldctl" --socket "$runtime_dir/admin.sock" stats
 echo "== mkerneldctl health"
 "$bin/ctl/mkerneldctl" --socket "$runtime_dir/admin.sock" health
+
+# The fused AllGather+GEMM on the GPUs this machine has (NVLink between them when there are two
+# or more), beside NCCL all-gather + cuBLAS and our GEMM alone: every result checked, then the
+# table. Without a Hopper GPU, say so.
+echo "== fused AllGather+GEMM"
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -c -E 'H100|H200|H800|GH200' || true)
+fi
+bench="$build_dir/bench/fused/ag_gemm_bench"
+if [ "$gpus" -lt 1 ]; then
+  echo "   no Hopper GPU on this machine: the fused kernels need one (H100/H200); skipped"
+elif [ ! -x "$bench" ]; then
+  echo "   $bench was not built (CUDA toolkit or NCCL missing when building); skipped"
+else
+  NCCL_NVLS_ENABLE=0 MKERNELD="$bin/mkerneld" "$bench" --world "$gpus" --shapes "8192x8192x8192,1024x8192x8192" \
+    --iters 20 --rounds 2
+fi

@@ -364,7 +364,8 @@ int main(int argc, char** argv) {
                    "\"provider\": \"%s\", \"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
                    s.m, s.n, s.k, args.world, args.nodes ? args.world : 1, impl == 3 ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
-                   impl == 0 || impl == 4 ? sh->config[si] : "", args.nodes ? args.provider.c_str() : "nvlink", args.machine.c_str(),
+                   impl == 0 || impl == 4 ? sh->config[si] : "",
+                   args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"), args.machine.c_str(),
                    args.commit.c_str(), date);
     }
   }

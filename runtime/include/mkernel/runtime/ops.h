@@ -81,6 +81,7 @@ class AllGatherGemm {
   Communicator* comm_ = nullptr;
   std::unique_ptr<kernels::AgGemmPlan> plan_;
   uint32_t nodes_ = 1, gpus_ = 1;
+  const void* checked_[4] = {};  // the pointers the last launch checked
 };
 
 // One call: plans the shape on its first use (collectively, note 1, on `stream`) and launches.
