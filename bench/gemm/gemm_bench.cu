@@ -2,6 +2,12 @@
 // (A [m, k] row-major, W [n, k] row-major, D [m, n] row-major), one process, one GPU.
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
+//              [--random SEED [--count N]]
+//
+// --random replaces the list with a seeded random family of N shapes (default 64): M drawn
+// log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
+// [256, 32768]; the seed is printed and recorded with every row, and the five worst ratios are
+// printed last.
 //
 // --commit defaults to `git rev-parse --short HEAD` where git works, else "unknown".
 //
@@ -15,6 +21,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -48,7 +55,31 @@ struct Options {
   std::string commit = "unknown";
   std::string machine = "1xH200";
   std::string shapes = "all";
+  uint64_t random_seed = 0;  // 0: the fixed list
+  int random_count = 64;
 };
+
+// The seeded random family (--random): splitmix64 draws, so a seed names the same shapes on
+// every machine and compiler.
+std::vector<Shape> random_shapes(uint64_t seed, int count) {
+  uint64_t x = seed;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  auto uniform = [&] { return static_cast<double>(next() >> 11) * 0x1.0p-53; };
+  auto log_uniform = [&](double lo, double hi) { return std::exp(std::log(lo) + uniform() * (std::log(hi) - std::log(lo))); };
+  std::vector<Shape> v;
+  for (int i = 0; i < count; ++i) {
+    const int m = std::max(1, std::min(32768, static_cast<int>(std::lround(log_uniform(1, 32768)))));
+    const int n = std::max(256, std::min(32768, static_cast<int>(std::lround(log_uniform(256, 32768) / 8)) * 8));
+    const int k = std::max(256, std::min(32768, static_cast<int>(std::lround(log_uniform(256, 32768) / 8)) * 8));
+    v.push_back({m, n, k, "random"});
+  }
+  return v;
+}
 
 double tflops(const Shape& s, double ms) { return 2.0 * s.m * s.n * s.k / (ms * 1e-3) / 1e12; }
 
@@ -304,10 +335,11 @@ void append_json(const Options& o, const std::vector<Row>& rows) {
                   "{\"benchmark\": \"gemm\", \"shape\": {\"M\": %d, \"N\": %d, \"K\": %d}, \"world\": 1, \"nodes\": 1, "
                   "\"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"iters\": %d, "
                   "\"tflops\": %.1f, \"config\": \"%s\", \"sms\": %d, \"split\": \"%s\", \"machine\": \"%s\", "
-                  "\"commit\": \"%s\", \"date\": \"%s\"}",
+                  "\"commit\": \"%s\", \"date\": \"%s\"%s}",
                   r.shape.m, r.shape.n, r.shape.k, r.impl.c_str(), r.t.median_ms, r.t.p10_ms, r.t.p90_ms, r.t.iters,
                   tflops(r.shape, r.t.median_ms), r.config.c_str(), r.sms, r.shape.note, o.machine.c_str(),
-                  o.commit.c_str(), date.c_str());
+                  o.commit.c_str(), date.c_str(),
+                  o.random_seed != 0 ? (", \"seed\": " + std::to_string(o.random_seed)).c_str() : "");
     f << line << "\n";
   }
 }
@@ -368,6 +400,8 @@ int main(int argc, char** argv) {
     else if (a == "--commit") o.commit = next("--commit");
     else if (a == "--machine") o.machine = next("--machine");
     else if (a == "--shapes") o.shapes = next("--shapes");
+    else if (a == "--random") o.random_seed = std::strtoull(next("--random").c_str(), nullptr, 10);
+    else if (a == "--count") o.random_count = std::atoi(next("--count").c_str());
     else {
       std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]\n", argv[0]);
       return 2;
@@ -391,6 +425,13 @@ int main(int argc, char** argv) {
   std::printf("gemm_bench: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
   std::vector<Shape> shapes;
+  if (o.random_seed != 0) {
+    o.shapes = "random";
+    shapes = random_shapes(o.random_seed, o.random_count);
+    std::printf("random family: seed %llu, %d shapes (--random %llu replays it)\n",
+                static_cast<unsigned long long>(o.random_seed), o.random_count,
+                static_cast<unsigned long long>(o.random_seed));
+  }
   if (o.shapes == "all" || o.shapes == "big") {
     shapes.insert(shapes.end(), {{8192, 8192, 8192, "full"},
                                  {8192, 14336, 4096, "full"},
@@ -507,7 +548,7 @@ int main(int argc, char** argv) {
   // cuBLASLt gets the same SM-count target. Timed round-robin like the main table.
   std::vector<Row> withheld;
   for (const Shape& s : {Shape{8192, 8192, 8192, "full"}, Shape{8192, 14336, 4096, "full"}}) {
-    if (o.shapes == "small") break;
+    if (o.shapes == "small" || o.shapes == "random") break;
     Operands ops(s, l2, seed += 7);
     std::vector<std::unique_ptr<MkRunner>> mks;
     std::vector<std::unique_ptr<LtRunner>> lts;
@@ -561,6 +602,7 @@ int main(int argc, char** argv) {
 
   std::printf("\n%-18s %9s %9s %9s %9s %9s %9s  %-26s %-26s\n", "M x N x K", "cuBLAS", "cuBLASLt", "mkernel", "mk_best",
               "mk/cuBLAS", "best/cuB", "mkernel config", "best config");
+  std::vector<std::pair<double, std::string>> ratios;  // (mkernel / faster library, shape)
   for (size_t i = 0; i < rows.size();) {
     const Shape s = rows[i].shape;
     double tc = 0, tl = 0, tm = 0, tb = 0;
@@ -584,9 +626,21 @@ int main(int argc, char** argv) {
     std::snprintf(shape, sizeof shape, "%dx%dx%d", s.m, s.n, s.k);
     std::printf("%-18s %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f  %-26s %-26s\n", shape, tc, tl, tm, tb, ref > 0 ? tm / ref : 0,
                 ref > 0 ? tb / ref : 0, cm.c_str(), cb.c_str());
+    if (ref > 0 && tm > 0) ratios.emplace_back(tm / ref, std::string(shape) + "  [" + cm + "]");
     i = j;
   }
   std::printf("(ratios are against the faster of cuBLAS and cuBLASLt; TFLOP/s from median times)\n");
+  if (!ratios.empty()) {
+    double log_sum = 0;
+    for (const auto& r : ratios) log_sum += std::log(r.first);
+    std::sort(ratios.begin(), ratios.end());
+    std::printf("\n%zu shapes%s: geometric mean of mkernel / faster library %.3f, lowest %.3f; the five worst:\n",
+                ratios.size(),
+                o.random_seed != 0 ? (" of random family seed " + std::to_string(o.random_seed)).c_str() : "",
+                std::exp(log_sum / ratios.size()), ratios.front().first);
+    for (size_t i = 0; i < ratios.size() && i < 5; ++i)
+      std::printf("  %.3f  %s\n", ratios[i].first, ratios[i].second.c_str());
+  }
   cublasLtDestroy(lt);
   cublasDestroy(cublas);
   return 0;
