@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "grpc_status.h"
 #include "mkernel/proto/peer.grpc.pb.h"
 #include "session.h"
 
@@ -50,19 +51,6 @@ std::string tcp_interface_for(const std::string& host) {
   return "lo";
 }
 
-Status joined_status(const grpc::Status& s) {
-  StatusCode code = StatusCode::kUnavailable;
-  switch (s.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
-    case grpc::StatusCode::PERMISSION_DENIED: code = StatusCode::kPermissionDenied; break;
-    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
-    case grpc::StatusCode::ALREADY_EXISTS: code = StatusCode::kAlreadyExists; break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = StatusCode::kResourceExhausted; break;
-    case grpc::StatusCode::CANCELLED: code = StatusCode::kUnavailable; break;
-    default: break;
-  }
-  return Status(code, "rendezvous: " + s.error_message());
-}
 
 }  // namespace
 
@@ -309,7 +297,7 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
     cancel.set_context(&ctx);
     const grpc::Status s = stub->Join(&ctx, join, &reply);
     cancel.set_context(nullptr);
-    if (!s.ok()) return joined_status(s).with_context("root " + req.root);
+    if (!s.ok()) return from_grpc(s, "rendezvous").with_context("root " + req.root);
   }
   if (reply.ranks_size() != static_cast<int>(id.world_size))
     return Status(StatusCode::kProtocolError, "rendezvous table has " + std::to_string(reply.ranks_size()) +
