@@ -262,8 +262,7 @@ Status Daemon::start() {
       po.nic = probe.choice.domain;
     }
     probes_.push_back(std::move(probe));
-    auto proxy = std::make_unique<Proxy>(std::move(po), std::make_unique<LoopbackTransport>(),
-                                         [this](uint64_t id) {
+    auto proxy = std::make_unique<Proxy>(std::move(po), [this](uint64_t id) {
                                            {
                                              std::lock_guard<std::mutex> lock(sessions_mu_);
                                              ended_by_proxy_.push_back(id);
@@ -1080,7 +1079,7 @@ std::vector<HealthEntry> Daemon::health() const {
       if (whole_reason.empty()) whole_reason = e.reason;
     }
     gpus.push_back(std::move(e));
-    const std::string nic = p->transport().nic();
+    const std::string nic = Proxy::kLoopbackNic;
     if (!nic.empty()) nics[nic] = nics[nic] || alive;
   }
   out.push_back({"", all && !draining, whole_reason});

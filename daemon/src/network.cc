@@ -268,17 +268,16 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
     d->set_blob(registered[r].descriptor.data(), registered[r].descriptor.size());
   }
   const bool mine_gpu = session.num_gpu_regions() > 0;
-#if defined(MKERNEL_HAVE_VERBS)
-  // Verbs writes signals straight into the flag array: it is the endpoint's signal region.
-  if (t != nullptr && req.choice.kind == config::TransportKind::kVerbs && session.num_flags() > 0) {
+  // A transport whose peers' NICs write flags themselves (verbs) needs the flag array as its
+  // signal region, named before its address is published (net_transport.h note 6).
+  if (t != nullptr && t->capabilities().signals == net::SignalDelivery::kSignalRegion && session.num_flags() > 0) {
     net::RegisterRequest rr;
     rr.addr = session.flags();
     rr.length = size_t{session.num_flags()} * sizeof(uint64_t);
     rr.remote_writable = true;
     MK_ASSIGN_OR_RETURN(net::Registration reg, t->register_memory(rr));
-    MK_RETURN_IF_ERROR(static_cast<net::VerbsTransport*>(t)->set_signal_region(reg.local_id));
+    MK_RETURN_IF_ERROR(t->set_signal_region(reg.local_id));
   }
-#endif
   if (t != nullptr) {
     MK_ASSIGN_OR_RETURN(net::Blob endpoint, t->local_address());
     join.set_endpoint(endpoint.data(), endpoint.size());

@@ -27,6 +27,7 @@
 #include "mkernel/protocol/ring_host.h"
 #include "mkernel/protocol/session_wire.h"
 #include "mkernel/protocol/shm.h"
+#include "loopback_transport.h"
 #include "network.h"
 
 namespace mkernel::daemon {
@@ -120,7 +121,11 @@ class Session {
   int flags_fd() const { return flags_mapping_.fd(); }
   uint64_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
 
-  // ---- network (multi-daemon communicators) ----
+  // ---- transports ----
+  // The in-daemon endpoint (loopback_transport.h): driven by the session's proxy, handed
+  // signals by peers' proxies.
+  LoopbackTransport& loopback() { return loopback_; }
+  // The network side (multi-daemon communicators).
   // Set once by the event loop when the session's communicator connected; read by the proxy.
   void set_network(std::unique_ptr<SessionNetwork> n) {
     network_owner_ = std::move(n);
@@ -169,7 +174,8 @@ class Session {
   std::atomic<uint32_t> num_flags_{0};
   std::atomic<uint64_t> registered_bytes_{0};
 
-  // Declared after the mappings: the transport (and its registrations of them) goes first.
+  // Declared after the mappings: the transports (and their registrations of them) go first.
+  LoopbackTransport loopback_{*this};
   std::unique_ptr<SessionNetwork> network_owner_;
   std::atomic<SessionNetwork*> network_{nullptr};
 

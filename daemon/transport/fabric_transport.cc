@@ -182,6 +182,7 @@ struct OpSlot {
   uint64_t cookie;
   uint32_t peer;
   uint64_t generation;
+  uint64_t local_region;  // a write's source registration (0: the scratch region)
 };
 static_assert(std::is_standard_layout_v<OpSlot>);
 
@@ -190,6 +191,7 @@ struct LocalRegion {
   void* addr = nullptr;
   size_t length = 0;
   bool remote_writable = false;
+  uint32_t inflight = 0;  // writes reading from it the provider has not handed back
 };
 
 struct RemoteRegion {
@@ -228,6 +230,8 @@ class FabricTransport final : public Transport {
   StatusOr<uint64_t> import_region(uint32_t peer, std::span<const uint8_t> descriptor) override;
   Status post_write(const WriteOp& op) override;
   size_t poll(std::vector<Completion>* completions, std::vector<Arrival>* arrivals) override;
+  Status set_signal_region(uint64_t local_id) override;
+  const Status& async_error() const override { return broken_; }
 
  private:
   Status find_info(const FabricOptions& options);
@@ -239,6 +243,10 @@ class FabricTransport final : public Transport {
   Status post_receive(OpSlot* slot);
   OpSlot* take_slot(OpSlot::Kind kind);
   void free_slot(OpSlot* slot);
+  // A write's slot comes back from the provider: its source registration is free again.
+  void release_source(OpSlot* slot);
+  // The endpoint can no longer receive peers' signals: keep the first reason (async_error).
+  void break_endpoint(const std::string& why);
   // Reads the completion queue into pending_completions_ / pending_arrivals_.
   void progress();
   void handle_entry(const fi_cq_data_entry& entry, fi_addr_t source);
@@ -280,9 +288,10 @@ class FabricTransport final : public Transport {
   std::unordered_map<uint64_t, uint64_t> last_sent_;
   std::unordered_map<uint64_t, uint64_t> last_received_;
   // Errors with no write to report them on (a receive that could not be re-posted, an error
-  // entry for a receive). The contract has no asynchronous error call yet; kept for one.
+  // entry for a receive or with no context). Those that lose peers' signals break the endpoint.
   uint64_t receive_errors_ = 0;
   std::string receive_error_;
+  Status broken_;
   std::vector<uint8_t> scratch_;
 
   FidHandle<fid_fabric> fabric_;
@@ -490,7 +499,8 @@ Status FabricTransport::open(const FabricOptions& options) {
                   (hmem ? "offered" : "absent") + ", FI_SOURCE " + (have_source_ ? "yes" : "no") +
                   ", completion " + (delivery_complete_ ? "delivery" : "transmit");
   caps_.remote_write = true;
-  caps_.reports_arrivals = encoding_.cq_data_bytes > 0;
+  caps_.addressing = Addressing::kEndpoints;
+  caps_.signals = encoding_.cq_data_bytes > 0 ? SignalDelivery::kArrivals : SignalDelivery::kNone;
   caps_.ordered_writes = false;
   caps_.self_peer = true;  // an RDM endpoint can address itself
   // GPU memory through dmabuf: fi_mr_regattr with FI_MR_DMABUF (libfabric 1.20 and newer), on a
@@ -525,6 +535,7 @@ OpSlot* FabricTransport::take_slot(OpSlot::Kind kind) {
   slot->kind = kind;
   slot->cookie = 0;
   slot->peer = 0;
+  slot->local_region = 0;
   ++slot->generation;
   return slot;
 }
@@ -532,6 +543,18 @@ OpSlot* FabricTransport::take_slot(OpSlot::Kind kind) {
 void FabricTransport::free_slot(OpSlot* slot) {
   slot->kind = OpSlot::Kind::kFree;
   free_slots_.push_back(slot);
+}
+
+void FabricTransport::release_source(OpSlot* slot) {
+  if (slot->local_region == 0) return;
+  if (auto it = regions_.find(slot->local_region); it != regions_.end() && it->second.inflight > 0)
+    --it->second.inflight;
+  slot->local_region = 0;
+}
+
+void FabricTransport::break_endpoint(const std::string& why) {
+  if (!broken_.ok()) return;
+  broken_ = Status(StatusCode::kDeviceError, "the endpoint can no longer receive peers' signals: " + why);
 }
 
 Status FabricTransport::post_receive(OpSlot* slot) {
@@ -694,10 +717,20 @@ StatusOr<Registration> FabricTransport::register_memory(const RegisterRequest& r
 }
 
 Status FabricTransport::deregister_memory(uint64_t local_id) {
-  if (regions_.erase(local_id) == 0) {
+  auto it = regions_.find(local_id);
+  if (it == regions_.end()) {
     return Status(StatusCode::kNotFound,
                   "deregister_memory: local region " + std::to_string(local_id) + " not found");
   }
+  // The provider may still read from it (net_transport.h, deregister_memory): a write reported
+  // timed out counts until the provider hands its context back.
+  if (it->second.inflight > 0) {
+    return Status(StatusCode::kFailedPrecondition,
+                  "deregister_memory: local region " + std::to_string(local_id) + " has " +
+                      std::to_string(it->second.inflight) +
+                      " writes in flight; poll until they complete");
+  }
+  regions_.erase(it);
   return Status::Ok();
 }
 
@@ -727,7 +760,14 @@ StatusOr<uint64_t> FabricTransport::import_region(uint32_t peer,
   return id;
 }
 
+Status FabricTransport::set_signal_region(uint64_t /*local_id*/) {
+  return Status(StatusCode::kFailedPrecondition,
+                "set_signal_region: fabric reports signals as arrivals (remote CQ data); the "
+                "receiving proxy raises the flag, so there is no signal region");
+}
+
 Status FabricTransport::post_write(const WriteOp& op) {
+  if (!broken_.ok()) return broken_;
   if (op.peer >= peers_.size()) {
     return Status(StatusCode::kNotFound, "write " + std::to_string(op.cookie) + ": peer " +
                                              std::to_string(op.peer) + " not added");
@@ -862,6 +902,10 @@ Status FabricTransport::post_write(const WriteOp& op) {
         .with_context("write " + std::to_string(op.cookie));
   }
   ++inflight_;
+  if (op.length > 0) {
+    slot->local_region = op.local_region;
+    ++regions_.at(op.local_region).inflight;
+  }
   deadlines_.push_back(
       Deadline{std::chrono::steady_clock::now() + completion_timeout_, slot, slot->generation});
   if (op.has_signal) last_sent_[signal_key] = op.signal_value;
@@ -902,17 +946,20 @@ void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t sour
       ++receive_errors_;
       receive_error_ = "fi_recv: " + fi_error_text(ret);
       free_slot(slot);
+      break_endpoint("a receive could not be posted again (" + receive_error_ + ")");
     }
     return;
   }
   if (slot->kind == OpSlot::Kind::kTimedOut) {
     ++late_completions_;
+    release_source(slot);
     free_slot(slot);
     return;
   }
   if (slot->kind == OpSlot::Kind::kWrite) {
     pending_completions_.push_back(Completion{slot->cookie, Status::Ok()});
     --inflight_;
+    release_source(slot);
     free_slot(slot);
   }
 }
@@ -934,6 +981,7 @@ void FabricTransport::handle_error() {
   }
   if (slot->kind == OpSlot::Kind::kTimedOut) {
     ++late_completions_;
+    release_source(slot);
     free_slot(slot);
     return;
   }
@@ -944,6 +992,9 @@ void FabricTransport::handle_error() {
       free_slot(slot);
       return;
     }
+    // A receive that failed may have carried a peer's signal: it is gone, and a flag that
+    // never rises would leave a kernel waiting until its own bound.
+    break_endpoint("a receive failed: " + message);
     std::memset(&slot->context, 0, sizeof(slot->context));
     if (fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &slot->context) != 0) {
       free_slot(slot);
@@ -955,6 +1006,7 @@ void FabricTransport::handle_error() {
                            "write " + std::to_string(slot->cookie) + " to peer " +
                                std::to_string(slot->peer) + " failed: " + message)});
   --inflight_;
+  release_source(slot);
   free_slot(slot);
 }
 

@@ -82,7 +82,7 @@ const char* port_state_name(ibv_port_state s) {
 
 namespace {
 
-class VerbsTransportImpl final : public VerbsTransport {
+class VerbsTransportImpl final : public Transport {
  public:
   VerbsTransportImpl(std::shared_ptr<VerbsApi> api, const VerbsOptions& options)
       : api_(std::move(api)), options_(options), rng_(psn_seed()) {}
@@ -109,6 +109,7 @@ class VerbsTransportImpl final : public VerbsTransport {
   Status post_write(const WriteOp& op) override;
   size_t poll(std::vector<Completion>* completions, std::vector<Arrival>* arrivals) override;
   Status set_signal_region(uint64_t local_id) override;
+  const Status& async_error() const override { return broken_; }
 
  private:
   struct LocalRegion {
@@ -195,7 +196,8 @@ class VerbsTransportImpl final : public VerbsTransport {
   uint32_t outstanding_ = 0;
   uint64_t signal_region_ = 0;
   bool address_published_ = false;
-  Status broken_;  // set when the completion queue itself failed
+  Status broken_;  // set when the completion queue itself failed (async_error)
+  std::vector<Completion> undelivered_;  // made while poll() had nowhere to put them
   std::mt19937 rng_;
 };
 
@@ -293,7 +295,8 @@ Status VerbsTransportImpl::open() {
   rd_responder_ = clamp_rd(dev.max_qp_rd_atom);
   rd_initiator_ = clamp_rd(dev.max_qp_init_rd_atom);
   caps_.remote_write = true;
-  caps_.reports_arrivals = false;
+  caps_.addressing = Addressing::kEndpoints;
+  caps_.signals = SignalDelivery::kSignalRegion;
   caps_.ordered_writes = true;
   caps_.dmabuf = true;
   caps_.needs_host_staging = false;
@@ -811,10 +814,16 @@ void VerbsTransportImpl::post_flush(uint32_t rank, std::vector<Completion>* comp
   ++next_seq_;
 }
 
-size_t VerbsTransportImpl::poll(std::vector<Completion>* completions,
+size_t VerbsTransportImpl::poll(std::vector<Completion>* out,
                                 std::vector<Arrival>* /*arrivals: none, see note 2*/) {
-  const size_t before = completions->size();
-  if (!broken_.ok() || !cq_) return 0;
+  // Without a place to put them, completions wait here for a later call (net_transport.h).
+  std::vector<Completion>* completions = out != nullptr ? out : &undelivered_;
+  const size_t before = out != nullptr ? out->size() : 0;
+  if (out != nullptr && !undelivered_.empty()) {
+    for (Completion& c : undelivered_) out->push_back(std::move(c));
+    undelivered_.clear();
+  }
+  if (!broken_.ok() || !cq_) return out != nullptr ? out->size() - before : 0;
   constexpr int kBatch = 16;
   constexpr int kMaxBatches = 8;  // bounds the time one poll() takes
   ibv_wc wc[kBatch];
@@ -828,7 +837,7 @@ size_t VerbsTransportImpl::poll(std::vector<Completion>* completions,
                            "); the completion queue is unusable");
       for (uint32_t r = 0; r < qps_.size(); ++r)
         if (qps_[r].connected && !qps_[r].failed) fail_queue_pair(r, broken_, completions);
-      return completions->size() - before;
+      return out != nullptr ? out->size() - before : 0;
     }
     for (int i = 0; i < got; ++i) handle_completion(wc[i], completions);
     if (got < kBatch) break;
@@ -839,7 +848,7 @@ size_t VerbsTransportImpl::poll(std::vector<Completion>* completions,
         outstanding_ < options_.max_outstanding_wr)
       post_flush(r, completions);
   }
-  return completions->size() - before;
+  return out != nullptr ? out->size() - before : 0;
 }
 
 }  // namespace
