@@ -30,14 +30,36 @@ void FaultTransport::fail_nth_completion(uint64_t n, Status status) {
 
 void FaultTransport::reorder_completions(uint32_t window) { reorder_window_ = window; }
 
-void FaultTransport::stall_for(std::chrono::milliseconds d) {
-  stall_until_ = std::chrono::steady_clock::now() + d;
+void FaultTransport::stall_for(std::chrono::milliseconds d, uint64_t at_post) {
+  if (at_post == 0) {
+    stall_until_ = std::chrono::steady_clock::now() + d;
+    return;
+  }
+  stall_at_post_ = posts_seen_ + at_post;
+  stall_length_ = d;
 }
 
 bool FaultTransport::stalled() const { return std::chrono::steady_clock::now() < stall_until_; }
 
-void FaultTransport::break_endpoint(Status status) {
+void FaultTransport::break_endpoint(Status status, uint64_t at_post) {
+  if (at_post != 0) {
+    break_at_post_ = posts_seen_ + at_post;
+    break_status_ = std::move(status);
+    return;
+  }
   if (broken_.ok()) broken_ = std::move(status);
+}
+
+void FaultTransport::arm_at_post() {
+  const uint64_t n = posts_seen_ + 1;  // the post being attempted
+  if (stall_at_post_ != 0 && n == stall_at_post_) {
+    stall_at_post_ = 0;
+    stall_until_ = std::chrono::steady_clock::now() + stall_length_;
+  }
+  if (break_at_post_ != 0 && n == break_at_post_) {
+    break_at_post_ = 0;
+    if (broken_.ok()) broken_ = std::move(break_status_);
+  }
 }
 
 void FaultTransport::delay_completion(uint64_t cookie, uint32_t polls) { delay_[cookie] = polls; }
@@ -104,6 +126,7 @@ StatusOr<uint64_t> FaultTransport::import_region(uint32_t peer,
 }
 
 Status FaultTransport::post_write(const WriteOp& op) {
+  arm_at_post();
   if (!async_error().ok()) return async_error();
   if (stalled())
     return Status(StatusCode::kUnavailable, "write " + std::to_string(op.cookie) +
@@ -113,7 +136,10 @@ Status FaultTransport::post_write(const WriteOp& op) {
     fail_post_at_ = 0;
     return fail_post_status_;
   }
-  return inner_->post_write(op);
+  Status st = inner_->post_write(op);
+  // A full queue is not a post: the caller posts the same op again (note 2).
+  if (st.code() == StatusCode::kUnavailable) --posts_seen_;
+  return st;
 }
 
 bool FaultTransport::transform(Completion& c) {

@@ -8,7 +8,9 @@
 //  2. Faults are armed by the test between calls (same single-thread rule as net_transport.h
 //     note 1; a test that hands the wrapper to a proxy arms it before, or from the proxy's
 //     thread). Counters ("the Nth post_write", "the Nth completion") count calls made or
-//     completions seen after arming.
+//     completions seen after arming; a post the inner transport answered kUnavailable (queue
+//     full: the caller posts the same op again) is not counted, nor one the wrapper refused
+//     because it is stalled or broken.
 //  3. A dropped completion is never reported: the caller's bounded wait must notice. This breaks
 //     note 7 of the contract on purpose. Every other fault keeps the contract: a held
 //     completion comes later, a failed one comes with the injected status.
@@ -54,13 +56,16 @@ class FaultTransport final : public Transport {
   // go when it holds `window` completions, or when a poll brings no new one (so nothing waits
   // for a group that never fills). 0 or 1 turns it off. Note 4.
   void reorder_completions(uint32_t window);
-  // For `d` from now the endpoint makes no progress: post_write answers kUnavailable (queue
-  // full) without reaching the inner transport, and poll() reports nothing (what the inner
-  // transport completes meanwhile is held and reported once the stall is over).
-  void stall_for(std::chrono::milliseconds d);
+  // For `d` the endpoint makes no progress: post_write answers kUnavailable (queue full)
+  // without reaching the inner transport, and poll() reports nothing (what the inner transport
+  // completes meanwhile is held and reported once the stall is over). The stall starts now, or
+  // with the `at_post`th post_write from now (so a test can arm it before handing the wrapper
+  // to a proxy thread).
+  void stall_for(std::chrono::milliseconds d, uint64_t at_post = 0);
   // The endpoint fails as a whole (net_transport.h note 7): async_error() reports `status`,
-  // every later post_write fails with it, and every completion from then on carries it.
-  void break_endpoint(Status status);
+  // every later post_write fails with it, and every completion from then on carries it. Now,
+  // or with the `at_post`th post_write from now (that post already fails).
+  void break_endpoint(Status status, uint64_t at_post = 0);
   // Arrivals for this flag index are swallowed.
   void drop_arrivals(uint32_t signal_idx);
   // The next add_peer returns `status`; or passes a corrupted address to the inner transport.
@@ -103,6 +108,8 @@ class FaultTransport final : public Transport {
     uint32_t polls_left = 0;
   };
   bool stalled() const;
+  // Starts the stall or the break armed for the post about to be counted.
+  void arm_at_post();
   // Applies drop / fail faults to one completion from the inner transport; false: dropped.
   bool transform(Completion& c);
 
@@ -122,7 +129,11 @@ class FaultTransport final : public Transport {
   uint32_t delay_all_ = 0;
   uint32_t reorder_window_ = 0;
   std::chrono::steady_clock::time_point stall_until_{};
+  uint64_t stall_at_post_ = 0;  // absolute index of posts_seen_; 0 = none
+  std::chrono::milliseconds stall_length_{0};
   Status broken_;
+  uint64_t break_at_post_ = 0;
+  Status break_status_;
   std::optional<Status> refuse_peer_;
   bool corrupt_peer_ = false;
   std::optional<Status> refuse_register_;
