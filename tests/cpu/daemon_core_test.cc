@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
-#include "daemon.h"
 #include "loopback_transport.h"
 #include "session.h"
+#include "topology.h"
 
 namespace md = mkernel::daemon;
 namespace mp = mkernel::protocol;
