@@ -157,8 +157,8 @@ class Transport {
   // ---- endpoint set-up (kEndpoints; kRanks answers kFailedPrecondition) ----
 
   // This endpoint's address for peers (opaque, secret). Does not block. May be called more than
-  // once (same bytes each time); transports that publish set-up state in it (the signal region)
-  // freeze that state at the first call.
+  // once (same bytes each time), also while writes are in flight; transports that publish
+  // set-up state in it (the signal region) freeze that state at the first call.
   virtual StatusOr<Blob> local_address() = 0;
   // Imports a peer's address; returns the peer index WriteOps use. May block for connection
   // set-up up to the transport's connect timeout. Refuses a malformed or foreign blob
@@ -189,8 +189,8 @@ class Transport {
   // Names registration `local_id` (remote_writable, a whole number of 8-byte slots) as the
   // region peers write signals into: signal i lands in its slot i (note 6). Only transports
   // with SignalDelivery::kSignalRegion take one (others: kFailedPrecondition); it must come
-  // before the first local_address(), which publishes it, and the region cannot be
-  // deregistered afterwards. Does not block.
+  // before the first local_address(), which publishes it (so before any peer, and before any
+  // write), and the region cannot be deregistered afterwards. Does not block.
   virtual Status set_signal_region(uint64_t local_id) = 0;
 
   // ---- data path (the proxy thread; any time, also with writes in flight) ----
