@@ -29,7 +29,7 @@ StatusCode from_grpc_code(grpc::StatusCode code) {
   }
 }
 
-Status from_grpc(const grpc::Status& status, std::string_view what, std::source_location where) {
+Status from_grpc(const grpc::Status& status, std::string_view what, SourceLocation where) {
   if (status.ok()) return Status::Ok();
   return Status(from_grpc_code(status.error_code()), std::string(what) + ": " + status.error_message(), where);
 }

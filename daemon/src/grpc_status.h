@@ -5,7 +5,6 @@
 
 #include <grpcpp/support/status.h>
 
-#include <source_location>
 #include <string_view>
 
 #include "mkernel/common/status.h"
@@ -17,7 +16,7 @@ namespace mkernel::daemon {
 StatusCode from_grpc_code(grpc::StatusCode code);
 // `what`: the gRPC error message, the Status made at the caller's line. Ok stays ok.
 Status from_grpc(const grpc::Status& status, std::string_view what,
-                 std::source_location where = std::source_location::current());
+                 SourceLocation where = SourceLocation::current());
 
 // The gRPC code a Status is answered with, and the answer: the code and to_string() (code name,
 // message and where it was made), so an operator's tool shows all of it.

@@ -51,7 +51,6 @@ std::string tcp_interface_for(const std::string& host) {
   return "lo";
 }
 
-
 }  // namespace
 
 std::string TransportChoice::describe() const {

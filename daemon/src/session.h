@@ -13,7 +13,7 @@
 //  4. Everything here may be read by more than one thread (the event loop, the session's proxy,
 //     peers' proxies, the control implementation). State that only the event loop touches (the
 //     client's refusal, handshake deadline, shared handles, connect progress, farewell) is not
-//     here: it is the event loop's ClientState (event_loop.h).
+//     here: it is the event loop's ClientState (client_state.h).
 #pragma once
 
 #include <sys/socket.h>

@@ -53,14 +53,14 @@ Status Status::with_context(std::string_view context) const {
   return out;
 }
 
-Status Status::passed_through(std::source_location site) const {
+Status Status::passed_through(SourceLocation site) const {
   if (ok()) return *this;
   Status out = *this;
   out.trail_ += " via " + std::string(base_name(site.file_name())) + ":" + std::to_string(site.line());
   return out;
 }
 
-Status errno_status(std::string_view what, int err, std::source_location where) {
+Status errno_status(std::string_view what, int err, SourceLocation where) {
   char buf[256];
   // GNU strerror_r returns the message pointer (which may not be buf).
   const char* text = strerror_r(err, buf, sizeof(buf));
