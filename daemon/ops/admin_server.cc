@@ -24,6 +24,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <spdlog/spdlog.h>
 
+#include "grpc_status.h"
 #include "mkernel/proto/admin.grpc.pb.h"
 
 namespace mkernel::daemon {
@@ -34,27 +35,6 @@ std::string gpu_health_service(uint32_t gpu) { return "mkerneld.gpu" + std::to_s
 std::string nic_health_service(const std::string& nic) { return "mkerneld.nic." + nic; }
 
 namespace {
-
-grpc::Status to_grpc(const Status& s) {
-  using C = grpc::StatusCode;
-  C code = C::UNKNOWN;
-  switch (s.code()) {
-    case StatusCode::kOk: return grpc::Status::OK;
-    case StatusCode::kInvalidArgument: code = C::INVALID_ARGUMENT; break;
-    case StatusCode::kNotFound: code = C::NOT_FOUND; break;
-    case StatusCode::kAlreadyExists: code = C::ALREADY_EXISTS; break;
-    case StatusCode::kPermissionDenied: code = C::PERMISSION_DENIED; break;
-    case StatusCode::kResourceExhausted: code = C::RESOURCE_EXHAUSTED; break;
-    case StatusCode::kFailedPrecondition: code = C::FAILED_PRECONDITION; break;
-    case StatusCode::kUnavailable: code = C::UNAVAILABLE; break;
-    case StatusCode::kDeadlineExceeded: code = C::DEADLINE_EXCEEDED; break;
-    case StatusCode::kIoError: code = C::INTERNAL; break;
-    case StatusCode::kProtocolError: code = C::INVALID_ARGUMENT; break;
-    case StatusCode::kDeviceError: code = C::INTERNAL; break;
-    case StatusCode::kInternal: code = C::INTERNAL; break;
-  }
-  return {code, s.to_string()};
-}
 
 void fill(const HealthEntry& in, pb::HealthEntry* out) {
   out->set_service(in.service);

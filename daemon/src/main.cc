@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     spdlog::error("mkerneld: cannot start: {}", s.to_string());
     return 1;
   }
-  auto ops = mkernel::daemon::start_ops(daemon, opts.config);
+  auto ops = mkernel::daemon::start_ops(daemon.control(), opts.config);
   if (!ops.ok()) {
     spdlog::error("mkerneld: cannot start the operations services: {}", ops.status().to_string());
     daemon.stop();
@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
     const int sig = ::sigtimedwait(&sigs, nullptr, &wait);
     if (sig == SIGHUP) {
       ops.value()->notify_reloading();
-      const mkernel::daemon::ReloadResult r = daemon.reload("");
+      const mkernel::daemon::ReloadResult r = daemon.control().reload("");
       if (!r.status.ok()) spdlog::warn("SIGHUP: {}", r.status.to_string());
       ops.value()->notify_ready();
     } else if (sig == SIGTERM || sig == SIGINT) {

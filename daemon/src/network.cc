@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "grpc_status.h"
 #include "mkernel/proto/peer.grpc.pb.h"
 #include "session.h"
 
@@ -48,20 +49,6 @@ std::string tcp_interface_for(const std::string& host) {
   if (!match.empty()) return match;
   if (!first_up.empty()) return first_up;
   return "lo";
-}
-
-Status joined_status(const grpc::Status& s) {
-  StatusCode code = StatusCode::kUnavailable;
-  switch (s.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
-    case grpc::StatusCode::PERMISSION_DENIED: code = StatusCode::kPermissionDenied; break;
-    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
-    case grpc::StatusCode::ALREADY_EXISTS: code = StatusCode::kAlreadyExists; break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = StatusCode::kResourceExhausted; break;
-    case grpc::StatusCode::CANCELLED: code = StatusCode::kUnavailable; break;
-    default: break;
-  }
-  return Status(code, "rendezvous: " + s.error_message());
 }
 
 }  // namespace
@@ -280,17 +267,16 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
     d->set_blob(registered[r].descriptor.data(), registered[r].descriptor.size());
   }
   const bool mine_gpu = session.num_gpu_regions() > 0;
-#if defined(MKERNEL_HAVE_VERBS)
-  // Verbs writes signals straight into the flag array: it is the endpoint's signal region.
-  if (t != nullptr && req.choice.kind == config::TransportKind::kVerbs && session.num_flags() > 0) {
+  // A transport whose peers' NICs write flags themselves (verbs) needs the flag array as its
+  // signal region, named before its address is published (net_transport.h note 6).
+  if (t != nullptr && t->capabilities().signals == net::SignalDelivery::kSignalRegion && session.num_flags() > 0) {
     net::RegisterRequest rr;
     rr.addr = session.flags();
     rr.length = size_t{session.num_flags()} * sizeof(uint64_t);
     rr.remote_writable = true;
     MK_ASSIGN_OR_RETURN(net::Registration reg, t->register_memory(rr));
-    MK_RETURN_IF_ERROR(static_cast<net::VerbsTransport*>(t)->set_signal_region(reg.local_id));
+    MK_RETURN_IF_ERROR(t->set_signal_region(reg.local_id));
   }
-#endif
   if (t != nullptr) {
     MK_ASSIGN_OR_RETURN(net::Blob endpoint, t->local_address());
     join.set_endpoint(endpoint.data(), endpoint.size());
@@ -309,7 +295,7 @@ StatusOr<std::unique_ptr<SessionNetwork>> connect_session(const Session& session
     cancel.set_context(&ctx);
     const grpc::Status s = stub->Join(&ctx, join, &reply);
     cancel.set_context(nullptr);
-    if (!s.ok()) return joined_status(s).with_context("root " + req.root);
+    if (!s.ok()) return from_grpc(s, "rendezvous").with_context("root " + req.root);
   }
   if (reply.ranks_size() != static_cast<int>(id.world_size))
     return Status(StatusCode::kProtocolError, "rendezvous table has " + std::to_string(reply.ranks_size()) +

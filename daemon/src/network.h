@@ -13,11 +13,11 @@
 //     result is handed to the session once complete; from then on only the session's proxy
 //     thread touches the transport.
 //  3. Routes: a rank served by this daemon (its rendezvous entry carries our epoch) is reached
-//     inside the daemon (loopback copy) unless the session asked for the network for local
-//     ranks too, or GPU memory is involved (route_through_network); every other rank through
-//     the transport. The routes keep each peer region's
-//     size and each peer's flag count, so a command whose destination is out of range is
-//     rejected before anything is posted.
+//     inside the daemon (the session's loopback endpoint, loopback_transport.h) unless the
+//     session asked for the network for local ranks too, or GPU memory is involved
+//     (route_through_network); every other rank through the network transport. The routes keep
+//     each peer region's size and each peer's flag count, so a command whose destination is
+//     out of range is rejected before anything is posted.
 //  4. Secrets: endpoint blobs and region descriptors only travel inside JoinRequest/Reply and
 //     into the transport; nothing here logs them. Errors name ranks and region ids.
 #pragma once

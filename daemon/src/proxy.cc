@@ -25,10 +25,8 @@ int64_t now_ns() {
 }
 }  // namespace
 
-Proxy::Proxy(ProxyOptions options, std::unique_ptr<Transport> transport,
-             std::function<void(uint64_t)> on_session_ended)
+Proxy::Proxy(ProxyOptions options, std::function<void(uint64_t)> on_session_ended)
     : options_(std::move(options)),
-      transport_(std::move(transport)),
       on_session_ended_(std::move(on_session_ended)),
       spin_(options_.spin),
       spin_for_us_(options_.spin_for.count()),
@@ -101,8 +99,9 @@ ProxyStats Proxy::stats() const {
   ProxyStats s;
   s.gpu = options_.index;
   s.name = options_.name;
-  s.transport = options_.network.empty() ? transport_->name() : transport_->name() + "+" + options_.network;
-  s.nic = options_.nic.empty() ? transport_->nic() : options_.nic;
+  // Every proxy carries in-daemon commands on the loopback; `network` says what else it has.
+  s.transport = options_.network.empty() ? "loopback" : "loopback+" + options_.network;
+  s.nic = options_.nic.empty() ? kLoopbackNic : options_.nic;
   s.consumed = consumed_.load(std::memory_order_relaxed);
   for (size_t i = 0; i < kNumOutcomes; ++i) s.by_outcome[i] = by_outcome_[i].load(std::memory_order_relaxed);
   s.in_flight = in_flight_.load(std::memory_order_relaxed);
@@ -145,6 +144,9 @@ void Proxy::apply_changes() {
         publish(*it, tally, 0);
       }
       for (auto& r : it->rings) r.consumer->publish_tail();
+      // The endpoint's table holds the communicator's sessions, this one included: let go of it
+      // so the last holder frees the session.
+      it->session->loopback().set_peers(nullptr);
       sessions_.erase(it);
     }
   }
@@ -152,6 +154,7 @@ void Proxy::apply_changes() {
   for (Tracked& t : sessions_) {
     auto it = peers_->find(t.session->identity().communicator);
     t.peers = it != peers_->end() ? it->second : nullptr;
+    t.session->loopback().set_peers(t.peers);
   }
   num_sessions_.store(static_cast<uint32_t>(sessions_.size()), std::memory_order_relaxed);
 }
@@ -208,7 +211,6 @@ Proxy::Exec Proxy::execute(Tracked& t, uint32_t ri, const mp::Command& cmd, uint
   RingTrack& r = t.rings[ri];
   Pending& p = r.pending[pos - r.base];
   const bool is_write = cmd.op == mp::kOpWrite || cmd.op == mp::kOpWriteSignal;
-  mp::RejectReason reject = mp::kRejectNone;
   auto wait = [&](const char* why) {
     if (!r.waiting) {
       r.waiting = true;
@@ -251,54 +253,40 @@ Proxy::Exec Proxy::execute(Tracked& t, uint32_t ri, const mp::Command& cmd, uint
     tally.finish(Outcome::kOk, p.taken_ns, now_ns());
     return Exec::kDone;
   }
-  SessionNetwork* net = s.network();
-  const RankRoute* route =
-      net != nullptr && cmd.dst_rank < net->ranks.size() && net->ranks[cmd.dst_rank].network
-          ? &net->ranks[cmd.dst_rank]
-          : nullptr;
-  if (route == nullptr) {
-    // Inside this daemon: carried out now.
-    static const PeerList kNoPeers;
-    const Status st = transport_->execute(s, t.peers ? *t.peers : kNoPeers, cmd, &reject);
-    if (reject != mp::kRejectNone) return finish_rejected(reject);
-    if (!st.ok()) return finish_error(st);
-    p.done = true;
-    if (is_write) tally.bytes += cmd.num_bytes;
-    tally.finish(Outcome::kOk, p.taken_ns, now_ns());
-    return Exec::kDone;
-  }
-
-  // Through the network: destination checks against the rendezvous table, then post.
+  // The route, then every destination check before anything is posted (design note 5).
+  Route to;
+  if (Status st = route_to(t, cmd.dst_rank, &to); !st.ok()) return finish_error(st);
   net::WriteOp op;
   op.cookie = (uint64_t{ri} << kCookiePosBits) | (pos & kCookiePosMask);
-  op.peer = route->peer;
+  op.peer = to.peer;
   if (is_write) {
-    if (cmd.dst_region >= route->region_ids.size() || route->region_ids[cmd.dst_region] == UINT64_MAX)
-      return finish_rejected(mp::kRejectBadRegion);
-    const uint64_t dst_bytes = route->region_bytes[cmd.dst_region];
+    uint64_t dst_bytes = 0, remote_id = 0;
+    if (!to.writable_region(cmd.dst_region, &dst_bytes, &remote_id)) return finish_rejected(mp::kRejectBadRegion);
     if (cmd.dst_offset > dst_bytes || cmd.num_bytes > dst_bytes - cmd.dst_offset)
       return finish_rejected(mp::kRejectBadOffset);
-    op.local_region = net->local_regions[cmd.src_region];
+    SessionNetwork* net = s.network();
+    op.local_region = to.remote != nullptr ? net->local_regions[cmd.src_region] : cmd.src_region;
     op.local_offset = cmd.src_offset;
-    op.remote_region = route->region_ids[cmd.dst_region];
+    op.remote_region = remote_id;
     op.remote_offset = cmd.dst_offset;
     op.length = cmd.num_bytes;
   }
   if (cmd.op == mp::kOpWriteSignal || cmd.op == mp::kOpSignal) {
-    if (cmd.signal_idx >= route->flags) return finish_rejected(mp::kRejectBadSignal);
+    if (cmd.signal_idx >= to.num_flags()) return finish_rejected(mp::kRejectBadSignal);
     op.has_signal = true;
     op.signal_idx = cmd.signal_idx;
     op.signal_value = cmd.signal_value;
   }
-  if (cmd.op == mp::kOpSignal && !net->transport->capabilities().ordered_writes) {
+  if (cmd.op == mp::kOpSignal && !to.transport->capabilities().ordered_writes) {
     auto it = r.posted_to.find(cmd.dst_rank);
     if (it != r.posted_to.end() && it->second > 0) return wait("earlier writes to the rank to complete");
   }
   if (t.posted >= s.quota().max_inflight) return wait("the session's commands in flight (quota) to drop");
-  const Status st = net->transport->post_write(op);
+  const Status st = to.transport->post_write(op);
   if (st.code() == StatusCode::kUnavailable) return wait("room in the transport's queue");
   if (!st.ok()) return finish_error(st.with_context("posting to rank " + std::to_string(cmd.dst_rank)));
   p.posted = true;
+  p.posted_ns = now_ns();
   p.dst_rank = cmd.dst_rank;
   p.bytes = is_write ? cmd.num_bytes : 0;
   ++r.posted;
@@ -308,12 +296,61 @@ Proxy::Exec Proxy::execute(Tracked& t, uint32_t ri, const mp::Command& cmd, uint
   return Exec::kPosted;
 }
 
-size_t Proxy::progress_network(Tracked& t, SessionNetwork& net, Tally& tally) {
-  completions_.clear();
-  arrivals_.clear();
-  const size_t n = net.transport->poll(&completions_, &arrivals_);
-  if (n == 0) return 0;
+bool Route::writable_region(uint32_t id, uint64_t* bytes, uint64_t* remote_id) const {
+  if (local != nullptr) {
+    const Region* d = local->region(id);
+    if (d == nullptr || !d->remote_writable) return false;
+    *bytes = d->bytes;
+    *remote_id = id;  // the loopback names regions by id (net_transport.h note 5)
+    return true;
+  }
+  if (id >= remote->region_ids.size() || remote->region_ids[id] == UINT64_MAX) return false;
+  *bytes = remote->region_bytes[id];
+  *remote_id = remote->region_ids[id];
+  return true;
+}
+
+uint32_t Route::num_flags() const {
+  if (local != nullptr) return local->flags() != nullptr ? local->num_flags() : 0;
+  return remote->flags;
+}
+
+Status Proxy::route_to(Tracked& t, uint32_t rank, Route* route) {
   Session& s = *t.session;
+  SessionNetwork* net = s.network();
+  if (net != nullptr && net->transport && rank < net->ranks.size() && net->ranks[rank].network) {
+    route->transport = net->transport.get();
+    route->peer = net->ranks[rank].peer;
+    route->remote = &net->ranks[rank];
+    return Status::Ok();
+  }
+  // Inside this daemon: the loopback, by rank.
+  const Session* dst = t.peers && rank < t.peers->size() ? (*t.peers)[rank].get() : nullptr;
+  if (dst == nullptr || dst->ended())
+    return Status(StatusCode::kUnavailable, "rank " + std::to_string(rank) + " of communicator \"" +
+                                                s.identity().communicator + "\" is not connected to this daemon");
+  route->transport = &s.loopback();
+  route->peer = rank;
+  route->local = dst;
+  return Status::Ok();
+}
+
+size_t Proxy::progress(Tracked& t, net::Transport& transport, Tally& tally) {
+  completions_.clear();
+  const size_t n = transport.poll(&completions_, &arrivals_);
+  Session& s = *t.session;
+  if (const Status& broken = transport.async_error(); !broken.ok() && !s.ended()) {
+    // The endpoint failed as a whole (design note 7): nothing more will complete on it.
+    uint64_t pos = 0;
+    for (const RingTrack& r : t.rings)
+      if (!r.pending.empty()) {
+        pos = r.base;
+        break;
+      }
+    end_session(t, broken.with_context(transport.capabilities().provider + " endpoint"), kRingErrTransport,
+                static_cast<uint32_t>(broken.code()), pos);
+  }
+  if (n == 0) return 0;
   const int64_t now = now_ns();
   for (const net::Completion& c : completions_) {
     const uint64_t ri = c.cookie >> kCookiePosBits;
@@ -346,8 +383,15 @@ size_t Proxy::progress_network(Tracked& t, SessionNetwork& net, Tally& tally) {
                   kRingErrTransport, static_cast<uint32_t>(c.status.code()), pos);
     }
   }
-  // Peers' signals: raise this session's flags (never lower one: signals of one flag may
-  // arrive out of order on unordered transports).
+  raise_flags(s);
+  for (RingTrack& r : t.rings) advance(r);
+  return n;
+}
+
+void Proxy::raise_flags(Session& s) {
+  // The one place daemon code raises a flag (design note 6): never lower one, since signals of
+  // one flag may arrive out of order on unordered transports; release, so that whoever
+  // acquires the flag sees the data that came before the signal.
   uint64_t* flags = s.flags();
   const uint32_t nflags = s.num_flags();
   for (const net::Arrival& a : arrivals_) {
@@ -362,8 +406,30 @@ size_t Proxy::progress_network(Tracked& t, SessionNetwork& net, Tally& tally) {
                                         __ATOMIC_RELAXED)) {
     }
   }
-  for (RingTrack& r : t.rings) advance(r);
-  return n;
+  arrivals_.clear();
+}
+
+void Proxy::expire_posted(Tracked& t, uint32_t ri, int64_t now, Tally& tally) {
+  // Positions are posted in order and the finished prefix is gone, so the oldest command in
+  // flight is the front one.
+  RingTrack& r = t.rings[ri];
+  if (r.pending.empty()) return;
+  Pending& p = r.pending.front();
+  const int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.command_timeout).count();
+  if (!p.posted || p.done || now - p.posted_ns <= timeout_ns) return;
+  p.done = true;
+  --r.posted;
+  if (auto it = r.posted_to.find(p.dst_rank); it != r.posted_to.end() && --it->second == 0) r.posted_to.erase(it);
+  --t.posted;
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  tally.finish(Outcome::kError, p.taken_ns, now);
+  ++tally.errors;
+  end_session(t,
+              Status(StatusCode::kDeadlineExceeded,
+                     "write to rank " + std::to_string(p.dst_rank) + " (command at ring " + std::to_string(ri) +
+                         " position " + std::to_string(r.base) + ") not completed within " +
+                         std::to_string(options_.command_timeout.count()) + " ms: the transport reported nothing"),
+              kRingErrTransport, static_cast<uint32_t>(StatusCode::kDeadlineExceeded), r.base);
 }
 
 void Proxy::flush_ended(Tracked& t, Tally& tally) {
@@ -418,10 +484,14 @@ size_t Proxy::poll_session(Tracked& t) {
   const uint32_t batch = batch_.load(std::memory_order_relaxed);
   const int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.command_timeout).count();
   size_t work = 0, taken = 0;
+  work += progress(t, s.loopback(), tally);
   SessionNetwork* net = s.network();
-  if (net != nullptr && net->transport) work += progress_network(t, *net, tally);
+  if (net != nullptr && net->transport && !s.ended()) work += progress(t, *net->transport, tally);
+  const int64_t now = now_ns();
   for (uint32_t ri = 0; ri < t.rings.size() && !s.ended(); ++ri) {
     RingTrack& r = t.rings[ri];
+    expire_posted(t, ri, now, tally);
+    if (s.ended()) break;
     if (r.waiting) {
       const Exec e = execute(t, ri, r.waiting_cmd, r.waiting_pos, tally);
       if (e == Exec::kWaiting) {
@@ -546,8 +616,10 @@ void Proxy::run() {
     }
   }
   // Leave the tails published for anyone still looking.
-  for (Tracked& t : sessions_)
+  for (Tracked& t : sessions_) {
     for (auto& r : t.rings) r.consumer->publish_tail();
+    t.session->loopback().set_peers(nullptr);
+  }
   sessions_.clear();
 }
 

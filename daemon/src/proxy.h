@@ -1,5 +1,6 @@
 // proxy.h: one proxy per GPU: the polling thread that takes commands off the rings of every
-// session bound to its GPU, checks them and hands them to the transport.
+// session bound to its GPU, checks them and hands them to a transport (net_transport.h), then
+// finishes them on the transport's completions and raises the flags peers' signals name.
 //
 // Design notes
 //  1. The proxy owns its thread (named "mkd-proxy<N>", pinned as configured); stop() sets the
@@ -11,16 +12,26 @@
 //     completion counter advances for every one. A rejected or failed command ends its session
 //     (ring error word set, the event loop told) and no other.
 //  4. The thread stamps a heartbeat every loop; health turns NOT_SERVING when it goes stale.
-//  5. Commands to ranks on other daemons go through the session's network transport
-//     (network.h): posted, then finished when the transport's completion comes back, in any
-//     order. A ring's `completed` counter advances only over the finished prefix, so a producer
-//     may reuse a source buffer once `completed` passed its command. A signal-only command to a
+//  5. Every command goes the same way, whatever the destination: the proxy picks the route
+//     (the session's loopback endpoint for a rank served by this daemon, its network transport
+//     for a rank reached through the network, network.h note 3), checks the destination
+//     against what the route knows (region exists and is remote-writable, range inside it,
+//     flag index below the rank's flag count) and rejects before anything is posted, posts,
+//     and finishes the command when the transport's Completion comes back, in any order. A
+//     ring's `completed` counter advances only over the finished prefix, so a producer may
+//     reuse a source buffer once `completed` passed its command. A signal-only command to a
 //     rank waits until this ring's earlier writes to that rank completed (unless the transport
 //     orders writes), a fence until every earlier command of the ring did; a command the
-//     transport cannot take yet (queue full) waits likewise. A ring with a waiting command takes
-//     nothing else. Nothing waits longer than the command timeout: expiry is an error.
-//  6. The proxy keeps polling every connected session's transport (manual progress): peers'
-//     writes into this session and their signals, which raise this session's flags.
+//     transport cannot take yet (queue full, or the session's in-flight quota) waits likewise.
+//     A ring with a waiting command takes nothing else. Nothing waits longer than the command
+//     timeout, posted or not: expiry is an error.
+//  6. The proxy polls every transport of every session it serves on each pass (manual
+//     progress), so peers' writes land and their signals arrive. Flags are raised in one
+//     place, raise_flags(): for each Arrival, the session's flag, never lowered (signals of
+//     one flag may arrive out of order on unordered transports), with release ordering. With
+//     SignalDelivery::kSignalRegion (verbs) the writer's NIC writes the flag instead.
+//  7. A transport whose async_error() is set ends the session (ring error kRingErrTransport,
+//     detail the status code); whatever it had in flight is counted as error.
 #pragma once
 
 #include <array>
@@ -37,8 +48,8 @@
 #include <vector>
 
 #include "control.h"
+#include "loopback_transport.h"
 #include "session.h"
-#include "transport.h"
 
 namespace mkernel::daemon {
 
@@ -58,12 +69,24 @@ struct ProxyOptions {
   std::string nic;      // its NIC / domain, "" when none
 };
 
+// How a command reaches its destination rank (design note 5): through `transport`, to `peer`,
+// checked against the destination session (in this daemon) or its rendezvous entry.
+struct Route {
+  net::Transport* transport = nullptr;
+  uint32_t peer = 0;
+  const Session* local = nullptr;      // a rank served by this daemon
+  const RankRoute* remote = nullptr;   // a rank reached through the network
+  // The destination region `id` if it exists and peers may write into it: its size and the id
+  // WriteOp::remote_region names. False otherwise.
+  bool writable_region(uint32_t id, uint64_t* bytes, uint64_t* remote_id) const;
+  uint32_t num_flags() const;
+};
+
 class Proxy {
  public:
   // `on_session_ended` is called from the proxy thread when it ends a session (the event loop
   // then says goodbye to the client).
-  Proxy(ProxyOptions options, std::unique_ptr<Transport> transport,
-        std::function<void(uint64_t)> on_session_ended);
+  Proxy(ProxyOptions options, std::function<void(uint64_t)> on_session_ended);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -83,13 +106,16 @@ class Proxy {
   ProxyStats stats() const;
   std::chrono::steady_clock::duration since_heartbeat() const;
   const ProxyOptions& options() const { return options_; }
-  const Transport& transport() const { return *transport_; }
+  // What the proxy's health names as its NIC: every proxy carries in-daemon commands on the
+  // loopback, whatever network transport its sessions may also have.
+  static constexpr const char* kLoopbackNic = "loopback";
   bool started() const { return started_.load(std::memory_order_acquire); }
 
  private:
   // A command taken off a ring and not finished yet, by ring position.
   struct Pending {
     int64_t taken_ns = 0;
+    int64_t posted_ns = 0;  // when it was handed to the transport (the completion's bound)
     uint64_t bytes = 0;     // payload counted when it finishes ok
     uint32_t dst_rank = 0;
     bool posted = false;    // handed to the network transport
@@ -127,7 +153,14 @@ class Proxy {
   void apply_changes();
   size_t poll_session(Tracked& t);
   Exec execute(Tracked& t, uint32_t ri, const protocol::Command& cmd, uint64_t pos, Tally& tally);
-  size_t progress_network(Tracked& t, SessionNetwork& net, Tally& tally);
+  // The route to `rank` (design note 5); not ok when a rank served here has no session.
+  Status route_to(Tracked& t, uint32_t rank, Route* route);
+  // Polls one transport of the session: finishes commands on its completions, raises the flags
+  // its arrivals name, ends the session on its async error.
+  size_t progress(Tracked& t, net::Transport& transport, Tally& tally);
+  void raise_flags(Session& s);
+  // Posted commands whose completion did not come within the command timeout (note 5).
+  void expire_posted(Tracked& t, uint32_t ri, int64_t now, Tally& tally);
   void advance(RingTrack& r);
   void flush_ended(Tracked& t, Tally& tally);
   void publish(Tracked& t, const Tally& tally, size_t taken);
@@ -136,7 +169,6 @@ class Proxy {
   void publish_occupancy();
 
   ProxyOptions options_;
-  std::unique_ptr<Transport> transport_;
   std::function<void(uint64_t)> on_session_ended_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

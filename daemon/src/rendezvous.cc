@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "grpc_status.h"
+
 namespace mkernel::daemon {
 
 namespace pb = mkernel::peer::v1;
@@ -164,16 +166,7 @@ StatusOr<pb::JoinReply> rendezvous_join(const std::shared_ptr<grpc::Channel>& ch
                         std::to_string(request.size()));
     return reply;
   }
-  StatusCode code = StatusCode::kUnavailable;
-  switch (s.error_code()) {
-    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
-    case grpc::StatusCode::PERMISSION_DENIED: code = StatusCode::kPermissionDenied; break;
-    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
-    case grpc::StatusCode::ALREADY_EXISTS: code = StatusCode::kAlreadyExists; break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = StatusCode::kResourceExhausted; break;
-    default: break;
-  }
-  return Status(code, "rendezvous: " + s.error_message());
+  return from_grpc(s, "rendezvous");
 }
 
 }  // namespace mkernel::daemon

@@ -10,13 +10,16 @@
 //     No lock is taken on the command path.
 //  3. A session ends once (first reason wins): the client closed or died, it sent something
 //     malformed, a command of it was rejected or failed, or the daemon is stopping.
+//  4. Everything here may be read by more than one thread (the event loop, the session's proxy,
+//     peers' proxies, the control implementation). State that only the event loop touches (the
+//     client's refusal, handshake deadline, shared handles, connect progress, farewell) is not
+//     here: it is the event loop's ClientState (client_state.h).
 #pragma once
 
 #include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -27,6 +30,7 @@
 #include "mkernel/protocol/ring_host.h"
 #include "mkernel/protocol/session_wire.h"
 #include "mkernel/protocol/shm.h"
+#include "loopback_transport.h"
 #include "network.h"
 
 namespace mkernel::daemon {
@@ -94,10 +98,11 @@ class Session {
     uint32_t world_size = 1;
     uint32_t gpu = 0;
   };
+  // identity() may be read by other threads once has_hello() is true (mark_hello publishes it).
   void set_identity(Identity id) { identity_ = std::move(id); }
   const Identity& identity() const { return identity_; }
-  bool has_hello() const { return hello_done_; }
-  void mark_hello() { hello_done_ = true; }
+  bool has_hello() const { return hello_done_.load(std::memory_order_acquire); }
+  void mark_hello() { hello_done_.store(true, std::memory_order_release); }
 
   // ---- tables (event loop appends; proxy reads) ----
   StatusOr<const SessionRing*> add_ring(uint32_t capacity_log2, uint64_t epoch);
@@ -120,17 +125,17 @@ class Session {
   int flags_fd() const { return flags_mapping_.fd(); }
   uint64_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
 
-  // ---- network (multi-daemon communicators) ----
+  // ---- transports ----
+  // The in-daemon endpoint (loopback_transport.h): driven by the session's proxy, handed
+  // signals by peers' proxies.
+  LoopbackTransport& loopback() { return loopback_; }
+  // The network side (multi-daemon communicators).
   // Set once by the event loop when the session's communicator connected; read by the proxy.
   void set_network(std::unique_ptr<SessionNetwork> n) {
     network_owner_ = std::move(n);
     network_.store(network_owner_.get(), std::memory_order_release);
   }
   SessionNetwork* network() const { return network_.load(std::memory_order_acquire); }
-  // A connect is under way or done: regions and flags are frozen (event loop only).
-  bool connect_started = false;
-  // GPU memory handles this session shared with its communicator (event loop only).
-  std::map<std::string, protocol::UniqueFd> shared_handles;
 
   // ---- ending ----
   // Returns true for the call that ended it. Stores the reason and, when `ring_code` is not 0,
@@ -138,16 +143,10 @@ class Session {
   bool end(Status reason, uint32_t ring_code, uint32_t ring_detail, uint64_t ring_pos);
   bool ended() const { return ended_.load(std::memory_order_acquire); }
   Status end_reason() const;
-  // The daemon told the client and closed (event loop only).
-  bool farewell_sent = false;
-  // Set at accept when the client may not have a session (credentials, drain); its hello is
-  // answered with this error (event loop only).
-  Status refusal;
 
   // ---- counters (proxy writes, anyone reads) ----
   std::atomic<uint64_t> commands{0};
   const std::chrono::steady_clock::time_point connected_at = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point hello_deadline;
 
  private:
   Status check_region_quota(uint64_t bytes, uint64_t counted) const;
@@ -157,7 +156,7 @@ class Session {
   const ucred creds_;
   const SessionQuota quota_;
   Identity identity_;
-  bool hello_done_ = false;
+  std::atomic<bool> hello_done_{false};
 
   std::vector<std::unique_ptr<SessionRing>> rings_;   // sized to quota at construction
   std::vector<std::unique_ptr<Region>> regions_;      // sized to quota at construction
@@ -169,7 +168,8 @@ class Session {
   std::atomic<uint32_t> num_flags_{0};
   std::atomic<uint64_t> registered_bytes_{0};
 
-  // Declared after the mappings: the transport (and its registrations of them) goes first.
+  // Declared after the mappings: the transports (and their registrations of them) go first.
+  LoopbackTransport loopback_{*this};
   std::unique_ptr<SessionNetwork> network_owner_;
   std::atomic<SessionNetwork*> network_{nullptr};
 

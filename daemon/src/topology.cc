@@ -1,6 +1,10 @@
 #include "topology.h"
 
+#include <dirent.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -26,6 +30,50 @@ std::string resolve(const fs::path& p) {
 }
 
 }  // namespace
+
+std::vector<std::string> list_nvidia_gpus() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir("/proc/driver/nvidia/gpus");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+  ::closedir(d);
+  std::sort(out.begin(), out.end());  // PCI bus order, as nvidia-smi numbers them
+  return out;
+}
+
+uint32_t count_nvidia_gpus() { return static_cast<uint32_t>(list_nvidia_gpus().size()); }
+
+std::vector<uint32_t> parse_cpu_list(const std::string& text) {
+  std::vector<uint32_t> cpus;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    const std::string part = text.substr(i, j - i);
+    const size_t dash = part.find('-');
+    try {
+      const unsigned long lo = std::stoul(part.substr(0, dash));
+      const unsigned long hi = dash == std::string::npos ? lo : std::stoul(part.substr(dash + 1));
+      for (unsigned long c = lo; c <= hi && c < 65536; ++c) cpus.push_back(static_cast<uint32_t>(c));
+    } catch (const std::exception&) {
+      return {};
+    }
+    i = j + 1;
+  }
+  return cpus;
+}
+
+std::vector<uint32_t> cpus_near_pci_device(const std::string& pci_address) {
+  std::string text;
+  if (FILE* f = std::fopen(("/sys/bus/pci/devices/" + pci_address + "/local_cpulist").c_str(), "r")) {
+    char buf[1024] = {};
+    if (std::fgets(buf, sizeof(buf), f)) text = buf;
+    std::fclose(f);
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return parse_cpu_list(text);
+}
 
 Topology::Topology(std::string sysfs_root) : root_(std::move(sysfs_root)) {}
 

@@ -1,4 +1,6 @@
-// topology.h: which NIC is nearest each GPU, from the PCI topology in sysfs.
+// topology.h: what the node has, without the CUDA runtime: its NVIDIA GPUs (from the driver's
+// /proc entries), the CPUs near a PCI device, and which NIC is nearest each GPU, from the PCI
+// topology in sysfs.
 //
 // A device's place in the PCI tree is the resolved path of /sys/bus/pci/devices/<address>
 // (/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0, ...). Two devices behind the same PCIe
@@ -8,10 +10,21 @@
 // any, network interfaces backed by a PCI device (/sys/class/net/*/device) are used.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mkernel::daemon {
+
+// GPUs this node has: NVIDIA's driver lists them (by PCI address) under
+// /proc/driver/nvidia/gpus. Sorted in PCI bus order (as nvidia-smi numbers them); empty
+// without the driver.
+std::vector<std::string> list_nvidia_gpus();
+uint32_t count_nvidia_gpus();
+// Parses a Linux CPU list ("0-3,8,10-11"); empty on malformed text.
+std::vector<uint32_t> parse_cpu_list(const std::string& text);
+// The CPUs local to a PCI device (its NUMA node), from sysfs; empty when unknown.
+std::vector<uint32_t> cpus_near_pci_device(const std::string& pci_address);
 
 struct NicInfo {
   std::string name;         // "mlx5_0", "rdmap79s0", "eth0"

@@ -9,9 +9,9 @@
 //     is posted as two chained work requests on the peer's queue pair: the data write, then an
 //     8-byte RDMA write of signal_value into slot signal_idx of the peer's signal region. The
 //     signal region is the peer's: it registers its flag array (remote_writable) and names it
-//     with VerbsTransport::set_signal_region before taking its address, and the address carries
-//     it (the Transport contract has no field for it; see docs/transports.md, "verbs").
-//     Capabilities: ordered_writes = true, reports_arrivals = false.
+//     with Transport::set_signal_region before taking its address, and the address carries it.
+//     Capabilities: ordered_writes = true, signals = kSignalRegion (no arrivals: the flag is
+//     written by the NIC, no proxy raises it).
 //  3. No relaxed ordering, ever: with IBV_ACCESS_RELAXED_ORDERING the NIC may let the flag's PCIe
 //     write overtake the data's into GPU memory (DESIGN.md section 2), and a kernel that sees
 //     the flag would read stale data. The bandwidth it buys is not worth a fence per signal.
@@ -27,11 +27,13 @@
 //     queue pair, a signal write always. A completion retires every earlier work request of its
 //     queue pair. When a queue pair's last work request is unsignalled and nothing signalled is
 //     in flight on it, poll() posts a signalled zero-length write so that its Completion still
-//     comes (net_transport.h note 6). Work requests in flight are bounded by
+//     comes (net_transport.h note 7). Work requests in flight are bounded by
 //     `max_outstanding_wr` (transport-wide); post_write returns kUnavailable at the bound.
 //  5. Lifetime: members are declared context -> protection domain -> memory regions ->
 //     completion queue -> queue pairs and destroyed in reverse (rdma-core's rc_pingpong order).
-//  6. All libibverbs calls go through VerbsApi (verbs_api.h) so that tests drive this code
+//  6. A failed completion queue (ibv_poll_cq < 0) breaks the endpoint: async_error() reports it,
+//     everything in flight fails with it and so does every later post.
+//  7. All libibverbs calls go through VerbsApi (verbs_api.h) so that tests drive this code
 //     against a recording fake. Nothing here logs; errors never carry keys or addresses.
 #pragma once
 
@@ -67,16 +69,6 @@ struct VerbsOptions {
 
 // Checks the options alone (no device needed); each error names the field, value and range.
 Status validate(const VerbsOptions& options);
-
-// The verbs-only part of the interface, reached with dynamic_cast from a Transport that
-// open_verbs made.
-class VerbsTransport : public Transport {
- public:
-  // Names a registration of this endpoint (remote_writable, a multiple of 8 bytes long) as its
-  // signal region: peers write signal i into its 8-byte slot i. Must come before the first
-  // local_address(), which publishes it. The region cannot be deregistered afterwards.
-  virtual Status set_signal_region(uint64_t local_id) = 0;
-};
 
 // Opens the device, allocates the protection domain, the signal staging buffer and the
 // completion queue. kUnavailable when no RDMA device exists (the message says so plainly) or

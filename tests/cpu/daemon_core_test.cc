@@ -1,11 +1,12 @@
-// The daemon core in-process: session quotas, the loopback transport's destination checks and
+// The daemon core in-process: session quotas, the loopback transport (the in-daemon
+// implementation of net_transport.h: destination checks, completions, signals as arrivals) and
 // the CPU-list parser used for proxy pinning.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
-#include "daemon.h"
+#include "loopback_transport.h"
 #include "session.h"
-#include "transport.h"
+#include "topology.h"
 
 namespace md = mkernel::daemon;
 namespace mp = mkernel::protocol;
@@ -57,6 +58,7 @@ TEST(DaemonCore, SessionQuotasNameTheLimit) {
 }
 
 TEST(DaemonCore, LoopbackChecksTheDestinationBeforeTouchingIt) {
+  namespace net = md::net;
   auto a = make_session(1, "c", 0, 2);
   auto b = make_session(2, "c", 1, 2);
   ASSERT_TRUE(a->add_region(4096, false).ok());
@@ -64,30 +66,55 @@ TEST(DaemonCore, LoopbackChecksTheDestinationBeforeTouchingIt) {
   ASSERT_TRUE(b->add_region(4096, false).ok());  // region 1: not writable
   ASSERT_TRUE(b->add_flags(8).ok());
   std::memset(a->region(0)->data(), 0xAB, 4096);
-  md::PeerList peers = {a, b};
-  md::LoopbackTransport t;
-  mp::RejectReason why = mp::kRejectNone;
-  ASSERT_TRUE(t.execute(*a, peers, mp::make_write_signal(1, 0, 0, 0, 100, 16, 3, 42), &why).ok());
-  EXPECT_EQ(why, mp::kRejectNone);
+  auto peers = std::make_shared<const md::PeerList>(md::PeerList{a, b});
+  md::LoopbackTransport& t = a->loopback();
+  t.set_peers(peers);
+  EXPECT_EQ(t.capabilities().addressing, net::Addressing::kRanks);
+  EXPECT_EQ(t.capabilities().signals, net::SignalDelivery::kArrivals);
+  EXPECT_TRUE(t.capabilities().ordered_writes);
+  auto write = [](uint64_t cookie, uint64_t dst_region, uint64_t dst_off, uint64_t len, bool signal, uint32_t idx,
+                  uint64_t value) {
+    return net::WriteOp{cookie, 1, 0, 0, dst_region, dst_off, len, signal, idx, value};
+  };
+  // Carried out at post: the data is in place; the completion comes with the next poll and the
+  // signal goes to the destination's endpoint as an arrival (its proxy raises the flag).
+  ASSERT_TRUE(t.post_write(write(7, 0, 100, 16, true, 3, 42)).ok());
   EXPECT_EQ(b->region(0)->data()[100], 0xAB);
   EXPECT_EQ(b->region(0)->data()[116], 0);
-  EXPECT_EQ(b->flags()[3], 42u);
-  // Not writable, past the end, a flag beyond the array: rejected, nothing written.
-  ASSERT_TRUE(t.execute(*a, peers, mp::make_write(1, 0, 0, 1, 0, 16), &why).ok());
-  EXPECT_EQ(why, mp::kRejectBadRegion);
-  why = mp::kRejectNone;
-  ASSERT_TRUE(t.execute(*a, peers, mp::make_write(1, 0, 0, 0, 4090, 16), &why).ok());
-  EXPECT_EQ(why, mp::kRejectBadOffset);
-  why = mp::kRejectNone;
-  ASSERT_TRUE(t.execute(*a, peers, mp::make_write_signal(1, 0, 0, 0, 0, 16, 8, 1), &why).ok());
-  EXPECT_EQ(why, mp::kRejectBadSignal);
-  EXPECT_EQ(b->region(0)->data()[0], 0) << "a rejected write+signal writes no data either";
-  // A rank nobody holds is a transport error, not a rejection.
-  why = mp::kRejectNone;
-  md::PeerList lonely = {a, nullptr};
-  const mkernel::Status st = t.execute(*a, lonely, mp::make_signal(1, 0, 1), &why);
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(why, mp::kRejectNone);
+  EXPECT_EQ(b->flags()[3], 0u) << "the transport never raises a flag itself";
+  std::vector<net::Completion> done;
+  std::vector<net::Arrival> arrived;
+  EXPECT_EQ(t.poll(&done, &arrived), 1u);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].cookie, 7u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_TRUE(arrived.empty()) << "the signal is the destination's";
+  EXPECT_EQ(b->loopback().poll(&done, &arrived), 1u);
+  ASSERT_EQ(arrived.size(), 1u);
+  EXPECT_EQ(arrived[0].peer, 0u);
+  EXPECT_EQ(arrived[0].signal_idx, 3u);
+  EXPECT_EQ(arrived[0].signal_value, 42u);
+  // Not writable, past the end, a flag beyond the array: refused, nothing written, nothing to poll.
+  EXPECT_EQ(t.post_write(write(8, 1, 0, 16, false, 0, 0)).code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(t.post_write(write(9, 0, 4090, 16, false, 0, 0)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.post_write(write(10, 0, 0, 16, true, 8, 1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->region(0)->data()[0], 0) << "a refused write+signal writes no data either";
+  done.clear();
+  arrived.clear();
+  EXPECT_EQ(t.poll(&done, &arrived), 0u);
+  EXPECT_EQ(b->loopback().poll(&done, &arrived), 0u);
+  // A rank nobody holds: refused for good (kUnavailable would mean "queue full, retry").
+  t.set_peers(std::make_shared<const md::PeerList>(md::PeerList{a, nullptr}));
+  const mkernel::Status st = t.post_write(write(11, 0, 0, 0, true, 1, 1));
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("rank 1 of communicator \"c\" is not connected to this daemon"), std::string::npos)
+      << st.message();
+  // Nothing to exchange or register: the set-up members say so.
+  EXPECT_EQ(t.local_address().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.set_signal_region(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(t.deregister_memory(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(t.async_error().ok());
+  t.set_peers(nullptr);  // the table holds this session: let go (as the proxy does)
 }
 
 TEST(DaemonCore, EndingASessionStopsItsProducers) {

@@ -1,11 +1,13 @@
 // Communicator rendezvous through a real gRPC peer service on a Unix socket: the whole table to
-// every rank, missing ranks named within the bound, wrong tokens and sizes refused, ids reused.
+// every rank, missing ranks named within the bound, wrong tokens and sizes refused, ids reused;
+// the gRPC <-> Status mapping.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <thread>
 
+#include "grpc_status.h"
 #include "rendezvous.h"
 
 namespace md = mkernel::daemon;
@@ -126,4 +128,42 @@ TEST_F(RendezvousTest, AtMostMaxPendingCommunicatorsForm) {
   auto refused = md::rendezvous_join(channel_, req("pend-extra", 2, 0), 500ms);
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().to_string();
   for (auto& t : ts) t.join();
+}
+
+// The one gRPC <-> Status mapping (grpc_status.h): both directions, CANCELLED included.
+TEST(GrpcStatus, MapsEveryCodeBothWays) {
+  using G = grpc::StatusCode;
+  EXPECT_EQ(md::from_grpc_code(G::CANCELLED), StatusCode::kUnavailable) << "a cancelled join may be tried again";
+  EXPECT_EQ(md::from_grpc_code(G::UNAVAILABLE), StatusCode::kUnavailable);
+  EXPECT_EQ(md::from_grpc_code(G::DEADLINE_EXCEEDED), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(md::from_grpc_code(G::PERMISSION_DENIED), StatusCode::kPermissionDenied);
+  EXPECT_EQ(md::from_grpc_code(G::INVALID_ARGUMENT), StatusCode::kInvalidArgument);
+  EXPECT_EQ(md::from_grpc_code(G::ALREADY_EXISTS), StatusCode::kAlreadyExists);
+  EXPECT_EQ(md::from_grpc_code(G::RESOURCE_EXHAUSTED), StatusCode::kResourceExhausted);
+  EXPECT_EQ(md::from_grpc_code(G::NOT_FOUND), StatusCode::kNotFound);
+  EXPECT_EQ(md::from_grpc_code(G::FAILED_PRECONDITION), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(md::from_grpc_code(G::UNKNOWN), StatusCode::kUnavailable);
+  const mkernel::Status joined = md::from_grpc(grpc::Status(G::PERMISSION_DENIED, "token refused"), "rendezvous");
+  EXPECT_EQ(joined.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(joined.message(), "rendezvous: token refused");
+  EXPECT_EQ(joined.file(), "rendezvous_test.cc") << "made where the result was read";
+  EXPECT_TRUE(md::from_grpc(grpc::Status::OK, "rendezvous").ok());
+  // Every Status code goes out as a gRPC code that comes back as itself, except the three
+  // that gRPC has no word for (kIoError, kDeviceError -> INTERNAL -> kInternal; kProtocolError
+  // -> INVALID_ARGUMENT).
+  for (int c = 1; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+    const auto code = static_cast<StatusCode>(c);
+    const StatusCode back = md::from_grpc_code(md::to_grpc_code(code));
+    if (code == StatusCode::kIoError || code == StatusCode::kDeviceError)
+      EXPECT_EQ(back, StatusCode::kInternal) << mkernel::status_code_name(code);
+    else if (code == StatusCode::kProtocolError)
+      EXPECT_EQ(back, StatusCode::kInvalidArgument);
+    else
+      EXPECT_EQ(back, code) << mkernel::status_code_name(code);
+  }
+  const grpc::Status out = md::to_grpc(mkernel::Status(StatusCode::kNotFound, "gpu: 9 has no proxy"));
+  EXPECT_EQ(out.error_code(), G::NOT_FOUND);
+  EXPECT_EQ(out.error_message().rfind("not found: gpu: 9 has no proxy (at rendezvous_test.cc:", 0), 0u)
+      << out.error_message();
+  EXPECT_TRUE(md::to_grpc(mkernel::Status::Ok()).ok());
 }

@@ -235,7 +235,8 @@ TEST_P(FabricTransportTest, OpenReportsProviderAndMemoryCapabilities) {
   EXPECT_NE(caps.version.find("mr_mode ["), std::string::npos) << caps.version;
   EXPECT_NE(caps.version.find("FI_HMEM"), std::string::npos) << caps.version;
   EXPECT_TRUE(caps.remote_write);
-  EXPECT_TRUE(caps.reports_arrivals);
+  EXPECT_EQ(caps.signals, SignalDelivery::kArrivals);
+  EXPECT_EQ(caps.addressing, Addressing::kEndpoints);
   EXPECT_FALSE(caps.ordered_writes);
   EXPECT_TRUE(caps.self_peer);
   // tcp and shm never take GPU memory by dmabuf, whatever the libfabric; the reason says why.
@@ -514,6 +515,32 @@ TEST_P(FabricTransportTest, ProviderErrorBecomesCompletionWithReason) {
     expect_no_address(posted.message(), dst.data());
   }
   EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
+}
+
+// net_transport.h's deregister_memory rule: a source with writes in flight stays registered
+// (the NIC may still read it) until their completions came back; then it goes.
+TEST_P(FabricTransportTest, ASourceWithWritesInFlightCannotBeDeregistered) {
+  connect();
+  if (IsSkipped() || HasFatalFailure()) return;
+  std::vector<uint8_t> src(1 << 20, 0x5c);
+  std::vector<uint8_t> dst(1 << 20, 0);
+  const Registration src_reg = reg(*a_, src, false);
+  const Registration dst_reg = reg(*b_, dst, true);
+  auto remote = a_->import_region(b_at_a_, dst_reg.descriptor);
+  ASSERT_TRUE(remote.ok());
+  ASSERT_TRUE(post(WriteOp{1, b_at_a_, src_reg.local_id, 0, remote.value(), 0, src.size(), true, 0, 1}).ok());
+  // Not polled yet: the completion cannot have been handed out.
+  const Status busy = a_->deregister_memory(src_reg.local_id);
+  EXPECT_EQ(busy.code(), StatusCode::kFailedPrecondition) << busy.to_string();
+  EXPECT_NE(busy.message().find("1 writes in flight"), std::string::npos) << busy.message();
+  ASSERT_TRUE(pump_until([&] { return completions_.size() == 1; }));
+  EXPECT_TRUE(completions_[0].status.ok()) << completions_[0].status.to_string();
+  EXPECT_TRUE(a_->deregister_memory(src_reg.local_id).ok());
+  EXPECT_EQ(a_->deregister_memory(src_reg.local_id).code(), StatusCode::kNotFound);
+  // Signals arrive (the receiving proxy raises the flag): no signal region to name.
+  EXPECT_EQ(a_->set_signal_region(dst_reg.local_id).code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(a_->async_error().ok());
+  EXPECT_TRUE(b_->async_error().ok());
 }
 
 TEST_P(FabricTransportTest, WriteToClosedPeerEndsInErrorWithinBound) {

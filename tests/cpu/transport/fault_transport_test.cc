@@ -1,9 +1,13 @@
 // fault_transport_test.cc: the fault-injecting wrapper over an in-memory transport: the Nth post
-// fails, a dropped completion is caught by a bounded wait, a delayed one comes late, a completion
-// turns into each error status, and peers and registrations are refused or corrupted.
+// fails, a dropped completion is caught by a bounded wait, a delayed one comes late, completions
+// are reordered, a stalled endpoint holds everything until the stall is over, a broken one fails
+// everything after, a completion turns into each error status, and peers and registrations are
+// refused or corrupted. (tests/cpu/proxy_fault_test.cc drives a real Proxy through the wrapper.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -25,7 +29,7 @@ class MemoryTransport final : public Transport {
     caps_.provider = "memory";
     caps_.version = "test";
     caps_.remote_write = true;
-    caps_.reports_arrivals = true;
+    caps_.signals = SignalDelivery::kArrivals;
     caps_.max_inflight = 8;
   }
   const Capabilities& capabilities() const override { return caps_; }
@@ -64,6 +68,10 @@ class MemoryTransport final : public Transport {
     imports_.push_back({peer, id});
     return static_cast<uint64_t>(imports_.size());
   }
+  Status set_signal_region(uint64_t) override {
+    return Status(StatusCode::kFailedPrecondition, "arrivals, no signal region");
+  }
+  const Status& async_error() const override { return ok_; }
   Status post_write(const WriteOp& op) override {
     if (queue_.size() >= caps_.max_inflight) return Status(StatusCode::kUnavailable, "full");
     if (op.remote_region == 0 || op.remote_region > imports_.size()) {
@@ -99,6 +107,7 @@ class MemoryTransport final : public Transport {
     return endpoints;
   }
   Capabilities caps_;
+  const Status ok_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, RegisterRequest> regions_;
   std::vector<std::pair<uint32_t, uint64_t>> imports_;
@@ -292,6 +301,66 @@ TEST_F(FaultTransportTest, RegisterRefusedOrDescriptorCorrupted) {
   auto imp = fault_->import_region(peer_idx_, reg->descriptor);
   ASSERT_FALSE(imp.ok());
   EXPECT_EQ(imp.status().code(), StatusCode::kPermissionDenied);
+}
+
+TEST_F(FaultTransportTest, NthCompletionIsDroppedOrFailed) {
+  fault_->drop_nth_completion(2);
+  fault_->fail_nth_completion(3, Status(StatusCode::kUnavailable, "peer reset"));
+  for (uint64_t c = 1; c <= 4; ++c) ASSERT_TRUE(fault_->post_write(op(c)).ok());
+  std::vector<Completion> got;
+  for (int i = 0; i < 5; ++i) (void)fault_->poll(&got, nullptr);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].cookie, 1u);
+  EXPECT_TRUE(got[0].status.ok());
+  EXPECT_EQ(got[1].cookie, 3u);
+  EXPECT_EQ(got[1].status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(got[2].cookie, 4u);
+  EXPECT_TRUE(got[2].status.ok());
+  EXPECT_EQ(fault_->completions_dropped(), 1u);
+}
+
+TEST_F(FaultTransportTest, CompletionsAreReorderedInGroupsAndNoneIsLost) {
+  fault_->reorder_completions(4);
+  for (uint64_t c = 1; c <= 6; ++c) ASSERT_TRUE(fault_->post_write(op(c)).ok());
+  std::vector<Completion> got;
+  for (int i = 0; i < 4 && got.size() < 6; ++i) (void)fault_->poll(&got, nullptr);
+  ASSERT_EQ(got.size(), 6u) << "a group that does not fill goes out on a poll with nothing new";
+  std::vector<uint64_t> order;
+  for (const Completion& c : got) order.push_back(c.cookie);
+  EXPECT_EQ(order, (std::vector<uint64_t>{4, 3, 2, 1, 6, 5}));
+  EXPECT_EQ(fault_->completions_reordered(), 6u);
+  EXPECT_EQ(fault_->completions_held(), 0u);
+}
+
+TEST_F(FaultTransportTest, AStalledEndpointTakesNothingAndHoldsItsCompletions) {
+  ASSERT_TRUE(fault_->post_write(op(1)).ok());
+  fault_->stall_for(std::chrono::milliseconds(150));
+  const auto stalled_at = Clock::now();
+  EXPECT_EQ(fault_->post_write(op(2)).code(), StatusCode::kUnavailable) << "queue full while stalled";
+  std::vector<Completion> got;
+  EXPECT_EQ(fault_->poll(&got, &arrivals_), 0u);
+  EXPECT_TRUE(got.empty());
+  // Bounded wait for the held completion once the stall is over.
+  while (got.empty() && Clock::now() < stalled_at + std::chrono::seconds(2)) {
+    (void)fault_->poll(&got, &arrivals_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_GE(Clock::now() - stalled_at, std::chrono::milliseconds(150));
+  EXPECT_EQ(got[0].cookie, 1u);
+  EXPECT_TRUE(fault_->post_write(op(2)).ok());
+}
+
+TEST_F(FaultTransportTest, ABrokenEndpointFailsWhatIsInFlightAndEveryLaterPost) {
+  EXPECT_TRUE(fault_->async_error().ok());
+  ASSERT_TRUE(fault_->post_write(op(1)).ok());
+  fault_->break_endpoint(Status(StatusCode::kDeviceError, "completion queue overrun"));
+  EXPECT_EQ(fault_->async_error().code(), StatusCode::kDeviceError);
+  EXPECT_EQ(fault_->post_write(op(2)).message(), "completion queue overrun");
+  Completion c;
+  ASSERT_TRUE(wait_for(1, 10, &c));
+  EXPECT_EQ(c.status.code(), StatusCode::kDeviceError) << "what was in flight completes with the error";
+  EXPECT_EQ(fault_->set_signal_region(1).code(), StatusCode::kFailedPrecondition) << "forwarded";
 }
 
 }  // namespace

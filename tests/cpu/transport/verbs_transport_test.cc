@@ -214,7 +214,8 @@ TEST(VerbsOpen, CapabilitiesSayOrderedWritesAndNoArrivals) {
   EXPECT_EQ(c.version, "firmware 16.35.1012");
   EXPECT_TRUE(c.remote_write);
   EXPECT_TRUE(c.ordered_writes);
-  EXPECT_FALSE(c.reports_arrivals);
+  EXPECT_EQ(c.signals, SignalDelivery::kSignalRegion);
+  EXPECT_EQ(c.addressing, Addressing::kEndpoints);
   EXPECT_TRUE(c.dmabuf);
   EXPECT_FALSE(c.needs_host_staging);
   EXPECT_EQ(c.max_inflight, 4u);  // 8 work requests, two per write with a signal
@@ -422,8 +423,8 @@ TEST(VerbsMemory, SignalRegionIsPublishedInTheAddress) {
   auto r = open_verbs(small_options(), fake);
   ASSERT_TRUE(r.ok());
   auto t = std::move(r).value();
-  auto* v = dynamic_cast<VerbsTransport*>(t.get());
-  ASSERT_NE(v, nullptr);
+  Transport* v = t.get();  // the signal region goes through the interface (no cast)
+  EXPECT_EQ(v->capabilities().signals, SignalDelivery::kSignalRegion);
   alignas(8) uint64_t flags[16] = {};
   RegisterRequest req;
   req.addr = flags;
@@ -831,11 +832,26 @@ TEST(VerbsCompletion, BrokenCompletionQueueFailsEverythingInFlight) {
   h.open();
   ASSERT_TRUE(h.t->post_write(h.write(1, 64)).ok());
   ASSERT_TRUE(h.t->post_write(h.write(2, 64)).ok());
+  EXPECT_TRUE(h.t->async_error().ok());
   h.fake->poll_error = -5;
   auto done = h.poll();
   ASSERT_EQ(done.size(), 2u);
   for (const auto& c : done) EXPECT_EQ(c.status.code(), StatusCode::kDeviceError);
   EXPECT_EQ(h.t->post_write(h.write(3, 64)).code(), StatusCode::kDeviceError);
+  // The endpoint as a whole: the asynchronous error path (net_transport.h note 7).
+  EXPECT_EQ(h.t->async_error().code(), StatusCode::kDeviceError);
+  EXPECT_NE(h.t->async_error().message().find("ibv_poll_cq failed"), std::string::npos);
+}
+
+TEST(VerbsCompletion, CompletionsWaitWhenPollHasNowhereToPutThem) {
+  Harness h;
+  h.open();
+  WriteOp w = h.write(1, 64);
+  w.has_signal = true;
+  ASSERT_TRUE(h.t->post_write(w).ok());
+  h.fake->complete(kFirstQpn, h.fake->all_wrs().back().wr_id);
+  EXPECT_EQ(h.t->poll(nullptr, nullptr), 0u);
+  ASSERT_EQ(h.poll().size(), 1u) << "kept for the next call that takes completions";
 }
 
 TEST(VerbsCompletion, RegionWithWritesInFlightCannotBeDeregistered) {

@@ -1,0 +1,142 @@
+#include "daemon_state.h"
+
+#include <unistd.h>
+
+#include "mkernel/protocol/ring.h"
+
+namespace mkernel::daemon {
+
+namespace {
+
+constexpr uint32_t kMaxRegionsPerSession = 4096;
+constexpr uint32_t kMaxFlagsPerSession = 1u << 20;
+
+uint64_t make_epoch() {
+  // Nanoseconds of wall-clock time: distinct for every start, growing across restarts.
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return static_cast<uint64_t>(ns) | 1;
+}
+
+}  // namespace
+
+// ---- SessionTable ----------------------------------------------------------------------------
+
+void SessionTable::insert(std::shared_ptr<Session> s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = s->id();
+  sessions_.emplace(id, std::move(s));
+}
+
+void SessionTable::erase(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_.erase(id);
+}
+
+std::shared_ptr<Session> SessionTable::find(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() ? it->second : nullptr;
+}
+
+std::vector<std::shared_ptr<Session>> SessionTable::all() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Session>> out;
+  out.reserve(sessions_.size());
+  for (auto& [id, s] : sessions_) out.push_back(s);
+  return out;
+}
+
+size_t SessionTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.size();
+}
+
+void SessionTable::for_each(const std::function<void(const std::shared_ptr<Session>&)>& f) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, s] : sessions_) f(s);
+}
+
+// ---- DaemonState -----------------------------------------------------------------------------
+
+DaemonState::DaemonState(DaemonOptions options)
+    : epoch(make_epoch()),
+      config_(std::move(options.config)),
+      config_source_(std::move(options.config_source)),
+      test_hooks_(options.test_hooks) {}
+
+config::DaemonConfig DaemonState::config() const {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  return config_;
+}
+
+std::string DaemonState::config_source() const {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  return config_source_;
+}
+
+uint64_t DaemonState::config_generation() const {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  return config_generation_;
+}
+
+void DaemonState::replace_config(config::DaemonConfig next, std::string source) {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  config_ = std::move(next);
+  config_source_ = std::move(source);
+  ++config_generation_;
+}
+
+SessionQuota DaemonState::quota() const {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  const config::ClientQuota& q = config_.clients.quota;
+  SessionQuota out;
+  out.max_rings = q.rings;
+  out.max_regions = kMaxRegionsPerSession;
+  out.max_registered_bytes = q.registered_bytes;
+  out.max_inflight = q.inflight_commands;
+  out.max_ring_capacity_log2 = protocol::kMaxCapacityLog2;
+  out.max_flags = kMaxFlagsPerSession;
+  return out;
+}
+
+std::string DaemonState::node_name() const {
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    if (!config_.node.name.empty()) return config_.node.name;
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+Proxy* DaemonState::proxy_for(uint32_t gpu) const {
+  for (auto& p : proxies)
+    if (p->options().index == gpu) return p.get();
+  return nullptr;
+}
+
+const TransportProbe* DaemonState::probe_for(uint32_t gpu) const {
+  for (size_t i = 0; i < proxies.size() && i < probes.size(); ++i)
+    if (proxies[i]->options().index == gpu) return &probes[i];
+  return nullptr;
+}
+
+void DaemonState::republish_peers() {
+  auto table = std::make_shared<PeerTable>();
+  {
+    std::map<std::string, std::shared_ptr<PeerList>> building;
+    sessions.for_each([&](const std::shared_ptr<Session>& s) {
+      if (!s->has_hello() || s->ended()) return;
+      auto& list = building[s->identity().communicator];
+      if (!list) list = std::make_shared<PeerList>(s->identity().world_size);
+      if (s->identity().rank < list->size()) (*list)[s->identity().rank] = s;
+    });
+    for (auto& [comm, list] : building) table->emplace(comm, std::move(list));
+  }
+  std::shared_ptr<const PeerTable> frozen = std::move(table);
+  for (auto& p : proxies) p->set_peers(frozen);
+}
+
+}  // namespace mkernel::daemon

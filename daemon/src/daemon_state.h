@@ -1,0 +1,100 @@
+// daemon_state.h: what mkerneld's parts share: the running config, the epoch, the proxies with
+// what each one's transport probe found, the drain switch and the table of sessions. The event
+// loop (event_loop.h), the request handlers (requests.h), the connect jobs (peering.h) and the
+// control implementation (daemon_control.h) each hold a reference to one DaemonState, which
+// Daemon (daemon.h) owns.
+//
+// Design notes
+//  1. Daemon::start() fills in the paths, the peer address and the proxies before any thread
+//     that reads them runs; they do not change afterwards, so they are read without a lock.
+//  2. The config is guarded by its mutex; readers copy what they need (config(), quota(),
+//     node_name()). A reload replaces it whole.
+//  3. The session table: the event loop adds and removes sessions; anyone looks them up under
+//     the table's mutex and gets shared pointers. What other threads may touch in a Session is
+//     its lock-free tables and atomics (session.h); what only the event loop touches lives in
+//     the loop's own ClientState (event_loop.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mkernel/config/config.h"
+#include "network.h"
+#include "proxy.h"
+#include "session.h"
+
+namespace mkernel::daemon {
+
+struct DaemonOptions {
+  config::DaemonConfig config;
+  std::string config_source = "built-in default";  // file path or "built-in default"
+  bool test_hooks = false;
+};
+
+// Sessions by id (note 3).
+class SessionTable {
+ public:
+  void insert(std::shared_ptr<Session> s);
+  void erase(uint64_t id);
+  std::shared_ptr<Session> find(uint64_t id) const;
+  std::vector<std::shared_ptr<Session>> all() const;
+  size_t size() const;
+  // Calls f(const Session&) for each session under the table's mutex (f must not call back in).
+  void for_each(const std::function<void(const std::shared_ptr<Session>&)>& f) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Session>> sessions_;
+};
+
+class DaemonState {
+ public:
+  explicit DaemonState(DaemonOptions options);
+
+  // ---- config (note 2) ----
+  config::DaemonConfig config() const;
+  std::string config_source() const;
+  uint64_t config_generation() const;
+  // A reload: the new config and where it came from.
+  void replace_config(config::DaemonConfig next, std::string source);
+  // The quota a new session gets, from clients.quota.
+  SessionQuota quota() const;
+  // node.name, else the host name.
+  std::string node_name() const;
+  bool test_hooks() const { return test_hooks_; }
+
+  // ---- fixed at start (note 1) ----
+  const uint64_t epoch;  // wall-clock nanoseconds at construction, odd: distinct per start
+  const std::chrono::steady_clock::time_point started_at = std::chrono::steady_clock::now();
+  std::string runtime_dir;
+  std::string socket_path;     // the client socket
+  std::string peer_address;    // what other daemons dial for rendezvous
+  std::vector<std::unique_ptr<Proxy>> proxies;
+  std::vector<TransportProbe> probes;  // by position in `proxies`
+  // The proxy of GPU (or host slot) `gpu`, and what its probe found; nullptr when none.
+  Proxy* proxy_for(uint32_t gpu) const;
+  const TransportProbe* probe_for(uint32_t gpu) const;
+
+  // ---- shared, any thread ----
+  std::atomic<bool> draining{false};
+  SessionTable sessions;
+  // Gives every proxy a fresh table of communicators -> sessions by rank (live sessions that
+  // said hello), after a session joined or went.
+  void republish_peers();
+
+ private:
+  mutable std::mutex config_mu_;
+  config::DaemonConfig config_;
+  std::string config_source_;
+  uint64_t config_generation_ = 0;
+  const bool test_hooks_;
+};
+
+}  // namespace mkernel::daemon
