@@ -19,13 +19,13 @@ gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 py=/opt/torch/.venv/bin/python3
 common=(--jsonl "$OUT/ag_gemm.jsonl" --commit "$commit" --machine "$machine")
 echo "== ag_gemm_bench, $gpus GPUs, NVLink"
-timeout 300 "$bundle/bin/ag_gemm_bench" --world "$gpus" --small-m --shapes \
+timeout 220 "$bundle/bin/ag_gemm_bench" --world "$gpus" --small-m --shapes \
   4096x8192x8192,8192x8192x8192,16384x14336x4096,32768x8192x8192 --iters 40 --rounds 4 "${common[@]}" \
   > "$OUT/nvlink.log" 2>&1; echo "exit $?"
 echo "== PyTorch"
-timeout 240 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
+timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
   --iters 40 "${common[@]}" > "$OUT/torch.log" 2>&1; echo "exit $?"
 echo "== ag_gemm_bench, two nodes emulated (shm, host-staged)"
-timeout 200 "$bundle/bin/ag_gemm_bench" --world "$gpus" --nodes --provider shm \
+timeout 110 "$bundle/bin/ag_gemm_bench" --world "$gpus" --nodes --provider shm \
   --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2 "${common[@]}" > "$OUT/nodes.log" 2>&1; echo "exit $?"
 tail -n 22 "$OUT/nvlink.log"; tail -n 16 "$OUT/torch.log"; tail -n 6 "$OUT/nodes.log"
