@@ -32,6 +32,7 @@ struct AgGemmConfig {
   int block_n = 0;          // GEMM tile width (128, 256); 0: the engine's choice for the shape
   int cluster_m = 0;        // 1 or 2; 0: the engine's choice
   uint32_t chunk_rows = 0;  // rows per moved and flagged chunk; 0: ag_default_chunk_rows
+  bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moves about 40 GB/s
@@ -79,6 +80,7 @@ class AgGemmPlan {
   AgStep* steps_ = nullptr;          // device memory
   AgGemmRoleArgs* role_args_ = nullptr;  // device memory
   void* split_workspace_ = nullptr;  // the GEMM's split-K scratch (small M), zero between launches
+  uint32_t* step_done_ = nullptr;    // per step, blocks done with their slice (zero between launches)
   cudaStream_t side_ = nullptr;      // the copy engine's copy of the own rows into gathered_out
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };
