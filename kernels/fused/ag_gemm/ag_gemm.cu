@@ -39,7 +39,7 @@ GemmResult cuda_fail(const char* what, cudaError_t e) {
 }  // namespace
 
 int ag_default_comm_blocks(const FusedLayout& layout) {
-  const int blocks = 2 + 4 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
+  const int blocks = 2 + 8 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
   return std::min(16, blocks);
 }
 

@@ -35,11 +35,12 @@ struct AgGemmConfig {
   bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
 };
 
-// The split of blocks between roles when the caller leaves it open. One SM moves about 40 GB/s
-// of device-to-device copy (measured, docs/kernels.md), so: four per node peer (each peer gets
-// the whole shard over NVLink), four for the network path (staging and forwarding), two for the
+// The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of
+// device-local copy and about 20 GB/s of NVLink pushes in the measurements so far
+// (docs/kernels.md section 10), and a peer should get a whole shard within the GEMM's own-rows
+// time, so: eight per node peer, four for the network path (staging and forwarding), two for the
 // copies into the workspace and the gathered output; at most 16, so the GEMM keeps at least 116
-// of 132 SMs.
+// of 132 SMs. A starting rule, to be replaced by measured splits (and later the adaptive one).
 int ag_default_comm_blocks(const FusedLayout& layout);
 
 struct AgGemmSetup {
