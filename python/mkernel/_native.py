@@ -7,6 +7,7 @@ CUDA, or for another Python); what needs the module raises :class:`NotBuiltError
 from __future__ import annotations
 
 import glob
+import importlib.machinery
 import os
 import sys
 from types import ModuleType
@@ -33,13 +34,19 @@ def _load() -> tuple[ModuleType | None, str]:
         skipped = _skipped_reason()
         if skipped:
             return None, f"mkernel was built without its compiled module: {skipped}"
+        here_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        loadable = {"_C" + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES}
+        if built and not any(os.path.basename(f) in loadable for f in built):
+            # Python only loads _C<suffix> for one of its own suffixes (cpython-311-..., abi3, ...).
+            return None, (
+                f"mkernel's compiled module {os.path.basename(built[0])} was built for another Python; "
+                f"this is Python {here_version} (build it for this interpreter: docs/python.md)"
+            )
         if built:
-            # A module built for another interpreter (e.g. for 3.12 while this is 3.11) or one
-            # whose shared libraries are not found.
+            # The right name, but it did not load: usually a shared library it needs (protobuf).
             return None, (
                 f"mkernel's compiled module {os.path.basename(built[0])} did not load into Python "
-                f"{sys.version_info.major}.{sys.version_info.minor}: {e} (build it for this "
-                "interpreter: docs/python.md)"
+                f"{here_version}: {e}"
             )
         return None, (
             "mkernel's compiled module is not in this package (running from the source tree? build "

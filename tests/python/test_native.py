@@ -147,3 +147,18 @@ def test_reason_when_the_module_is_missing(monkeypatch):
     with pytest.raises(mkernel.NotBuiltError, match="no CUDA"):
         mkernel.Communicator.from_env(workspace_bytes=1 << 20)
     assert os.path.basename(_native.__file__) == "_native.py"
+
+
+def test_module_built_for_another_python_is_named(native, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    staged = os.path.dirname(mkernel.__file__)
+    copy = tmp_path / "mkernel"
+    shutil.copytree(staged, copy, ignore=shutil.ignore_patterns("__pycache__", "_C*"))
+    (copy / "_C.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")  # no Python 3.9 runs this test
+    done = subprocess.run([sys.executable, "-c", "import mkernel; print(mkernel.native_unavailable_reason)"],
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "_C.cpython-39-x86_64-linux-gnu.so was built for another Python; this is Python" in done.stdout
