@@ -30,10 +30,15 @@ except ImportError:  # the source tree, not a build
 
 #: Why torch.ops.mkernel is not registered ("" when it is).
 torch_unavailable_reason = ""
-if importlib.util.find_spec("torch") is not None:
-    from .ops import fused_all_gather_matmul
-else:
+if importlib.util.find_spec("torch") is None:
     torch_unavailable_reason = "torch is not installed: mkernel's torch ops need PyTorch 2.4 or newer"
+else:
+    try:
+        from .ops import fused_all_gather_matmul
+    except ImportError as e:  # a torch that does not import (or predates torch.library's API)
+        torch_unavailable_reason = f"mkernel's torch ops are not registered: {e}"
+
+if torch_unavailable_reason:
 
     def fused_all_gather_matmul(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
         """Needs torch (see torch_unavailable_reason)."""
