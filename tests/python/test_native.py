@@ -158,7 +158,10 @@ def test_module_built_for_another_python_is_named(native, tmp_path):
     copy = tmp_path / "mkernel"
     shutil.copytree(staged, copy, ignore=shutil.ignore_patterns("__pycache__", "_C*"))
     (copy / "_C.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")  # no Python 3.9 runs this test
-    done = subprocess.run([sys.executable, "-c", "import mkernel; print(mkernel.native_unavailable_reason)"],
-                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=120)
+    # cwd: the copy must be the only mkernel in reach (ctest runs this in the staging directory).
+    done = subprocess.run([sys.executable, "-c", "import mkernel; print(mkernel.__file__, mkernel.native_unavailable_reason)"],
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(str(copy)), done.stdout
     assert "_C.cpython-39-x86_64-linux-gnu.so was built for another Python; this is Python" in done.stdout
