@@ -63,10 +63,19 @@ struct RankState {
   uint64_t launch = 0;                                     // the launch it is in (1-based)
   uint32_t clusters_done = 0;
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> finished;  // own tiles finished, this launch
+  // AllReduce: final tiles of other bands in the result staging (band, index) and the result
+  // receive slots (from node, index); tiles of other bands taken into C this launch.
+  std::map<std::pair<uint32_t, uint32_t>, Content> result;
+  std::map<std::pair<uint32_t, uint32_t>, Content> result_recv;
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> taken;
   bool all_done = false;
 };
 
-enum OpKind { kWaitFree, kPush, kWaitStaged, kSumStaged, kWaitSlotFree, kSend, kWaitArrival, kFinish };
+enum OpKind {
+  kWaitFree, kPush, kWaitStaged, kSumStaged, kWaitSlotFree, kSend, kWaitArrival, kFinish,
+  // AllReduce (note 7)
+  kPushResult, kSendResult, kWaitResultArrival, kWaitResult, kTake,
+};
 
 struct Op {
   OpKind kind;
@@ -77,6 +86,7 @@ struct Cluster {
   uint32_t rank = 0;
   std::vector<std::pair<uint32_t, uint32_t>> tiles;  // (mb, nb) in processing order, per unit all CTAs
   std::vector<uint32_t> unit_of;                     // tile i belongs to unit unit_of[i]
+  std::vector<uint32_t> band;                        // ~0u: a GEMM tile; else an AllReduce item of that band
   size_t next_tile = 0;
   std::vector<Op> ops;
   size_t next_op = 0;
@@ -89,7 +99,7 @@ struct Cluster {
 RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayOptions& o) {
   RsReplayReport rep;
   const uint32_t world = L.world();
-  RsGeometry g0{L, 0, m_local, o.n, o.block_n};
+  RsGeometry g0{L, 0, m_local, o.n, o.block_n, o.all_reduce};
   if (std::string e = rs_check_geometry(g0); !e.empty()) {
     rep.error = e;
     return rep;
@@ -136,16 +146,48 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
           if (t.first < mbs) {
             cl[c].tiles.push_back(t);
             cl[c].unit_of.push_back(u);
+            cl[c].band.push_back(~0u);
           }
+        }
+    }
+    // AllReduce: after its tiles, each block takes every clusters-th item of the other bands,
+    // forwards first (note 7).
+    if (o.all_reduce) {
+      uint32_t item = 0;
+      const uint32_t n = L.node_of(r), g = L.local_of(r);
+      for (uint32_t phase = 0; phase < 2; ++phase)
+        for (uint32_t b = 0; b < world; ++b) {
+          if (b == r) continue;
+          const bool forward = L.node_of(b) != n && L.local_of(b) == g;
+          if (forward != (phase == 0)) continue;
+          for (uint32_t mb = g0.band_mb_begin(b); mb < g0.band_mb_end(b); ++mb)
+            for (uint32_t nb = 0; nb < nbs; ++nb) {
+              Cluster& c = cl[item++ % o.clusters];
+              c.tiles.emplace_back(mb, nb);
+              c.unit_of.push_back(~0u);
+              c.band.push_back(b);
+            }
         }
     }
     return cl;
   };
 
   // The epilogue of tile (mb, nb) on rank r (note 2), as a list of operations.
-  auto epilogue_ops = [&](uint32_t r, uint32_t mb) {
+  auto epilogue_ops = [&](uint32_t r, uint32_t mb, uint32_t item_band) {
     std::vector<Op> ops;
     const uint32_t n = L.node_of(r), g = L.local_of(r);
+    if (item_band != ~0u) {  // AllReduce item: take a final tile of another band into C
+      const bool forward = L.node_of(item_band) != n && L.local_of(item_band) == g;
+      ops.push_back({forward ? kWaitResultArrival : kWaitResult, L.node_of(item_band), item_band});
+      ops.push_back({kTake, forward ? 1u : 0u, item_band});
+      if (forward)
+        for (uint32_t i = 1; i < L.gpus; ++i) {
+          const uint32_t pl = L.local_of(L.node_peer(r, i));
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitFree, pl});
+          ops.push_back({kPushResult, pl, item_band});
+        }
+      return ops;
+    }
     for (uint32_t i = 1; i < L.gpus; ++i) {
       const uint32_t o_rank = L.node_peer(r, i), ol = L.local_of(o_rank);
       if (g0.rail_band_in(mb, ol) >= world) continue;
@@ -163,6 +205,16 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     if (r >= g0.first_band(mb) && r <= g0.last_band(mb)) {
       for (uint32_t i = 1; i < L.nodes; ++i) ops.push_back({kWaitArrival, L.recv_node(n, i)});
       ops.push_back({kFinish});
+      if (o.all_reduce) {
+        for (uint32_t i = 1; i < L.gpus; ++i) {
+          const uint32_t pl = L.local_of(L.node_peer(r, i));
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitFree, pl});
+          ops.push_back({kPushResult, pl, r});
+        }
+        for (uint32_t i = 1; i < L.nodes; ++i)
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitSlotFree, L.send_node(n, i)});
+        for (uint32_t i = 1; i < L.nodes; ++i) ops.push_back({kSendResult, L.send_node(n, i), r});
+      }
     }
     return ops;
   };
@@ -176,13 +228,14 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     ++s.launch;
     s.clusters_done = 0;
     s.finished.clear();
+    s.taken.clear();
     clusters[r] = make_clusters(r);
     for (auto& c : clusters[r]) {
       if (c.tiles.empty()) {
         c.done = true;
         ++s.clusters_done;
       } else {
-        c.ops = epilogue_ops(r, c.tiles[0].first);
+        c.ops = epilogue_ops(r, c.tiles[0].first, c.band[0]);
       }
     }
   };
@@ -296,6 +349,51 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         ++rep.tiles_finished;
         break;
       }
+      case kPushResult: {
+        if (!run) return true;
+        const uint32_t peer = L.rank_of(n, op.a), idx = g0.slot_index(op.b, mb, nb);
+        Content& dst = st[peer].result[{op.b, idx}];
+        if (!dst.consumed && dst.launch < l)
+          fail(tile_name(r, mb, nb, l) + ": overwrote rank " + std::to_string(peer) + "'s result of band " +
+               std::to_string(op.b) + " of launch " + std::to_string(dst.launch) + " before it was read");
+        dst = Content{l, {op.b}, false};
+        st[peer].nvl_flags[g0.result_flag(op.b, idx)] = l;
+        ++rep.nvlink_tile_pushes;
+        break;
+      }
+      case kSendResult: {
+        if (!run) return true;
+        const uint32_t peer = L.rail_peer(r, op.a), idx = g0.slot_index(op.b, mb, nb);
+        uint32_t& count = sends[{l, op.b + world, mb, nb, n, op.a}];  // bands + world: results
+        rep.max_sends_per_tile_node = std::max(rep.max_sends_per_tile_node, ++count);
+        if (count > 1) fail(tile_name(r, mb, nb, l) + ": final tile sent to node " + std::to_string(op.a) + " twice");
+        Content& dst = st[peer].result_recv[{n, idx}];
+        if (!dst.consumed && dst.launch < l)
+          fail(tile_name(r, mb, nb, l) + ": overwrote rank " + std::to_string(peer) + "'s received result of launch " +
+               std::to_string(dst.launch) + " before it was read");
+        dst = Content{l, {op.b}, false};
+        st[peer].net_flags[g0.result_arrival_flag(n, idx)] = l;
+        ++rep.network_result_sends;
+        break;
+      }
+      case kWaitResultArrival:
+        if (me.net_flags[g0.result_arrival_flag(op.a, g0.slot_index(op.b, mb, nb))] < l) return false;
+        break;
+      case kWaitResult:
+        if (me.nvl_flags[g0.result_flag(op.b, g0.slot_index(op.b, mb, nb))] < l) return false;
+        break;
+      case kTake: {
+        if (!run) return true;
+        const uint32_t idx = g0.slot_index(op.b, mb, nb);
+        Content& src = op.a != 0 ? me.result_recv[{L.node_of(op.b), idx}] : me.result[{op.b, idx}];
+        if (src.launch != l || src.ranks != std::set<uint32_t>{op.b})
+          fail(tile_name(r, mb, nb, l) + ": result of band " + std::to_string(op.b) + " is of launch " +
+               std::to_string(src.launch));
+        src.consumed = true;
+        ++me.taken[{op.b, mb, nb}];
+        ++rep.results_taken;
+        break;
+      }
     }
     if (!run) return true;
     if (++c.next_op == c.ops.size()) {
@@ -304,7 +402,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         c.done = true;
         ++me.clusters_done;
       } else {
-        c.ops = epilogue_ops(r, c.tiles[c.next_tile].first);
+        c.ops = epilogue_ops(r, c.tiles[c.next_tile].first, c.band[c.next_tile]);
       }
     }
     return true;
@@ -321,6 +419,17 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         if (it == me.finished.end() || it->second != 1)
           fail(tile_name(r, mb, nb, l) + ": own tile finished " + std::to_string(it == me.finished.end() ? 0 : it->second) +
                " times");
+      }
+    if (o.all_reduce)
+      for (uint32_t b = 0; b < world; ++b) {
+        if (b == r) continue;
+        for (uint32_t mb = g0.band_mb_begin(b); mb < g0.band_mb_end(b); ++mb)
+          for (uint32_t nb = 0; nb < nbs; ++nb) {
+            auto it = me.taken.find({b, mb, nb});
+            if (it == me.taken.end() || it->second != 1)
+              fail(tile_name(r, mb, nb, l) + ": band " + std::to_string(b) + "'s tile taken " +
+                   std::to_string(it == me.taken.end() ? 0 : it->second) + " times");
+          }
       }
     for (uint32_t i = 1; i < L.gpus; ++i) {
       auto& f = st[L.node_peer(r, i)].nvl_flags[L.done_flag(r)];
@@ -382,7 +491,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         cl.done = true;
         ++st[r].clusters_done;
       } else {
-        cl.ops = epilogue_ops(r, cl.tiles[cl.next_tile].first);
+        cl.ops = epilogue_ops(r, cl.tiles[cl.next_tile].first, cl.band[cl.next_tile]);
       }
       continue;
     }

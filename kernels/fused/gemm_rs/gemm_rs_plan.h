@@ -47,7 +47,20 @@
 //     launch arrived.
 //  6. Flags (launch numbers, comm.cuh note 2), after the ones every fused op shares (layout.h):
 //       NVLink fused-op flags: staged(slot, position) = world + slot * stage_tiles + position
+//                              result(band, index)    = world + (gpus - 1) * stage_tiles
+//                                                       + band * slot_tiles + index       (AllReduce)
 //       flag array fused-op flags: arrival(node, index) = nodes + node * slot_tiles + index
+//                                  result_arrival(node, index) = nodes + nodes * slot_tiles
+//                                                       + node * slot_tiles + index       (AllReduce)
+//  7. GEMM+AllReduce is the same kernel with a second half: the owner of a band, once a tile of
+//     it is final (c), also stores it (bf16, fragment order: the same bits everywhere) into every
+//     node peer's result staging (slot of the band) and, through the proxy, into every rail
+//     peer's result receive slot. Once a GEMM block has finished its own tiles it takes its share
+//     of the other bands' tiles (epilogue_end): first the ones its rank forwards (from the
+//     network: into C and on to the node peers' result staging), then the rest (from the result
+//     staging into C). Forwards wait only on owners' epilogues, the rest on owners' epilogues or
+//     forwards, so this phase cannot wait in a circle either. Every byte of a result crosses the
+//     network once per node and NVLink once per GPU.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +78,7 @@ struct RsGeometry {
   uint32_t m_local = 0;   // rows of C_r (any positive value); M = world * m_local
   uint32_t n = 0;         // columns (multiple of 8)
   uint32_t block_n = 0;   // the GEMM's tile width (128 or 256)
+  bool all_reduce = false;  // GEMM+AllReduce: every rank gets every band (note 7)
 
   MK_KERNEL_HD uint64_t m_total() const { return uint64_t{layout.world()} * m_local; }
   MK_KERNEL_HD uint32_t num_m_blocks() const { return static_cast<uint32_t>((m_total() + kRsBlockM - 1) / kRsBlockM); }
@@ -138,11 +152,38 @@ struct RsGeometry {
     return layout.net_op_flags() + from_node * slot_tiles() + index;
   }
 
+  // AllReduce (note 7): result staging after the partials' staging in the NVLink buffer, one
+  // slot per band; result receive slots (one per node) and the own band's send slot after the
+  // reduce-scatter's slots in the network workspace.
+  MK_KERNEL_HD uint64_t result_offset(uint32_t band, uint32_t index) const {
+    return (uint64_t{layout.gpus - 1} * stage_tiles() + uint64_t{band} * slot_tiles() + index) * tile_bytes();
+  }
+  MK_KERNEL_HD uint32_t result_flag(uint32_t band, uint32_t index) const {
+    return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles() + band * slot_tiles() + index;
+  }
+  MK_KERNEL_HD uint64_t result_recv_offset(uint32_t from_node) const {
+    return uint64_t{2 * layout.nodes + from_node} * slot_bytes();
+  }
+  MK_KERNEL_HD uint64_t result_send_offset() const { return uint64_t{3 * layout.nodes} * slot_bytes(); }
+  MK_KERNEL_HD uint32_t result_arrival_flag(uint32_t from_node, uint32_t index) const {
+    return layout.net_op_flags() + (layout.nodes + from_node) * slot_tiles() + index;
+  }
+
   // What the communicator must provide.
-  uint64_t nvl_bytes_needed() const { return uint64_t{layout.gpus - 1} * stage_tiles() * tile_bytes(); }
-  uint32_t nvl_flags_needed() const { return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles(); }
-  uint64_t net_bytes_needed() const { return layout.nodes > 1 ? 2ull * layout.nodes * slot_bytes() : 0; }
-  uint32_t net_flags_needed() const { return layout.nodes > 1 ? layout.net_op_flags() + layout.nodes * slot_tiles() : 0; }
+  uint64_t nvl_bytes_needed() const {
+    if (layout.gpus == 1) return 0;
+    return uint64_t{layout.gpus - 1} * stage_tiles() * tile_bytes() +
+           (all_reduce ? uint64_t{layout.world()} * slot_tiles() * tile_bytes() : 0);
+  }
+  uint32_t nvl_flags_needed() const {
+    return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles() + (all_reduce ? layout.world() * slot_tiles() : 0);
+  }
+  uint64_t net_bytes_needed() const {
+    return layout.nodes > 1 ? (all_reduce ? 3ull * layout.nodes + 1 : 2ull * layout.nodes) * slot_bytes() : 0;
+  }
+  uint32_t net_flags_needed() const {
+    return layout.nodes > 1 ? layout.net_op_flags() + (all_reduce ? 2 : 1) * layout.nodes * slot_tiles() : 0;
+  }
 };
 
 // "" when the geometry is usable, else what is wrong (field, value, expectation).
@@ -175,6 +216,7 @@ struct RsReplayOptions {
   uint32_t block_n = 256;
   uint32_t n = 512;
   uint64_t seed = 1;
+  bool all_reduce = false;   // GEMM+AllReduce (note 7): results spread to every rank too
   RsPlanFault fault = RsPlanFault::kNone;
 };
 
@@ -184,13 +226,17 @@ struct RsReplayReport {
   uint64_t network_tile_sends = 0;
   uint64_t nvlink_tile_pushes = 0;
   uint32_t max_sends_per_tile_node = 0;  // of one band tile to one node in one launch
+  uint64_t network_result_sends = 0;     // AllReduce: final tiles through the proxies
+  uint64_t results_taken = 0;            // AllReduce: other bands' tiles written into a rank's C
 };
 
 // Replays every rank's GEMM clusters (the engine's scheduler, note 4's order) and epilogues as an
 // interleaving of agents over `launches` launches, and checks: every rank's result rows hold every
 // rank's partial exactly once, of the right launch; nothing is overwritten before its reader of
 // the previous launch read it; each node sum crosses the network once per destination node and
-// never to its own node; nobody waits on a flag nobody raises (no agent left waiting).
+// never to its own node; nobody waits on a flag nobody raises (no agent left waiting). With
+// all_reduce, also: every rank's C gets every other band's tiles exactly once, final and of the
+// right launch, and each final tile crosses the network once per destination node.
 RsReplayReport rs_replay(const FusedLayout& layout, uint32_t m_local, const RsReplayOptions& o);
 
 }  // namespace mkernel::kernels

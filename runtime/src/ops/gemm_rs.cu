@@ -2,6 +2,8 @@
 // checks, the agreement between ranks, then the kernel-level plan (kernels/fused/gemm_rs).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "agree.h"
 #include "fused/gemm_rs/gemm_rs.h"
 #include "mkernel/runtime/ops.h"
@@ -14,14 +16,41 @@ namespace mk = mkernel::kernels;
 using ops_detail::from_gemm;
 using ops_detail::layout_of;
 
-uint64_t gemm_reduce_scatter_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n) {
-  const mk::RsGeometry g{mk::FusedLayout{nodes, gpus}, 0, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), 256};
-  return gpus > 1 ? g.nvl_bytes_needed() : 0;
+namespace {
+
+// The workspace for the larger of the two tile widths (so it fits whichever the engine picks).
+uint64_t nvl_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n, bool all_reduce) {
+  uint64_t most = 0;
+  for (uint32_t bn : {128u, 256u}) {
+    const mk::RsGeometry g{mk::FusedLayout{nodes, gpus}, 0, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), bn,
+                           all_reduce};
+    most = std::max(most, g.nvl_bytes_needed());
+  }
+  return most;
+}
+uint64_t net_bytes(uint32_t nodes, uint64_t m_local, uint64_t n, bool all_reduce) {
+  uint64_t most = 0;
+  for (uint32_t bn : {128u, 256u}) {
+    const mk::RsGeometry g{mk::FusedLayout{nodes, 1}, 0, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), bn,
+                           all_reduce};
+    most = std::max(most, g.net_bytes_needed());
+  }
+  return most;
 }
 
+}  // namespace
+
+uint64_t gemm_reduce_scatter_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n) {
+  return nvl_bytes(nodes, gpus, m_local, n, false);
+}
 uint64_t gemm_reduce_scatter_network_bytes(uint32_t nodes, uint64_t m_local, uint64_t n) {
-  const mk::RsGeometry g{mk::FusedLayout{nodes, 1}, 0, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), 256};
-  return g.net_bytes_needed();
+  return net_bytes(nodes, m_local, n, false);
+}
+uint64_t gemm_all_reduce_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n) {
+  return nvl_bytes(nodes, gpus, m_local, n, true);
+}
+uint64_t gemm_all_reduce_network_bytes(uint32_t nodes, uint64_t m_local, uint64_t n) {
+  return net_bytes(nodes, m_local, n, true);
 }
 
 GemmReduceScatter::~GemmReduceScatter() = default;
@@ -30,7 +59,23 @@ StatusOr<std::unique_ptr<GemmReduceScatter>> GemmReduceScatter::create(Communica
                                                                        uint64_t n, uint64_t k,
                                                                        const GemmReduceScatterConfig& config,
                                                                        cudaStream_t stream) {
-  const std::string what = "gemm_reduce_scatter";
+  std::unique_ptr<GemmReduceScatter> op(new GemmReduceScatter());
+  MK_RETURN_IF_ERROR(make(comm, m_local, n, k, config, false, stream, op.get()));
+  return StatusOr<std::unique_ptr<GemmReduceScatter>>(std::move(op));
+}
+
+StatusOr<std::unique_ptr<GemmAllReduce>> GemmAllReduce::create(Communicator& comm, uint64_t m_local, uint64_t n,
+                                                               uint64_t k, const GemmReduceScatterConfig& config,
+                                                               cudaStream_t stream) {
+  std::unique_ptr<GemmAllReduce> op(new GemmAllReduce());
+  MK_RETURN_IF_ERROR(make(comm, m_local, n, k, config, true, stream, op.get()));
+  return StatusOr<std::unique_ptr<GemmAllReduce>>(std::move(op));
+}
+
+Status GemmReduceScatter::make(Communicator& comm, uint64_t m_local, uint64_t n, uint64_t k,
+                               const GemmReduceScatterConfig& config, bool all_reduce, cudaStream_t stream,
+                               GemmReduceScatter* op) {
+  const std::string what = all_reduce ? "gemm_all_reduce" : "gemm_reduce_scatter";
   if (m_local == 0 || m_local * comm.size() > 0x7FFFFFFFu)
     return Status(StatusCode::kInvalidArgument, what + ": m_local = " + std::to_string(m_local) +
                                                     "; expected at least 1 row per rank and M = world x m_local "
@@ -52,7 +97,7 @@ StatusOr<std::unique_ptr<GemmReduceScatter>> GemmReduceScatter::create(Communica
   // Every rank must plan the same thing (the staged tiles' layout depends on all of it).
   const mk::DeviceComm& c = comm.device();
   MK_RETURN_IF_ERROR(agree(comm, what,
-                           {2u, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), static_cast<uint32_t>(k),
+                           {all_reduce ? 3u : 2u, static_cast<uint32_t>(m_local), static_cast<uint32_t>(n), static_cast<uint32_t>(k),
                             layout.nodes, static_cast<uint32_t>(config.block_n) | (static_cast<uint32_t>(config.cluster_m) << 16),
                             c.num_flags, c.num_fused_flags, c.nvl_num_flags, c.nvl_fused_flags,
                             static_cast<uint32_t>(c.nvl_bytes), static_cast<uint32_t>(c.nvl_bytes >> 32)},
@@ -68,15 +113,15 @@ StatusOr<std::unique_ptr<GemmReduceScatter>> GemmReduceScatter::create(Communica
   s.m_local = static_cast<uint32_t>(m_local);
   s.n = static_cast<uint32_t>(n);
   s.k = static_cast<uint32_t>(k);
+  s.all_reduce = all_reduce;
   s.config = mk::GemmRsConfig{config.gemm_blocks, config.block_n, config.cluster_m};
-  std::unique_ptr<GemmReduceScatter> op(new GemmReduceScatter());
   op->comm_ = &comm;
-  MK_RETURN_IF_ERROR(from_gemm(mk::GemmRsPlan::create(s, &op->plan_), what));
-  return StatusOr<std::unique_ptr<GemmReduceScatter>>(std::move(op));
+  op->all_reduce_ = all_reduce;
+  return from_gemm(mk::GemmRsPlan::create(s, &op->plan_), what);
 }
 
 Status GemmReduceScatter::launch(const void* a, const void* w, void* c, cudaStream_t stream) {
-  const std::string what = "gemm_reduce_scatter";
+  const std::string what = all_reduce_ ? "gemm_all_reduce" : "gemm_reduce_scatter";
   if (a != checked_[0] || w != checked_[1] || c != checked_[2])
     MK_RETURN_IF_ERROR(ops_detail::check_pointers(*comm_, what, {{"a", a, false}, {"w", w, false}, {"c", c, false}}));
   checked_[0] = a;
@@ -99,6 +144,22 @@ Status gemm_reduce_scatter(Communicator& comm, const void* a, const void* w, voi
     slot = std::shared_ptr<GemmReduceScatter>(std::move(op));
   }
   return static_cast<GemmReduceScatter*>(slot.get())->launch(a, w, c, stream);
+}
+
+}  // namespace mkernel::rt
+
+namespace mkernel::rt {
+
+Status gemm_all_reduce(Communicator& comm, const void* a, const void* w, void* c, uint64_t m_local, uint64_t n,
+                       uint64_t k, cudaStream_t stream) {
+  const std::string key = "gemm_all_reduce/" + std::to_string(m_local) + "/" + std::to_string(n) + "/" + std::to_string(k);
+  std::shared_ptr<void>& slot = comm.op_slot(key);
+  if (!slot) {
+    MK_ASSIGN_OR_RETURN(std::unique_ptr<GemmAllReduce> op,
+                        GemmAllReduce::create(comm, m_local, n, k, GemmReduceScatterConfig{}, stream));
+    slot = std::shared_ptr<GemmAllReduce>(std::move(op));
+  }
+  return static_cast<GemmAllReduce*>(slot.get())->launch(a, w, c, stream);
 }
 
 }  // namespace mkernel::rt
