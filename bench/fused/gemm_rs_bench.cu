@@ -6,21 +6,27 @@
 // both sides go through host memory). With one rank the fused op has nothing to move: the run
 // measures its overhead over our GEMM and cuBLAS.
 //
+// --all-reduce: the same for the fused GEMM+AllReduce (`mkernel` is GemmAllReduce; every rank
+// gets the whole sum [M, N]) and `nccl+cublas` is cuBLAS then ncclAllReduce of the bf16 partials
+// (host-staged with --nodes as above); JSON records say "gemm_ar" instead of "gemm_rs".
+//
 // One process per rank on GPU rank % GPUs; one mkerneld (one node: the NVLink path) or, with
 // --nodes, one mkerneld per rank (every rank a node: the proxy path, host-staged, over
 // --provider). Shapes are global (M rows of the activation, N columns of the result, K the whole
 // reduction dimension; rank r holds A_r [M, K/world] and W_r [N, K/world] and gets rows
-// r*M/world ... of the sum). Random bf16 inputs (uniform in [-1, 1)). Before timing, one launch
-// of the fused op is checked against the unfused result (cuBLAS partials reduce-scattered by
-// NCCL; with one rank, cuBLAS's product) by relative Frobenius error < 1e-2, and our GEMM against
-// cuBLAS the same way. Timing: 5 warm-up calls each, then --rounds rounds that take turns between
-// the implementations, --iters launches per implementation in all, each timed with CUDA events on
-// rank 0's stream; medians (p10, p90) printed as a table with ratios last and appended as JSON
-// lines to --jsonl (or --json).
+// r*M/world ... of the sum, or with --all-reduce all of it). Random bf16 inputs (uniform in
+// [-1, 1)). Before timing, one launch of the fused op is checked on every rank against the unfused
+// result (cuBLAS partials reduce-scattered, or all-reduced, by NCCL; with one rank, cuBLAS's
+// product) by relative Frobenius error < 1e-2, and our GEMM against cuBLAS the same way. Timing:
+// 5 warm-up calls each, then --rounds rounds that take turns between the implementations, --iters
+// launches per implementation in all, each timed with CUDA events on rank 0's stream; medians
+// (p10, p90) printed as a table with ratios last and appended as JSON lines to --jsonl (or
+// --json).
 //
-//   gemm_rs_bench [--world W] [--nodes] [--provider shm] [--shapes 8192x8192x8192,...]
-//                 [--small-m] [--odd] [--iters 50] [--rounds 5] [--jsonl FILE] [--commit C]
-//                 [--machine M] [--gemm-blocks N] [--block-n 128|256] [--cluster-m 1|2]
+//   gemm_rs_bench [--all-reduce] [--world W] [--nodes] [--provider shm]
+//                 [--shapes 8192x8192x8192,...] [--small-m] [--odd] [--iters 50] [--rounds 5]
+//                 [--jsonl FILE] [--commit C] [--machine M] [--gemm-blocks N] [--block-n 128|256]
+//                 [--cluster-m 1|2]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -72,6 +78,7 @@ struct Shared {  // parent <-> ranks, in a shared anonymous mapping
 };
 
 struct Args {
+  bool all_reduce = false;  // GemmAllReduce and ncclAllReduce instead of the reduce-scatter ones
   int world = 0;
   bool nodes = false;
   std::string provider = "shm";
@@ -166,11 +173,14 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     max_mk = std::max<int64_t>(max_mk, s.m * k);
     max_nk = std::max<int64_t>(max_nk, s.n * k);
     max_mn = std::max<int64_t>(max_mn, s.m * s.n);
-    nvl_bytes = std::max(nvl_bytes, rt::gemm_reduce_scatter_nvlink_bytes(nodes, per_node, m_local, s.n));
-    net_bytes = std::max(net_bytes, rt::gemm_reduce_scatter_network_bytes(nodes, m_local, s.n));
+    nvl_bytes = std::max(nvl_bytes, args.all_reduce
+                                        ? rt::gemm_all_reduce_nvlink_bytes(nodes, per_node, m_local, s.n)
+                                        : rt::gemm_reduce_scatter_nvlink_bytes(nodes, per_node, m_local, s.n));
+    net_bytes = std::max(net_bytes, args.all_reduce ? rt::gemm_all_reduce_network_bytes(nodes, m_local, s.n)
+                                                    : rt::gemm_reduce_scatter_network_bytes(nodes, m_local, s.n));
     for (uint32_t bn : {128u, 256u}) {
       const mk::RsGeometry g{mk::FusedLayout{nodes, per_node}, 0, static_cast<uint32_t>(m_local),
-                             static_cast<uint32_t>(s.n), bn};
+                             static_cast<uint32_t>(s.n), bn, args.all_reduce};
       fused_flags = std::max({fused_flags, g.nvl_flags_needed() + 64, g.net_flags_needed() + 16 * W + 64});
     }
   }
@@ -203,15 +213,17 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     return 1;
   }
   cublasSetStream(blas, st);
-  // a [M, k], w [N, k]; p: cuBLAS's partial [M, N] (the input of NCCL's reduce-scatter); p2: our
-  // GEMM's partial; c: the fused op's rows [M/world, N]; c_ref: NCCL's.
+  // a [M, k], w [N, k]; p: cuBLAS's partial [M, N] (the input of NCCL's reduce-scatter or
+  // all-reduce); p2: our GEMM's partial; c: the fused op's rows [M/world, N] (all [M, N] with
+  // --all-reduce); c_ref: NCCL's.
+  const int64_t max_out = args.all_reduce ? max_mn : max_mn / W;
   __nv_bfloat16 *a = nullptr, *w = nullptr, *p = nullptr, *p2 = nullptr, *c = nullptr, *c_ref = nullptr;
   RANK_CUDA(cudaMalloc(&a, max_mk * 2));
   RANK_CUDA(cudaMalloc(&w, max_nk * 2));
   RANK_CUDA(cudaMalloc(&p, max_mn * 2));
   RANK_CUDA(cudaMalloc(&p2, max_mn * 2));
-  RANK_CUDA(cudaMalloc(&c, max_mn / W * 2 + 256));
-  RANK_CUDA(cudaMalloc(&c_ref, max_mn / W * 2 + 256));
+  RANK_CUDA(cudaMalloc(&c, max_out * 2 + 256));
+  RANK_CUDA(cudaMalloc(&c_ref, max_out * 2 + 256));
   double* sums = nullptr;
   RANK_CUDA(cudaMalloc(&sums, 3 * sizeof(double)));
   void* ws = nullptr;
@@ -225,15 +237,27 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];
     const int64_t m_local = s.m / W, n = s.n, k = s.k / W;
+    const int64_t out_elems = (args.all_reduce ? s.m : m_local) * n;  // of c and c_ref
     gemm_test::fill_random(a, s.m * k, 1000 + si * 64 + rank, 1.0f, st);
     gemm_test::fill_random(w, n * k, 2000 + si * 64 + rank, 1.0f, st);
-    auto op = rt::GemmReduceScatter::create(comm, m_local, n, k, args.config, st);
-    if (!op.ok()) {
+    // GemmAllReduce is a GemmReduceScatter (the same launch, c [M, N]).
+    std::unique_ptr<rt::GemmReduceScatter> op;
+    mkernel::Status made_op;
+    if (args.all_reduce) {
+      auto r = rt::GemmAllReduce::create(comm, m_local, n, k, args.config, st);
+      if (r.ok()) op = std::move(r.value());
+      else made_op = r.status();
+    } else {
+      auto r = rt::GemmReduceScatter::create(comm, m_local, n, k, args.config, st);
+      if (r.ok()) op = std::move(r.value());
+      else made_op = r.status();
+    }
+    if (!op) {
       std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld: %s", rank, s.m, s.n, s.k,
-                    op.status().to_string().c_str());
+                    made_op.to_string().c_str());
       return 1;
     }
-    if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op.value()->describe().c_str());
+    if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op->describe().c_str());
     mk::GemmArgs ga;
     ga.a = a;
     ga.w = w;
@@ -258,21 +282,25 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     };
     auto run_impl = [&](int impl) -> bool {
       switch (impl) {
-        case 0: return op.value()->launch(a, w, c, st).ok();
+        case 0: return op->launch(a, w, c, st).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
         case 2: return blas_gemm();
         case kNccl:
           if (nc == nullptr || !blas_gemm()) return false;
+          if (args.all_reduce)
+            return ncclAllReduce(p, c_ref, static_cast<size_t>(s.m * n), ncclBfloat16, ncclSum, nc, st) ==
+                   ncclSuccess;
           return ncclReduceScatter(p, c_ref, static_cast<size_t>(m_local * n), ncclBfloat16, ncclSum, nc, st) ==
                  ncclSuccess;
       }
       return false;
     };
-    // Correctness first: the unfused result (cuBLAS, then NCCL's reduce-scatter with more than
-    // one rank) is the reference for the fused op; cuBLAS's partial for our GEMM alone.
-    gemm_test::poison(c, m_local * n, st);
+    // Correctness first: the unfused result (cuBLAS, then NCCL's reduce-scatter or all-reduce
+    // with more than one rank) is the reference for the fused op; cuBLAS's partial for our GEMM
+    // alone. With --all-reduce every rank checks the whole [M, N].
+    gemm_test::poison(c, out_elems, st);
     gemm_test::poison(p2, s.m * n, st);
-    gemm_test::poison(c_ref, m_local * n, st);
+    gemm_test::poison(c_ref, out_elems, st);
     const bool launched[3] = {run_impl(nc != nullptr ? kNccl : 2), run_impl(0), run_impl(1)};
     const cudaError_t ce = cudaStreamSynchronize(st);
     if (!launched[0] || !launched[1] || !launched[2] || ce != cudaSuccess) {
@@ -285,7 +313,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       return 1;
     }
     const __nv_bfloat16* ref = nc != nullptr ? c_ref : p;  // one rank: its partial is the result
-    const double e_fused = rel_err(c, ref, m_local * n, sums, st);
+    const double e_fused = rel_err(c, ref, out_elems, sums, st);
     const double e_gemm = rel_err(p2, p, s.m * n, sums, st);
     if (rank == 0) {
       sh->res[si][0].err = e_fused;
@@ -347,6 +375,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--world") args.world = std::atoi(next().c_str());
+    else if (a == "--all-reduce") args.all_reduce = true;
     else if (a == "--nodes") args.nodes = true;
     else if (a == "--provider") args.provider = next();
     else if (a == "--shapes") {
@@ -452,7 +481,8 @@ int main(int argc, char** argv) {
   }
   const char* nccl_name = args.nodes ? "nccl_shm+cublas" : "nccl+cublas";
   const bool seq_ran = args.world > 1;
-  std::printf("\ngemm_rs_bench: world %d, nodes %d%s, %s, commit %s\n", args.world, args.nodes ? args.world : 1,
+  std::printf("\ngemm_rs_bench%s: world %d, nodes %d%s, %s, commit %s\n", args.all_reduce ? " --all-reduce" : "",
+              args.world, args.nodes ? args.world : 1,
               args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "", args.machine.c_str(),
               args.commit.c_str());
   std::printf("checked before timing: one launch of mkernel vs %s, mkernel_gemm vs cublas (rel. Frobenius error < "
@@ -472,12 +502,14 @@ int main(int argc, char** argv) {
     for (int impl = 0; impl < kImpls && jl; ++impl) {
       if (!r[impl].ran) continue;
       std::fprintf(jl,
-                   "{\"benchmark\": \"gemm_rs\", \"shape\": {\"M\": %ld, \"N\": %ld, \"K\": %ld}, \"split\": \"K over "
-                   "world (A columns and W columns); result rows over world\", \"world\": %d, \"nodes\": %d, \"impl\": "
+                   "{\"benchmark\": \"%s\", \"shape\": {\"M\": %ld, \"N\": %ld, \"K\": %ld}, \"split\": \"K over "
+                   "world (A columns and W columns); %s\", \"world\": %d, \"nodes\": %d, \"impl\": "
                    "\"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"iters\": %d, "
                    "\"rel_err_vs_unfused\": %.2e, \"config\": \"%s\", \"provider\": \"%s\", \"machine\": \"%s\", "
                    "\"commit\": \"%s\", \"date\": \"%s\"}\n",
-                   s.m, s.n, s.k, args.world, args.nodes ? args.world : 1, impl == kNccl ? nccl_name : kImplNames[impl],
+                   args.all_reduce ? "gemm_ar" : "gemm_rs", s.m, s.n, s.k,
+                   args.all_reduce ? "the whole result on every rank" : "result rows over world", args.world,
+                   args.nodes ? args.world : 1, impl == kNccl ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
                    impl == 0 ? sh->config[si] : "",
                    args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"),
@@ -486,7 +518,8 @@ int main(int argc, char** argv) {
   }
   if (jl) std::fclose(jl);
   std::printf("(rel err: mkernel vs the unfused result; vs gemm: fused / our GEMM alone on the per-rank problem; vs "
-              "seq: %s / fused%s; vs cublas: cuBLAS alone / fused; torch_fused / fused: gemm_rs_torch.py)\n",
-              nccl_name, seq_ran ? "" : " (not run with one rank)");
+              "seq: %s / fused%s; vs cublas: cuBLAS alone / fused%s)\n",
+              nccl_name, seq_ran ? "" : " (not run with one rank)",
+              args.all_reduce ? "" : "; torch_fused / fused: gemm_rs_torch.py");
   return 0;
 }
