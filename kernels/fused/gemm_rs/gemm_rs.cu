@@ -45,7 +45,7 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   if (s.config.gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "gemm_blocks must not be negative");
   if (s.config.block_n != 0 && s.config.block_n != 128 && s.config.block_n != 256)
     return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(s.config.block_n) + "; expected 0, 128 or 256");
-  RsGeometry probe{s.layout, c.rank, s.m_local, s.n, 256, s.all_reduce};
+  RsGeometry probe{s.layout, c.rank, s.m_local, s.n, 256, s.all_reduce, s.m_rows};
   if (std::string e = rs_check_geometry(probe); !e.empty()) return fail(GemmError::kInvalidConfig, e);
 
   std::unique_ptr<GemmRsPlan> p(new GemmRsPlan());
@@ -85,7 +85,8 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   }
   GemmPlan first;
   if (GemmResult r = gemm_plan(g, &first); !r.ok()) return r;
-  RsGeometry geo{s.layout, c.rank, s.m_local, s.n, static_cast<uint32_t>(first.config.block_n), s.all_reduce};
+  RsGeometry geo{s.layout, c.rank, s.m_local, s.n, static_cast<uint32_t>(first.config.block_n), s.all_reduce,
+                 s.m_rows};
   const RsOrder order = rs_order(geo, static_cast<uint32_t>(first.config.cluster_m), static_cast<uint32_t>(first.config.group));
   g.config = first.config;
   g.config.group = static_cast<int>(order.group);
@@ -164,7 +165,7 @@ GemmResult GemmRsPlan::launch(const void* a, const void* w, void* c, cudaStream_
 std::string GemmRsPlan::describe() const {
   const FusedLayout& l = setup_.layout;
   return std::string(setup_.all_reduce ? "all-reduce " : "reduce-scatter ") + "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
-         ") m_local=" + std::to_string(geo_.m_local) + " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
+)  M=" + std::to_string(geo_.m_total()) + " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
          (order_.rotated ? " rotated" : " identical") + " gemm " + gemm_config_string(gemm_);
 }
 

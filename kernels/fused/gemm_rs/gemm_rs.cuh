@@ -107,7 +107,7 @@ __device__ __forceinline__ void store_band_rows(const RsGeometry& g, uint16_t* c
                                                 uint32_t band, const float (&acc)[kBlockN / 2], uint32_t mb,
                                                 uint32_t nb, uint32_t ctid) {
   const uint32_t lane = ctid % 32, warp = ctid / 32;  // warp 0..7: 16 rows each
-  const uint64_t band_lo = uint64_t{band} * g.m_local, band_hi = band_lo + g.m_local;
+  const uint64_t band_lo = g.band_lo(band), band_hi = g.band_lo(band + 1);
   const uint64_t row_base = uint64_t{mb} * kRsBlockM + warp * 16 + lane / 4;
   const uint32_t col_base = nb * kBlockN + 2 * (lane % 4);
 #pragma unroll
@@ -312,7 +312,7 @@ struct GemmRsRole {
 
     // (b) The node sum to the rail peer of every other node with a band in the tile.
     for (uint32_t b = g.first_band(mb); b <= g.last_band(mb); ++b) {
-      if (L.local_of(b) != local || L.node_of(b) == node) continue;
+      if (L.local_of(b) != local || L.node_of(b) == node || g.band_rows(b) == 0) continue;
       const uint32_t to_node = L.node_of(b);
       if (!node_free(a, st, to_node, leader)) return;
       const uint32_t idx = g.slot_index(b, mb, nb);
@@ -333,7 +333,7 @@ struct GemmRsRole {
     }
 
     // (c) The own band: plus the other nodes' sums in increasing node index, rounded once.
-    if (r < g.first_band(mb) || r > g.last_band(mb)) return;
+    if (!g.band_in_tile(r, mb)) return;
     const uint32_t idx = g.slot_index(r, mb, nb);
     if (L.nodes > 1) {
       bool bad = false;
@@ -353,9 +353,10 @@ struct GemmRsRole {
         rs_detail::add_fragment<kBN, true>(acc, a.net + g.recv_slot_offset(from) + uint64_t{idx} * tile_bytes, ctid);
       }
     }
-    const uint64_t c_first_row = g.all_reduce ? 0 : uint64_t{r} * g.m_local;
-    const uint64_t row0 = uint64_t{mb} * kRsBlockM, band_lo = uint64_t{r} * g.m_local;
-    if (row0 >= band_lo && row0 + kRsBlockM <= band_lo + g.m_local) {
+    const uint64_t band_lo = g.band_lo(r), band_hi = g.band_lo(r + 1);
+    const uint64_t c_first_row = g.all_reduce ? 0 : band_lo;
+    const uint64_t row0 = uint64_t{mb} * kRsBlockM;
+    if (row0 >= band_lo && row0 + kRsBlockM <= band_hi) {
       // A tile inside the band: through shared memory and TMA stores that drain while the next
       // tile runs, as the engine's own epilogue (the map is over C, gemm_rebind).
       const uint32_t cw = ctid / 128, lane = ctid % 32, warp_in_wg = (ctid / 32) % 4;

@@ -40,6 +40,7 @@ struct GemmRsSetup {
   uint32_t n = 0;          // multiple of 8
   uint32_t k = 0;          // this rank's share of the reduction dimension, multiple of 8
   bool all_reduce = false; // GEMM+AllReduce: C is [M, n] on every rank (plan note 7)
+  uint32_t m_rows = 0;     // M when the bands are uneven (RsGeometry::m_rows; then m_local is unused)
   GemmRsConfig config;
 };
 

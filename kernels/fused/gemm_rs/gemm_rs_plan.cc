@@ -18,7 +18,7 @@ std::string rs_check_geometry(const RsGeometry& g) {
            " GPUs; expected at least 1 x 1";
   if (g.rank >= g.layout.world())
     return "rank: " + std::to_string(g.rank) + "; expected below the world size " + std::to_string(g.layout.world());
-  if (g.m_local == 0) return "m_local: 0; expected at least 1 row per rank";
+  if (g.m_rows == 0 && g.m_local == 0) return "m_local: 0; expected at least 1 row per rank";
   if (g.n == 0 || g.n % 8 != 0) return "n: " + std::to_string(g.n) + "; expected a positive multiple of 8";
   if (g.block_n != 128 && g.block_n != 256) return "block_n: " + std::to_string(g.block_n) + "; expected 128 or 256";
   if (g.m_total() > (uint64_t{1} << 31) - 1)
@@ -31,16 +31,17 @@ RsOrder rs_order(const RsGeometry& g, uint32_t cluster_m, uint32_t engine_group)
   o.group = std::max<uint32_t>(1, engine_group);
   const uint32_t world = g.layout.world();
   const uint32_t tile_rows = kRsBlockM * std::max<uint32_t>(1, cluster_m);
-  if (world == 1 || g.layout.nodes != 1 || g.m_local % tile_rows != 0) return o;  // identical order
+  if (world == 1 || g.layout.nodes != 1 || !g.even_bands() || g.band_rows(0) % tile_rows != 0)
+    return o;  // identical order
   // The own band's m groups start at position (world - 1) * band_groups of the rotated order;
   // the raster's groups must not straddle that boundary (note 4).
-  const uint32_t band_groups = g.m_local / tile_rows;
+  const uint32_t band_groups = static_cast<uint32_t>(g.band_rows(0) / tile_rows);
   const uint64_t boundary = uint64_t{world - 1} * band_groups;
   uint32_t group = std::min(o.group, band_groups);
   while (group > 1 && boundary % group != 0) --group;
   o.rotated = true;
   o.group = group;
-  o.first_m_block = static_cast<uint32_t>((uint64_t{(g.rank + 1) % world} * g.m_local / kRsBlockM) % g.num_m_blocks());
+  o.first_m_block = static_cast<uint32_t>((g.band_lo((g.rank + 1) % world) / kRsBlockM) % g.num_m_blocks());
   return o;
 }
 
@@ -99,7 +100,7 @@ struct Cluster {
 RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayOptions& o) {
   RsReplayReport rep;
   const uint32_t world = L.world();
-  RsGeometry g0{L, 0, m_local, o.n, o.block_n, o.all_reduce};
+  RsGeometry g0{L, 0, m_local, o.n, o.block_n, o.all_reduce, o.m_rows};
   if (std::string e = rs_check_geometry(g0); !e.empty()) {
     rep.error = e;
     return rep;
@@ -123,7 +124,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     RsOrder ord = rs_order(g, o.cluster_m, o.group);
     if (o.fault == RsPlanFault::kRotateAlways && !ord.rotated && world > 1) {
       ord.rotated = true;
-      ord.first_m_block = static_cast<uint32_t>((uint64_t{(r + 1) % world} * m_local / kRsBlockM) % mbs);
+      ord.first_m_block = static_cast<uint32_t>((g0.band_lo((r + 1) % world) / kRsBlockM) % mbs);
     }
     const uint32_t cm = std::max<uint32_t>(1, o.cluster_m);
     const uint32_t groups = (mbs + cm - 1) / cm;
@@ -198,11 +199,11 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     for (uint32_t i = 1; i < L.gpus; ++i) ops.push_back({kWaitStaged, L.local_of(L.node_peer(r, i))});
     ops.push_back({kSumStaged});
     for (uint32_t b = g0.first_band(mb); b <= g0.last_band(mb); ++b) {
-      if (L.local_of(b) != g || L.node_of(b) == n) continue;
+      if (L.local_of(b) != g || L.node_of(b) == n || g0.band_rows(b) == 0) continue;
       if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitSlotFree, L.node_of(b), b});
       ops.push_back({kSend, L.node_of(b), b});
     }
-    if (r >= g0.first_band(mb) && r <= g0.last_band(mb)) {
+    if (g0.band_in_tile(r, mb)) {
       for (uint32_t i = 1; i < L.nodes; ++i) ops.push_back({kWaitArrival, L.recv_node(n, i)});
       ops.push_back({kFinish});
       if (o.all_reduce) {

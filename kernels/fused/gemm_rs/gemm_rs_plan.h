@@ -79,24 +79,41 @@ struct RsGeometry {
   uint32_t n = 0;         // columns (multiple of 8)
   uint32_t block_n = 0;   // the GEMM's tile width (128 or 256)
   bool all_reduce = false;  // GEMM+AllReduce: every rank gets every band (note 7)
+  // M when it is not world x m_local (then m_local is not used): band b is rows
+  // [b M / world, (b + 1) M / world), rounded down, so bands differ by at most a row and some are
+  // empty when M < world. AllReduce takes any M this way.
+  uint32_t m_rows = 0;
 
-  MK_KERNEL_HD uint64_t m_total() const { return uint64_t{layout.world()} * m_local; }
+  MK_KERNEL_HD uint64_t m_total() const { return m_rows != 0 ? m_rows : uint64_t{layout.world()} * m_local; }
   MK_KERNEL_HD uint32_t num_m_blocks() const { return static_cast<uint32_t>((m_total() + kRsBlockM - 1) / kRsBlockM); }
   MK_KERNEL_HD uint32_t num_n_blocks() const { return (n + block_n - 1) / block_n; }
   MK_KERNEL_HD uint64_t tile_bytes() const { return uint64_t{kRsBlockM} * block_n * 2; }
 
-  // m blocks [band_mb_begin(b), band_mb_end(b)) hold rows of band b.
-  MK_KERNEL_HD uint32_t band_mb_begin(uint32_t b) const { return static_cast<uint32_t>(uint64_t{b} * m_local / kRsBlockM); }
+  // Band b: rows [band_lo(b), band_lo(b + 1)).
+  MK_KERNEL_HD uint64_t band_lo(uint32_t b) const { return uint64_t{b} * m_total() / layout.world(); }
+  MK_KERNEL_HD uint64_t band_rows(uint32_t b) const { return band_lo(b + 1) - band_lo(b); }
+  MK_KERNEL_HD uint64_t max_band_rows() const { return (m_total() + layout.world() - 1) / layout.world(); }
+  MK_KERNEL_HD bool even_bands() const { return m_total() % layout.world() == 0; }
+  // m blocks [band_mb_begin(b), band_mb_end(b)) hold rows of band b (none when it is empty).
+  MK_KERNEL_HD uint32_t band_mb_begin(uint32_t b) const { return static_cast<uint32_t>(band_lo(b) / kRsBlockM); }
   MK_KERNEL_HD uint32_t band_mb_end(uint32_t b) const {
-    return static_cast<uint32_t>((uint64_t{b + 1} * m_local + kRsBlockM - 1) / kRsBlockM);
+    if (band_rows(b) == 0) return band_mb_begin(b);
+    return static_cast<uint32_t>((band_lo(b + 1) + kRsBlockM - 1) / kRsBlockM);
   }
   MK_KERNEL_HD uint32_t band_mb_count(uint32_t b) const { return band_mb_end(b) - band_mb_begin(b); }
-  // Bands with rows in m block mb: [first_band(mb), last_band(mb)].
-  MK_KERNEL_HD uint32_t first_band(uint32_t mb) const { return static_cast<uint32_t>(uint64_t{mb} * kRsBlockM / m_local); }
+  // The (non-empty) band holding row x: the last b with band_lo(b) <= x.
+  MK_KERNEL_HD uint32_t band_of_row(uint64_t x) const {
+    return static_cast<uint32_t>(((x + 1) * layout.world() - 1) / m_total());
+  }
+  // Bands with rows in m block mb lie in [first_band(mb), last_band(mb)]; empty bands in between
+  // have no rows there (band_rows == 0).
+  MK_KERNEL_HD uint32_t first_band(uint32_t mb) const { return band_of_row(uint64_t{mb} * kRsBlockM); }
   MK_KERNEL_HD uint32_t last_band(uint32_t mb) const {
     const uint64_t last_row = uint64_t{mb} * kRsBlockM + kRsBlockM - 1;
-    const uint64_t b = last_row / m_local;
-    return static_cast<uint32_t>(b < layout.world() ? b : layout.world() - 1);
+    return band_of_row(last_row < m_total() ? last_row : m_total() - 1);
+  }
+  MK_KERNEL_HD bool band_in_tile(uint32_t b, uint32_t mb) const {
+    return b >= first_band(mb) && b <= last_band(mb) && band_rows(b) > 0;
   }
 
   // NVLink staging (note 2a): on the aggregator of rail o, slot of source local s, the m blocks
@@ -119,7 +136,7 @@ struct RsGeometry {
   // The first band of rail `rail` with rows in m block mb, or world when there is none.
   MK_KERNEL_HD uint32_t rail_band_in(uint32_t mb, uint32_t rail) const {
     for (uint32_t b = first_band(mb); b <= last_band(mb); ++b)
-      if (layout.local_of(b) == rail) return b;
+      if (layout.local_of(b) == rail && band_rows(b) > 0) return b;
     return layout.world();
   }
   // Position of tile (mb, nb) among rail `rail`'s staged tiles (its m block must hold rows of the
@@ -134,7 +151,9 @@ struct RsGeometry {
 
   // Network slots (note 2b): tile (mb, nb) of band b at index (mb - band_mb_begin(b)) * n blocks
   // + nb; slot_tiles covers the largest band.
-  MK_KERNEL_HD uint32_t slot_mblocks() const { return (m_local + kRsBlockM - 1) / kRsBlockM + 1; }
+  MK_KERNEL_HD uint32_t slot_mblocks() const {
+    return static_cast<uint32_t>((max_band_rows() + kRsBlockM - 1) / kRsBlockM) + 1;
+  }
   MK_KERNEL_HD uint32_t slot_tiles() const { return slot_mblocks() * num_n_blocks(); }
   MK_KERNEL_HD uint32_t slot_index(uint32_t band, uint32_t mb, uint32_t nb) const {
     return (mb - band_mb_begin(band)) * num_n_blocks() + nb;
@@ -217,6 +236,7 @@ struct RsReplayOptions {
   uint32_t n = 512;
   uint64_t seed = 1;
   bool all_reduce = false;   // GEMM+AllReduce (note 7): results spread to every rank too
+  uint32_t m_rows = 0;       // M for uneven bands (RsGeometry::m_rows); then m_local is unused
   RsPlanFault fault = RsPlanFault::kNone;
 };
 
