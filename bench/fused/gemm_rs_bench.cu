@@ -174,15 +174,13 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     max_nk = std::max<int64_t>(max_nk, s.n * k);
     max_mn = std::max<int64_t>(max_mn, s.m * s.n);
     nvl_bytes = std::max(nvl_bytes, args.all_reduce
-                                        ? rt::gemm_all_reduce_nvlink_bytes(nodes, per_node, m_local, s.n)
+                                        ? rt::gemm_all_reduce_nvlink_bytes(nodes, per_node, s.m, s.n)
                                         : rt::gemm_reduce_scatter_nvlink_bytes(nodes, per_node, m_local, s.n));
-    net_bytes = std::max(net_bytes, args.all_reduce ? rt::gemm_all_reduce_network_bytes(nodes, m_local, s.n)
+    net_bytes = std::max(net_bytes, args.all_reduce ? rt::gemm_all_reduce_network_bytes(nodes, s.m, s.n)
                                                     : rt::gemm_reduce_scatter_network_bytes(nodes, m_local, s.n));
-    for (uint32_t bn : {128u, 256u}) {
-      const mk::RsGeometry g{mk::FusedLayout{nodes, per_node}, 0, static_cast<uint32_t>(m_local),
-                             static_cast<uint32_t>(s.n), bn, args.all_reduce};
-      fused_flags = std::max({fused_flags, g.nvl_flags_needed() + 64, g.net_flags_needed() + 16 * W + 64});
-    }
+    fused_flags = std::max(fused_flags, (args.all_reduce ? rt::gemm_all_reduce_fused_flags(nodes, per_node, s.m, s.n)
+                                                         : rt::gemm_reduce_scatter_fused_flags(nodes, per_node, m_local,
+                                                                                               s.n)) + 64);
   }
   rt::Options o;
   o.socket_path = sockets[args.nodes ? rank : 0];
@@ -244,7 +242,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     std::unique_ptr<rt::GemmReduceScatter> op;
     mkernel::Status made_op;
     if (args.all_reduce) {
-      auto r = rt::GemmAllReduce::create(comm, m_local, n, k, args.config, st);
+      auto r = rt::GemmAllReduce::create(comm, s.m, n, k, args.config, st);
       if (r.ok()) op = std::move(r.value());
       else made_op = r.status();
     } else {

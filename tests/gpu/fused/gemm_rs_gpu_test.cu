@@ -69,6 +69,7 @@ struct Case {
   int cluster_m = 0;
   int block_n = 0;
   bool all_reduce = false;  // GEMM+AllReduce: C is the whole sum on every rank
+  uint32_t m_rows = 0;      // AllReduce: M when not world x m_local (uneven bands)
 };
 
 // AllReduce: every rank's bits of launch 0, compared across ranks.
@@ -81,7 +82,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
              const fused_test::RankSync& sync) {
   int fails = 0;
   const uint32_t R = cs.topo.world();
-  const uint64_t M = uint64_t{R} * cs.m_local;
+  const uint64_t M = cs.m_rows != 0 ? cs.m_rows : uint64_t{R} * cs.m_local;
   const uint32_t n = cs.n, k = cs.k;
   __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr, *qa = nullptr, *qw = nullptr;
   float* part = nullptr;
@@ -109,7 +110,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   std::unique_ptr<rt::GemmReduceScatter> made_op;
   mkernel::Status made_status;
   if (cs.all_reduce) {
-    auto made = rt::GemmAllReduce::create(comm, cs.m_local, n, k, cfg, stream);
+    auto made = rt::GemmAllReduce::create(comm, M, n, k, cfg, stream);
     made_status = made.status();
     if (made.ok()) made_op = std::move(made.value());
   } else {
@@ -148,7 +149,8 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
         abs_sum[i] += std::fabs(p[i]);
         // The band's owner keeps its own partial in fp32; the others' travel (AllReduce: the owner
         // of row i's band).
-        const uint32_t owner = static_cast<uint32_t>((c_row0 + i / n) / cs.m_local);
+        const uint64_t row = c_row0 + i / n;
+        const uint32_t owner = static_cast<uint32_t>(((row + 1) * R - 1) / M);  // band b: rows [b M / R, (b+1) M / R)
         if (q != owner) abs_peers[i] += std::fabs(p[i]);
         if (q / gpus != owner / gpus) abs_peers[i] += std::fabs(p[i]);  // its node's sum was rounded
       }
@@ -275,10 +277,15 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
 
 rt::Options options_for(const Case& cs) {
   rt::Options o;
-  o.nvlink_bytes = std::max<uint64_t>(1 << 20, rt::gemm_all_reduce_nvlink_bytes(cs.topo.nodes, cs.topo.gpus,
-                                                                                 cs.m_local, cs.n));
-  o.network_workspace_bytes = rt::gemm_all_reduce_network_bytes(cs.topo.nodes, cs.m_local, cs.n);
-  o.fused_flags = 65536;
+  const uint64_t M = cs.m_rows != 0 ? cs.m_rows : uint64_t{cs.topo.world()} * cs.m_local;
+  o.nvlink_bytes = std::max<uint64_t>(1 << 20, cs.all_reduce ? rt::gemm_all_reduce_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, M, cs.n)
+                                                             : rt::gemm_reduce_scatter_nvlink_bytes(cs.topo.nodes, cs.topo.gpus,
+                                                                                                    cs.m_local, cs.n));
+  o.network_workspace_bytes = cs.all_reduce ? rt::gemm_all_reduce_network_bytes(cs.topo.nodes, M, cs.n)
+                                            : rt::gemm_reduce_scatter_network_bytes(cs.topo.nodes, cs.m_local, cs.n);
+  o.fused_flags = std::max<uint32_t>(4096, cs.all_reduce ? rt::gemm_all_reduce_fused_flags(cs.topo.nodes, cs.topo.gpus, M, cs.n)
+                                                         : rt::gemm_reduce_scatter_fused_flags(cs.topo.nodes, cs.topo.gpus,
+                                                                                               cs.m_local, cs.n));
   o.device_wait_timeout_ns = 10'000'000'000ull;
   o.rendezvous_timeout = std::chrono::milliseconds(60000);
   return o;
@@ -287,8 +294,9 @@ rt::Options options_for(const Case& cs) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "rs");
   if (!cluster.start()) return 1;
-  std::printf("case %s %s: m_local %u n %u k %u cluster %d block_n %d%s\n", cs.all_reduce ? "all-reduce" : "reduce-scatter",
-              cs.topo.name().c_str(), cs.m_local, cs.n, cs.k, cs.cluster_m, cs.block_n,
+  std::printf("case %s %s: m_local %u M %u n %u k %u cluster %d block_n %d%s\n",
+              cs.all_reduce ? "all-reduce" : "reduce-scatter", cs.topo.name().c_str(), cs.m_local,
+              cs.m_rows != 0 ? cs.m_rows : cs.m_local * cs.topo.world(), cs.n, cs.k, cs.cluster_m, cs.block_n,
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   g_rank_bits.assign(cs.topo.world(), {});
   const auto t0 = std::chrono::steady_clock::now();
@@ -334,8 +342,9 @@ int run_error_cases() {
                "workspace too small");
         expect(rt::GemmReduceScatter::create(comm, rank == 0 ? 64 : 72, 128, 128, {}, stream).status(),
                "ranks disagree on m_local", "ranks disagree");
-        expect(rt::GemmAllReduce::create(comm, 1024, 4096, 128, {}, stream).status(), "gemm_all_reduce_nvlink_bytes",
+        expect(rt::GemmAllReduce::create(comm, 2048, 4096, 128, {}, stream).status(), "gemm_all_reduce_nvlink_bytes",
                "all-reduce workspace too small");
+        expect(rt::GemmAllReduce::create(comm, 0, 128, 128, {}, stream).status(), "m = 0", "all-reduce m");
         auto op = rt::GemmReduceScatter::create(comm, 64, 128, 128, {}, stream);
         RANK_CHECK(op.ok(), "create: %s", op.status().to_string().c_str());
         if (op.ok()) {
@@ -373,6 +382,9 @@ int main() {
       {{1, 3, "shm"}, 200, 136, 264, 1, 0, true},   // odd rank count, shared tiles
       {{2, 1, "shm"}, 257, 256, 512, 1, 0, true},   // results through the proxies
       {{2, 2, "shm"}, 130, 264, 256, 1, 0, true},   // forwarded over NVLink after the network
+      {{1, 3, "shm"}, 0, 264, 136, 1, 0, true, 1000},  // uneven bands (333, 333, 334 rows)
+      {{2, 2, "shm"}, 0, 256, 128, 1, 0, true, 3},     // fewer rows than ranks: an empty band
+      {{2, 1, "shm"}, 0, 136, 264, 1, 128, true, 257}, // uneven bands through the proxies
   };
   if (const char* only = std::getenv("MKERNEL_RS_CASES")) {  // e.g. "0,2": a subset, for quick runs
     std::vector<Case> some;

@@ -11,8 +11,8 @@
 //     sums meet in fp32 in a fixed order and are rounded to bf16 once: deterministic, bit for bit
 //     from run to run (docs/kernels.md, GEMM+ReduceScatter).
 //   GEMM+AllReduce: the same operands; every rank gets the whole sum [M, n], the same bits on every
-//     rank (M a multiple of R: the reduction is scattered over the ranks by bands of M / R rows,
-//     then gathered).
+//     rank; M any positive number (the reduction is scattered over the ranks by bands of
+//     floor(b M / R) ... rows, then gathered).
 //
 // Design notes
 //  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
@@ -128,9 +128,9 @@ class GemmReduceScatter {
 
  protected:
   GemmReduceScatter() = default;
-  static Status make(Communicator& comm, uint64_t m_local, uint64_t n, uint64_t k,
-                     const GemmReduceScatterConfig& config, bool all_reduce, cudaStream_t stream,
-                     GemmReduceScatter* op);
+  // m_local rows per rank (reduce-scatter), or m rows in all (all-reduce).
+  static Status make(Communicator& comm, uint64_t rows, uint64_t n, uint64_t k, const GemmReduceScatterConfig& config,
+                     bool all_reduce, cudaStream_t stream, GemmReduceScatter* op);
   Communicator* comm_ = nullptr;
   std::unique_ptr<kernels::GemmRsPlan> plan_;
   const void* checked_[3] = {};
@@ -138,10 +138,10 @@ class GemmReduceScatter {
 };
 
 // GEMM+AllReduce: the same kernel and plan as GEMM+ReduceScatter, every band then spread to every
-// rank; launch(a, w, c, stream) with c [M, n]. M = world x m_local.
+// rank; launch(a, w, c, stream) with a [m, k], w [n, k], c [m, n]; m (= M) any positive number.
 class GemmAllReduce : public GemmReduceScatter {
  public:
-  static StatusOr<std::unique_ptr<GemmAllReduce>> create(Communicator& comm, uint64_t m_local, uint64_t n, uint64_t k,
+  static StatusOr<std::unique_ptr<GemmAllReduce>> create(Communicator& comm, uint64_t m, uint64_t n, uint64_t k,
                                                          const GemmReduceScatterConfig& config = {},
                                                          cudaStream_t stream = nullptr);
 
@@ -149,13 +149,18 @@ class GemmAllReduce : public GemmReduceScatter {
   GemmAllReduce() = default;
 };
 
-uint64_t gemm_all_reduce_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n);
-uint64_t gemm_all_reduce_network_bytes(uint32_t nodes, uint64_t m_local, uint64_t n);
+// The same for GEMM+AllReduce of m (= M, all rows) x n.
+uint64_t gemm_all_reduce_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m, uint64_t n);
+uint64_t gemm_all_reduce_network_bytes(uint32_t nodes, uint64_t m, uint64_t n);
+// Options::fused_flags a GEMM+ReduceScatter (m_local rows per rank) or GEMM+AllReduce (m rows)
+// of this size needs, for whichever tile width the engine picks.
+uint32_t gemm_reduce_scatter_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n);
+uint32_t gemm_all_reduce_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t m, uint64_t n);
 
 // One call: plans the shape on its first use (collectively, on `stream`) and launches.
 Status gemm_reduce_scatter(Communicator& comm, const void* a, const void* w, void* c, uint64_t m_local, uint64_t n,
                            uint64_t k, cudaStream_t stream);
-Status gemm_all_reduce(Communicator& comm, const void* a, const void* w, void* c, uint64_t m_local, uint64_t n,
-                       uint64_t k, cudaStream_t stream);
+Status gemm_all_reduce(Communicator& comm, const void* a, const void* w, void* c, uint64_t m, uint64_t n, uint64_t k,
+                       cudaStream_t stream);
 
 }  // namespace mkernel::rt
