@@ -164,8 +164,9 @@ GemmResult GemmRsPlan::launch(const void* a, const void* w, void* c, cudaStream_
 
 std::string GemmRsPlan::describe() const {
   const FusedLayout& l = setup_.layout;
-  return std::string(setup_.all_reduce ? "all-reduce " : "reduce-scatter ") + "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
-)  M=" + std::to_string(geo_.m_total()) + " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
+  return std::string(setup_.all_reduce ? "all-reduce " : "reduce-scatter ") + "R=" + std::to_string(l.world()) +
+         " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) + ") M=" + std::to_string(geo_.m_total()) +
+         " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
          (order_.rotated ? " rotated" : " identical") + " gemm " + gemm_config_string(gemm_);
 }
 
