@@ -3,6 +3,7 @@
     import mkernel, torch.distributed as dist
     comm = mkernel.Communicator.from_process_group(dist.group.WORLD, workspace_bytes=...)
     A, [C] = mkernel.fused_all_gather_matmul(A_shard, [weight.t()], 0, dist.group.WORLD.group_name)
+    y = mkernel.fused_matmul_reduce_scatter(C, weight2.t(), "sum", 0, dist.group.WORLD.group_name)
 
 The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable), with the same
 arguments and results as their ``torch.ops.symm_mem`` counterparts. The compiled module
@@ -20,7 +21,11 @@ from .communicator import (
     Communicator,
     all_gather_matmul_network_bytes,
     all_gather_matmul_workspace_bytes,
+    default_fused_flags,
     get_communicator,
+    matmul_reduce_scatter_fused_flags,
+    matmul_reduce_scatter_network_bytes,
+    matmul_reduce_scatter_workspace_bytes,
 )
 
 try:
@@ -34,13 +39,17 @@ if importlib.util.find_spec("torch") is None:
     torch_unavailable_reason = "torch is not installed: mkernel's torch ops need PyTorch 2.4 or newer"
 else:
     try:
-        from .ops import fused_all_gather_matmul
+        from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
     except ImportError as e:  # a torch that does not import (or predates torch.library's API)
         torch_unavailable_reason = f"mkernel's torch ops are not registered: {e}"
 
 if torch_unavailable_reason:
 
     def fused_all_gather_matmul(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+        """Needs torch (see torch_unavailable_reason)."""
+        raise NotBuiltError(torch_unavailable_reason)
+
+    def fused_matmul_reduce_scatter(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
         """Needs torch (see torch_unavailable_reason)."""
         raise NotBuiltError(torch_unavailable_reason)
 
@@ -60,8 +69,13 @@ __all__ = [
     "NotBuiltError",
     "all_gather_matmul_network_bytes",
     "all_gather_matmul_workspace_bytes",
+    "default_fused_flags",
     "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
     "get_communicator",
+    "matmul_reduce_scatter_fused_flags",
+    "matmul_reduce_scatter_network_bytes",
+    "matmul_reduce_scatter_workspace_bytes",
     "native_available",
     "native_unavailable_reason",
     "torch_unavailable_reason",

@@ -1,4 +1,5 @@
-"""How torch's ``fused_all_gather_matmul`` arguments map onto mkernel's AllGather+GEMM.
+"""How torch's ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` arguments map onto
+mkernel's AllGather+GEMM and GEMM+ReduceScatter (the latter at the end of this file).
 
 Both the real implementation and the fake one (torch.compile's tracing) go through these
 functions, so they check the same things and produce outputs of the same shapes and strides.
@@ -146,3 +147,110 @@ def outputs_of(
         return t.view(world * leading[0], *leading[1:], t.shape[-1]).movedim(0, gd)
 
     return A_flat, outs, unflatten
+
+
+# ---- fused_matmul_reduce_scatter ----------------------------------------------------------------
+#
+# The kernel computes, on rank r, ``out = rows r * m_local ... of sum over ranks of a @ w^T`` with
+# ``a`` [M, k] (M = world * m_local), ``w`` [n, k] packed row-major and ``out`` [m_local, n], bf16.
+# torch's op takes ``A`` (any rank >= 2, [..., K]) and ``B`` [K, N] and returns
+# ``reduce_scatter_tensor(A @ B, reduce_op, scatter_dim)``, contiguous. So:
+#
+# * ``A`` is moved so that ``scatter_dim`` leads (``A.movedim(scatter_dim, 0)``) and flattened to
+#   rows [M, K]: rank r's share of the scattered dimension is then rows r * m_local ... of that
+#   matrix. A view when packed (scatter_dim 0 of a contiguous A, or an A restrided for it, e.g. by
+#   torch's ``restride_A_for_fused_matmul_reduce_scatter``), else one copy, as torch's op makes.
+#   Scattering the last dimension (N) is refused: the kernel scatters rows (torch's op has that
+#   case). ``A.shape[scatter_dim]`` must be a multiple of the group's size.
+# * ``B`` is taken like ``Bs[0]`` of fused_all_gather_matmul: a transposed [N, K] weight as it
+#   is, a row-major [K, N] B refused unless ``allow_copy_B=True``.
+# * The output is contiguous with torch's shape (``A.shape[:-1] + (N,)``, ``scatter_dim`` divided
+#   by the group's size). For scatter_dim 0 the kernel writes it directly; otherwise the kernel's
+#   rows are in the moved order and one copy puts them in place (torch's op also writes its
+#   result through a transposing reduction).
+
+RS_OP_NAME = "fused_matmul_reduce_scatter"
+REDUCE_OPS = ("sum",)
+
+
+def check_matmul_reduce_scatter(A: Any, B: Any, reduce_op: Any, scatter_dim: Any, *, allow_copy_B: Any = False) -> int:
+    """Refuses arguments fused_matmul_reduce_scatter does not take (ArgumentError naming the
+    argument); returns scatter_dim made non-negative. Reads metadata only. The group's size is
+    checked against A by check_scatter_world."""
+    if not isinstance(A, torch.Tensor):
+        raise ArgumentError(f"A: {type(A).__name__}; expected a torch.Tensor")
+    if A.dtype != torch.bfloat16:
+        raise ArgumentError(f"A: dtype {A.dtype}; expected torch.bfloat16 (bf16 in, fp32 accumulate)")
+    if A.device.type != "cuda":
+        raise ArgumentError(f"A: device {A.device}; expected a CUDA tensor on this rank's GPU")
+    if A.dim() < 2:
+        raise ArgumentError(f"A: shape {_shape(A)}; expected at least 2 dimensions ([..., K])")
+    K = A.shape[-1]
+    if A.numel() == 0:
+        raise ArgumentError(f"A: shape {_shape(A)}; expected no empty dimension")
+    if K % 8 != 0:
+        raise ArgumentError(f"A: K = {K} (last dimension); expected a multiple of 8 (16-byte rows)")
+    if not isinstance(B, torch.Tensor):
+        raise ArgumentError(f"B: {type(B).__name__}; expected a torch.Tensor")
+    if B.dtype != torch.bfloat16:
+        raise ArgumentError(f"B: dtype {B.dtype}; expected torch.bfloat16 like A")
+    if B.device != A.device:
+        raise ArgumentError(f"B: device {B.device}; expected A's device {A.device}")
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ArgumentError(f"B: shape {_shape(B)}; expected [K, N] = [{K}, N] (K from A)")
+    N = B.shape[1]
+    if N == 0 or N % 8 != 0:
+        raise ArgumentError(f"B: N = {N} columns; expected a positive multiple of 8 (16-byte weight rows)")
+    if not is_weight_transposed(B) and not allow_copy_B:
+        raise ArgumentError(
+            f"B: strides {_strides(B)} for shape {_shape(B)}; expected (1, {K}): the transpose of a row-major "
+            f"[N, K] weight, e.g. weight.t() of an nn.Linear weight (mkernel's GEMM reads W [N, K] rows); pass "
+            "allow_copy_B=True to copy B into that layout on every call"
+        )
+    if not isinstance(reduce_op, str) or reduce_op not in REDUCE_OPS:
+        raise ArgumentError(
+            f"reduce_op: {reduce_op!r}; expected 'sum' (mkernel's GEMM+ReduceScatter sums; for 'avg' divide "
+            "the sum by the group's size)"
+        )
+    if isinstance(scatter_dim, bool) or not isinstance(scatter_dim, int):
+        raise ArgumentError(f"scatter_dim: {scatter_dim!r}; expected an int")
+    nd = A.dim()
+    if not -nd <= scatter_dim < nd:
+        raise ArgumentError(f"scatter_dim: {scatter_dim}; expected -{nd} .. {nd - 1} for A of shape {_shape(A)}")
+    sd = scatter_dim % nd
+    if sd == nd - 1:
+        raise ArgumentError(
+            f"scatter_dim: {scatter_dim} is the last dimension of the result (N); mkernel's GEMM+ReduceScatter "
+            "scatters rows, so scatter a leading dimension (torch.ops.symm_mem.fused_matmul_reduce_scatter "
+            "has that case)"
+        )
+    if not isinstance(allow_copy_B, bool):
+        raise ArgumentError(f"allow_copy_B: {allow_copy_B!r}; expected a bool")
+    return sd
+
+
+def check_scatter_world(A: torch.Tensor, sd: int, world: int) -> None:
+    """A's scattered dimension splits evenly over the group (every rank gets as many rows)."""
+    if A.shape[sd] % world != 0:
+        raise ArgumentError(
+            f"A: shape {_shape(A)} has {A.shape[sd]} along scatter_dim {sd}; expected a multiple of the group's "
+            f"size {world} (every rank gets an equal part)"
+        )
+
+
+def scatter_output_of(
+    A: torch.Tensor, B: torch.Tensor, sd: int, world: int
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The flat output the kernel writes [m_local, N] and the function that makes the op's
+    result of it (contiguous, torch's shape)."""
+    moved_shape = list(A.movedim(sd, 0).shape)
+    leading = moved_shape[:-1]
+    leading[0] //= world
+    N = B.shape[1]
+    out = A.new_empty((math.prod(leading), N))
+
+    def result(t: torch.Tensor) -> torch.Tensor:
+        viewed = t.view(*leading, N)
+        return viewed if sd == 0 else viewed.movedim(0, sd).contiguous()
+
+    return out, result

@@ -11,9 +11,13 @@ it. It is made collectively, by every rank of the group:
   C++ ``Communicator::create_from_env`` does.
 
 Its size is fixed at creation: ``workspace_bytes`` must hold the gathered activation of the
-largest AllGather+GEMM it will run (:func:`all_gather_matmul_workspace_bytes`). Plans, one per
-shape, are made on a shape's first call (collectively, so every rank must call with the same
-shape) and live with the communicator until :meth:`Communicator.close`.
+largest AllGather+GEMM it will run (:func:`all_gather_matmul_workspace_bytes`) and the staged
+partial tiles of the largest GEMM+ReduceScatter (:func:`matmul_reduce_scatter_workspace_bytes`),
+whichever is larger (the ops take turns with it); a GEMM+ReduceScatter of many tiles may also need
+more fused-op flags than libmkernel's default (``fused_flags``,
+:func:`matmul_reduce_scatter_fused_flags`). Plans, one per op and shape, are made on a shape's
+first call (collectively, so every rank must call with the same shape) and live with the
+communicator until :meth:`Communicator.close`.
 
 The torch ops find a communicator by the ``group_name`` they are given: communicators register
 under their group's name (``from_process_group``) or under ``name`` (``from_env``). Where none is
@@ -48,6 +52,40 @@ def all_gather_matmul_network_bytes(nodes: int, m_local: int, k: int) -> int:
     return int(_native.require().all_gather_gemm_network_bytes(nodes, m_local, k))
 
 
+def matmul_reduce_scatter_workspace_bytes(world: int, m_local: int, n: int, nodes: int = 1) -> int:
+    """NVLink workspace bytes a GEMM+ReduceScatter over ``world`` ranks on ``nodes`` nodes needs for
+    a result of [m_local, n] per rank (the node peers' partial tiles; 0 with one GPU per node),
+    for whichever tile width the engine picks."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().gemm_reduce_scatter_nvlink_bytes(nodes, gpus, m_local, n))
+
+
+def matmul_reduce_scatter_network_bytes(nodes: int, m_local: int, n: int) -> int:
+    """Network workspace bytes the same op needs between ``nodes`` nodes (0 on one node)."""
+    return int(_native.require().gemm_reduce_scatter_network_bytes(nodes, m_local, n))
+
+
+def matmul_reduce_scatter_fused_flags(world: int, m_local: int, n: int, nodes: int = 1) -> int:
+    """Fused-op flags (``fused_flags`` of a communicator) the same op needs, for whichever tile
+    width the engine picks: one per staged tile, so it grows with m_local x n; libmkernel's
+    default is ``default_fused_flags()``."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().gemm_reduce_scatter_fused_flags(nodes, gpus, m_local, n))
+
+
+def default_fused_flags() -> int:
+    """libmkernel's default number of fused-op flags (Options::fused_flags)."""
+    return int(_native.require().default_fused_flags())
+
+
+def _nodes_and_gpus(world: int, nodes: int) -> tuple[int, int]:
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ArgumentError(f"world: {world!r}; expected a positive int")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or world % nodes != 0:
+        raise ArgumentError(f"nodes: {nodes!r}; expected a positive divisor of world = {world} (as many GPUs on every node)")
+    return nodes, world // nodes
+
+
 def _seconds(value: float | datetime.timedelta, name: str) -> float:
     seconds = value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
     if not seconds > 0:
@@ -79,10 +117,16 @@ def _native_options(
     rendezvous_timeout: float,
     device_wait_timeout: float,
     gpu_memory: str,
+    fused_flags: int | None,
 ) -> dict[str, Any]:
     if gpu_memory not in ("auto", "require", "off"):
         raise ArgumentError(f"gpu_memory: {gpu_memory!r}; expected 'auto', 'require' or 'off'")
+    if fused_flags is not None and (
+        isinstance(fused_flags, bool) or not isinstance(fused_flags, int) or not 1 <= fused_flags < 1 << 31
+    ):
+        raise ArgumentError(f"fused_flags: {fused_flags!r}; expected None (libmkernel's default) or a positive int")
     return dict(
+        fused_flags=fused_flags or 0,
         device=device,
         nvlink_bytes=workspace_bytes,
         network_workspace_bytes=network_workspace_bytes,
@@ -117,6 +161,7 @@ class Communicator:
         rendezvous_timeout: float | datetime.timedelta = 60.0,
         device_wait_timeout: float | datetime.timedelta = 2.0,
         gpu_memory: str = "auto",
+        fused_flags: int | None = None,
         register: bool = True,
     ) -> "Communicator":
         """Makes this rank's communicator for a ``torch.distributed`` process group (collective).
@@ -125,7 +170,9 @@ class Communicator:
         its mkerneld (``socket_path``, else ``MKERNEL_SOCKET``, else /run/mkerneld/mkerneld.sock)
         for a unique id and puts it in the group's store; the others wait for it there, up to
         ``rendezvous_timeout`` seconds, which also bounds the ranks joining. ``device`` is the
-        rank's CUDA device (default: torch's current one).
+        rank's CUDA device (default: torch's current one). ``fused_flags`` (default: libmkernel's,
+        :func:`default_fused_flags`) bounds the tiles a GEMM+ReduceScatter may stage
+        (:func:`matmul_reduce_scatter_fused_flags`).
         """
         import torch
         import torch.distributed as dist
@@ -155,6 +202,7 @@ class Communicator:
             rendezvous_timeout=timeout,
             device_wait_timeout=_seconds(device_wait_timeout, "device_wait_timeout"),
             gpu_memory=gpu_memory,
+            fused_flags=fused_flags,
         )
 
         with _registry_lock:
@@ -198,6 +246,7 @@ class Communicator:
         rendezvous_timeout: float | datetime.timedelta = 60.0,
         device_wait_timeout: float | datetime.timedelta = 2.0,
         gpu_memory: str = "auto",
+        fused_flags: int | None = None,
         name: str | None = None,
         register: bool = True,
     ) -> "Communicator":
@@ -225,6 +274,7 @@ class Communicator:
             rendezvous_timeout=_seconds(rendezvous_timeout, "rendezvous_timeout"),
             device_wait_timeout=_seconds(device_wait_timeout, "device_wait_timeout"),
             gpu_memory=gpu_memory,
+            fused_flags=fused_flags,
         )
         if name is None:
             name = _world_group_name() or "env"
@@ -243,6 +293,18 @@ class Communicator:
     def plan(self, m_local: int, n_local: int, k: int, stream: int | None = None) -> None:
         """Plans an AllGather+GEMM shape now, e.g. before a CUDA graph capture (collective)."""
         self._live().plan(m_local, n_local, k, _stream_or_current(stream, self.device))
+
+    def plan_matmul_reduce_scatter(self, m_local: int, n: int, k: int, stream: int | None = None) -> None:
+        """Plans a GEMM+ReduceScatter shape now (result [m_local, n] per rank, k the reduction
+        dimension each rank holds), e.g. before a CUDA graph capture (collective)."""
+        self._live().plan_reduce_scatter(m_local, n, k, _stream_or_current(stream, self.device))
+
+    def has_matmul_reduce_scatter_plan(self, m_local: int, n: int, k: int) -> bool:
+        return bool(self._live().has_reduce_scatter_plan(m_local, n, k))
+
+    def describe_matmul_reduce_scatter(self, m_local: int, n: int, k: int) -> str:
+        """A GEMM+ReduceScatter plan in words (bands, order of tiles, GEMM configuration)."""
+        return str(self._live().describe_reduce_scatter(m_local, n, k))
 
     def has_plan(self, m_local: int, n_local: int, k: int) -> bool:
         return bool(self._live().has_plan(m_local, n_local, k))
@@ -308,6 +370,14 @@ class Communicator:
     @property
     def network_workspace_bytes(self) -> int:
         return int(self._native.network_workspace_bytes)
+
+    @property
+    def fused_flags(self) -> int:
+        return int(self._native.fused_flags)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.size // max(1, self.nodes)
 
     @property
     def staging(self) -> str:

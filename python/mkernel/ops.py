@@ -13,7 +13,11 @@ return structure, so switching is one line):
     AllGather of ``A_shard`` along ``gather_dim`` over the group, times each B. ``allow_copy_B`` is
     mkernel's addition (see mkernel._layout for the layouts taken).
 
-``fused_matmul_reduce_scatter`` is not here yet: it comes with mkernel's GEMM+ReduceScatter kernel.
+``fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, *, allow_copy_B=False)
+-> Tensor``
+    ``reduce_scatter_tensor(A @ B, reduce_op, scatter_dim)`` over the group, by mkernel's
+    GEMM+ReduceScatter (sums in fp32 in a fixed order, rounds once: deterministic). ``reduce_op``
+    is "sum" (torch's op also takes "avg"); B as ``Bs[0]`` above.
 
 How a call runs (the CUDA implementation):
 
@@ -44,12 +48,24 @@ import torch
 
 from . import _layout
 from ._errors import ArgumentError, MkernelError
-from .communicator import Communicator, all_gather_matmul_workspace_bytes, get_communicator
+from .communicator import (
+    Communicator,
+    all_gather_matmul_workspace_bytes,
+    default_fused_flags,
+    get_communicator,
+    matmul_reduce_scatter_fused_flags,
+    matmul_reduce_scatter_network_bytes,
+    matmul_reduce_scatter_workspace_bytes,
+)
 
 _NAMESPACE = "mkernel"
 _SCHEMA = (
     "fused_all_gather_matmul(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, "
     "bool return_A=True, bool allow_copy_B=False) -> (Tensor?, Tensor[])"
+)
+_RS_SCHEMA = (
+    "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name, *, "
+    "bool allow_copy_B=False) -> Tensor"
 )
 
 
@@ -80,24 +96,27 @@ def _capturing() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def _make_communicator(group_name: str, device: torch.device, **sizes: Any) -> Communicator:
+    """A communicator for the process group named group_name, sized for the call (collective)."""
+    if _capturing():
+        raise MkernelError(
+            f"group_name: no mkernel.Communicator for {group_name!r}, and none can be made while a CUDA "
+            "graph is being captured; make it before the capture (Communicator.from_process_group) or "
+            "call the op once before capturing",
+            "failed precondition",
+        )
+    import torch.distributed.distributed_c10d as c10d
+
+    group = c10d._resolve_process_group(group_name)
+    return Communicator.from_process_group(group, device=device.index, **sizes)
+
+
 def _communicator_for(group_name: str, A_shard: torch.Tensor, m_local: int, world: int) -> Communicator:
     K = A_shard.shape[-1]
     comm = get_communicator(group_name)
     if comm is None:
-        if _capturing():
-            raise MkernelError(
-                f"group_name: no mkernel.Communicator for {group_name!r}, and none can be made while a CUDA "
-                "graph is being captured; make it before the capture (Communicator.from_process_group) or "
-                "call the op once before capturing",
-                "failed precondition",
-            )
-        import torch.distributed.distributed_c10d as c10d
-
-        group = c10d._resolve_process_group(group_name)
-        comm = Communicator.from_process_group(
-            group,
-            workspace_bytes=all_gather_matmul_workspace_bytes(world, m_local, K),
-            device=A_shard.device.index,
+        comm = _make_communicator(
+            group_name, A_shard.device, workspace_bytes=all_gather_matmul_workspace_bytes(world, m_local, K)
         )
     needed = all_gather_matmul_workspace_bytes(world, m_local, K)
     if needed > comm.workspace_bytes:
@@ -109,6 +128,52 @@ def _communicator_for(group_name: str, A_shard: torch.Tensor, m_local: int, worl
     if comm.device != A_shard.device.index:
         raise ArgumentError(
             f"A_shard: device {A_shard.device}; expected the communicator's device cuda:{comm.device} "
+            f"(rank {comm.rank} of {group_name!r})"
+        )
+    return comm
+
+
+def _nodes_of(world: int) -> int:
+    """How many nodes the group spans, as torchrun's LOCAL_WORLD_SIZE says (1 where it says nothing)."""
+    import os
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and 0 < int(local) < world and world % int(local) == 0:
+        return world // int(local)
+    return 1
+
+
+def _communicator_for_reduce_scatter(group_name: str, A: torch.Tensor, m_local: int, n: int, world: int) -> Communicator:
+    comm = get_communicator(group_name)
+    if comm is None:
+        nodes = _nodes_of(world)
+        comm = _make_communicator(
+            group_name,
+            A.device,
+            workspace_bytes=max(1, matmul_reduce_scatter_workspace_bytes(world, m_local, n, nodes)),
+            network_workspace_bytes=matmul_reduce_scatter_network_bytes(nodes, m_local, n),
+            fused_flags=max(default_fused_flags(), matmul_reduce_scatter_fused_flags(world, m_local, n, nodes)),
+        )
+    nodes = max(1, comm.nodes)
+    needed = matmul_reduce_scatter_workspace_bytes(comm.size, m_local, n, nodes)
+    if needed > comm.workspace_bytes:
+        raise ArgumentError(
+            f"A: this call needs an NVLink workspace of {needed} bytes (the partial tiles of a [{m_local}, {n}] "
+            f"result from each of {comm.gpus_per_node - 1} node peers); the communicator of {group_name!r} has "
+            f"{comm.workspace_bytes}; make it with workspace_bytes >= {needed} "
+            "(mkernel.matmul_reduce_scatter_workspace_bytes)"
+        )
+    if nodes > 1:
+        network = matmul_reduce_scatter_network_bytes(nodes, m_local, n)
+        if network > comm.network_workspace_bytes:
+            raise ArgumentError(
+                f"A: this call needs a network workspace of {network} bytes between {nodes} nodes; the communicator "
+                f"of {group_name!r} has {comm.network_workspace_bytes}; make it with network_workspace_bytes >= "
+                f"{network} (mkernel.matmul_reduce_scatter_network_bytes)"
+            )
+    if comm.device != A.device.index:
+        raise ArgumentError(
+            f"A: device {A.device}; expected the communicator's device cuda:{comm.device} "
             f"(rank {comm.rank} of {group_name!r})"
         )
     return comm
@@ -162,6 +227,46 @@ def _fused_all_gather_matmul_fake(
     return (unflatten(A_flat) if return_A and A_flat is not None else None), [unflatten(o) for o in outs]
 
 
+def _fused_matmul_reduce_scatter(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: str,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    sd = _layout.check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, allow_copy_B=allow_copy_B)
+    world = _world_size(group_name)
+    _layout.check_scatter_world(A, sd, world)
+    a = _layout.rows_of(A, sd)
+    if a.data_ptr() % 16 != 0:  # a view at an odd offset: the kernel's TMA needs 16-byte rows
+        a = a.clone()
+    out, result = _layout.scatter_output_of(A, B, sd, world)
+    comm = _communicator_for_reduce_scatter(group_name, A, out.shape[0], out.shape[1], world)
+    w = _layout.weight_of(B)
+    with torch.cuda.device(A.device):
+        stream = torch.cuda.current_stream(A.device).cuda_stream
+        comm.native.gemm_reduce_scatter(_dlpack(a), _dlpack(w), _dlpack(out), stream)
+    return result(out)
+
+
+def _fused_matmul_reduce_scatter_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: str,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    sd = _layout.check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, allow_copy_B=allow_copy_B)
+    world = _world_size(group_name)
+    _layout.check_scatter_world(A, sd, world)
+    out, result = _layout.scatter_output_of(A, B, sd, world)
+    return result(out)
+
+
 _lib = torch.library.Library(_NAMESPACE, "DEF")
 _lib.define(_SCHEMA, tags=_stride_tag())
 _lib.impl(_layout.OP_NAME, _fused_all_gather_matmul, "CUDA")
@@ -169,6 +274,10 @@ _lib.impl(_layout.OP_NAME, _fused_all_gather_matmul, "CUDA")
 # device) rather than the dispatcher's "no kernel for CPU".
 _lib.impl(_layout.OP_NAME, _fused_all_gather_matmul, "CPU")
 torch.library.register_fake(f"{_NAMESPACE}::{_layout.OP_NAME}", _fused_all_gather_matmul_fake, lib=_lib)
+_lib.define(_RS_SCHEMA, tags=_stride_tag())
+_lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CUDA")
+_lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CPU")
+torch.library.register_fake(f"{_NAMESPACE}::{_layout.RS_OP_NAME}", _fused_matmul_reduce_scatter_fake, lib=_lib)
 
 
 def fused_all_gather_matmul(
@@ -194,3 +303,24 @@ def fused_all_gather_matmul(
         A_shard, list(Bs), gather_dim, group_name, return_A=return_A, allow_copy_B=allow_copy_B
     )
     return A, list(outs)
+
+
+def fused_matmul_reduce_scatter(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: Any,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    """``reduce_scatter_tensor(A @ B, reduce_op, scatter_dim)`` over the group, fused.
+
+    The same call as ``torch.ops.symm_mem.fused_matmul_reduce_scatter`` (``group_name`` may also
+    be the process group itself; ``reduce_op`` is "sum"). Runs
+    ``torch.ops.mkernel.fused_matmul_reduce_scatter``; see this module's documentation for
+    streams, communicators, plans, errors and layouts.
+    """
+    if not isinstance(group_name, str) and hasattr(group_name, "group_name"):
+        group_name = group_name.group_name
+    return torch.ops.mkernel.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B=allow_copy_B)

@@ -63,7 +63,7 @@ void translate(const std::exception_ptr& p, void*) {
 
 CommOptions options_from(int device, uint64_t nvlink_bytes, uint64_t network_workspace_bytes,
                          std::vector<uint64_t> buffer_bytes, std::string socket_path, uint32_t rendezvous_timeout_ms,
-                         uint64_t device_wait_timeout_ms, std::string gpu_memory) {
+                         uint64_t device_wait_timeout_ms, std::string gpu_memory, uint32_t fused_flags) {
   CommOptions o;
   o.device = device;
   o.nvlink_bytes = nvlink_bytes;
@@ -73,6 +73,7 @@ CommOptions options_from(int device, uint64_t nvlink_bytes, uint64_t network_wor
   o.rendezvous_timeout_ms = rendezvous_timeout_ms;
   o.device_wait_timeout_ms = device_wait_timeout_ms;
   o.gpu_memory = std::move(gpu_memory);
+  o.fused_flags = fused_flags;
   return o;
 }
 
@@ -92,6 +93,16 @@ NB_MODULE(_C, m) {
         "NVLink workspace bytes (Communicator nvlink_bytes) an AllGather+GEMM of this size needs.");
   m.def("all_gather_gemm_network_bytes", &rt::all_gather_gemm_network_bytes, "nodes"_a, "m_local"_a, "k"_a,
         "Network workspace bytes an AllGather+GEMM of this size needs between nodes (0 on one node).");
+  m.def("gemm_reduce_scatter_nvlink_bytes", &rt::gemm_reduce_scatter_nvlink_bytes, "nodes"_a, "gpus"_a, "m_local"_a,
+        "n"_a,
+        "NVLink workspace bytes a GEMM+ReduceScatter of this size needs (0 with one GPU per node; for either tile "
+        "width).");
+  m.def("gemm_reduce_scatter_network_bytes", &rt::gemm_reduce_scatter_network_bytes, "nodes"_a, "m_local"_a, "n"_a,
+        "Network workspace bytes a GEMM+ReduceScatter of this size needs between nodes (0 on one node).");
+  m.def("gemm_reduce_scatter_fused_flags", &rt::gemm_reduce_scatter_fused_flags, "nodes"_a, "gpus"_a, "m_local"_a,
+        "n"_a, "Fused-op flags (Options::fused_flags) a GEMM+ReduceScatter of this size needs, for either tile width.");
+  m.def("default_fused_flags", [] { return rt::Options{}.fused_flags; },
+        "libmkernel's default Options::fused_flags.");
 
   m.def(
       "check_all_gather_gemm",
@@ -101,6 +112,13 @@ NB_MODULE(_C, m) {
       },
       "a"_a, "w"_a, "out"_a, "gathered_out"_a.none(), "world"_a,
       "Refuses (ArgumentError) arrays an AllGather+GEMM launch would not take; needs no GPU.");
+  m.def(
+      "check_gemm_reduce_scatter",
+      [](const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& out, uint32_t world) {
+        (void)check_gemm_reduce_scatter(a, w, out, world);
+      },
+      "a"_a, "w"_a, "out"_a, "world"_a,
+      "Refuses (ArgumentError) arrays a GEMM+ReduceScatter launch would not take; needs no GPU.");
 
   m.def(
       "get_unique_id",
@@ -119,31 +137,32 @@ NB_MODULE(_C, m) {
           "create",
           [](uint32_t rank, uint32_t size, const std::string& unique_id, int device, uint64_t nvlink_bytes,
              uint64_t network_workspace_bytes, std::vector<uint64_t> buffer_bytes, std::string socket_path,
-             uint32_t rendezvous_timeout_ms, uint64_t device_wait_timeout_ms, std::string gpu_memory) {
+             uint32_t rendezvous_timeout_ms, uint64_t device_wait_timeout_ms, std::string gpu_memory,
+             uint32_t fused_flags) {
             const CommOptions o = options_from(device, nvlink_bytes, network_workspace_bytes, std::move(buffer_bytes),
                                                std::move(socket_path), rendezvous_timeout_ms, device_wait_timeout_ms,
-                                               std::move(gpu_memory));
+                                               std::move(gpu_memory), fused_flags);
             nb::gil_scoped_release unlocked;
             return PyCommunicator::create(rank, size, unique_id, o);
           },
           "rank"_a, "size"_a, "unique_id"_a, nb::kw_only(), "device"_a = -1, "nvlink_bytes"_a = 0,
           "network_workspace_bytes"_a = 0, "buffer_bytes"_a = std::vector<uint64_t>{4096}, "socket_path"_a = "",
           "rendezvous_timeout_ms"_a = 60000, "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto",
-          "Joins `size` ranks with rank 0's unique id (collective; bounded by rendezvous_timeout_ms).")
+          "fused_flags"_a = 0, "Joins `size` ranks with rank 0's unique id (collective; bounded by rendezvous_timeout_ms).")
       .def_static(
           "create_from_env",
           [](int device, uint64_t nvlink_bytes, uint64_t network_workspace_bytes, std::vector<uint64_t> buffer_bytes,
              std::string socket_path, uint32_t rendezvous_timeout_ms, uint64_t device_wait_timeout_ms,
-             std::string gpu_memory) {
+             std::string gpu_memory, uint32_t fused_flags) {
             const CommOptions o = options_from(device, nvlink_bytes, network_workspace_bytes, std::move(buffer_bytes),
                                                std::move(socket_path), rendezvous_timeout_ms, device_wait_timeout_ms,
-                                               std::move(gpu_memory));
+                                               std::move(gpu_memory), fused_flags);
             nb::gil_scoped_release unlocked;
             return PyCommunicator::create_from_env(o);
           },
           nb::kw_only(), "device"_a = -1, "nvlink_bytes"_a = 0, "network_workspace_bytes"_a = 0,
           "buffer_bytes"_a = std::vector<uint64_t>{4096}, "socket_path"_a = "", "rendezvous_timeout_ms"_a = 60000,
-          "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto",
+          "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto", "fused_flags"_a = 0,
           "Joins the ranks the launcher's environment names (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
           "MASTER_PORT, MKERNEL_TOKEN, MKERNEL_PEER_PORT).")
       .def(
@@ -167,6 +186,26 @@ NB_MODULE(_C, m) {
           },
           "a"_a, "w"_a, "out"_a, "gathered_out"_a.none(), "stream"_a,
           "out = AllGather(a) @ w^T on `stream`; gathered_out (or None) gets AllGather(a).")
+      .def(
+          "plan_reduce_scatter",
+          [](PyCommunicator& c, uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream) {
+            nb::gil_scoped_release unlocked;
+            c.plan_reduce_scatter(m_local, n, k, stream);
+          },
+          "m_local"_a, "n"_a, "k"_a, "stream"_a = 0,
+          "Plans a GEMM+ReduceScatter shape now (collective: every rank with the same shape).")
+      .def("has_reduce_scatter_plan", &PyCommunicator::has_reduce_scatter_plan, "m_local"_a, "n"_a, "k"_a)
+      .def("describe_reduce_scatter", &PyCommunicator::describe_reduce_scatter, "m_local"_a, "n"_a, "k"_a)
+      .def(
+          "gemm_reduce_scatter",
+          [](PyCommunicator& c, const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& out,
+             uintptr_t stream) {
+            const GemmReduceScatterArgs args = check_gemm_reduce_scatter(a, w, out, c.size());
+            nb::gil_scoped_release unlocked;
+            c.gemm_reduce_scatter(args, stream);
+          },
+          "a"_a, "w"_a, "out"_a, "stream"_a,
+          "out = rows rank * M / world ... of sum over ranks of a @ w^T, on `stream`.")
       .def("check", &PyCommunicator::check, "Raises the communicator's first failure on the GPU, if any.")
       .def(
           "close",
@@ -182,6 +221,7 @@ NB_MODULE(_C, m) {
       .def_prop_ro("nodes", &PyCommunicator::nodes)
       .def_prop_ro("nvlink_bytes", &PyCommunicator::nvlink_bytes)
       .def_prop_ro("network_workspace_bytes", &PyCommunicator::network_workspace_bytes)
+      .def_prop_ro("fused_flags", &PyCommunicator::fused_flags)
       .def_prop_ro("staging", &PyCommunicator::staging)
       .def_prop_ro("staging_reason", &PyCommunicator::staging_reason)
       .def_prop_ro("transport", &PyCommunicator::transport);

@@ -44,8 +44,23 @@ class DeviceScope {
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-std::string shape_key(uint64_t m, uint64_t n, uint64_t k) {
-  return "(m_local=" + std::to_string(m) + ", n_local=" + std::to_string(n) + ", k=" + std::to_string(k) + ")";
+std::string shape_key(uint64_t m, uint64_t n, uint64_t k, const char* n_name = "n_local") {
+  return "(m_local=" + std::to_string(m) + ", " + n_name + "=" + std::to_string(n) + ", k=" + std::to_string(k) + ")";
+}
+
+// Planning synchronises its stream (the agreement between ranks): not while it is captured.
+void refuse_if_capturing(uintptr_t stream, const std::string& what, const std::string& shape, const char* plan_call) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess) {
+    (void)cudaGetLastError();
+    capture = cudaStreamCaptureStatusNone;
+  }
+  if (capture != cudaStreamCaptureStatusNone)
+    throw_status(Status(StatusCode::kFailedPrecondition,
+                        what + ": shape " + shape +
+                            " has no plan yet and the stream is being captured into a CUDA graph; planning is "
+                            "collective and synchronises its stream, so run this shape once before the capture "
+                            "(a warm-up call) or call " + plan_call + " with it"));
 }
 
 }  // namespace
@@ -66,6 +81,7 @@ StatusOr<rt::Options> CommOptions::to_options() const {
   auto mode = rt::gpu_memory_from_string(gpu_memory);
   if (!mode.ok()) return mode.status();
   o.gpu_memory = mode.value();
+  if (fused_flags != 0) o.fused_flags = fused_flags;
   if (rendezvous_timeout_ms == 0)
     return Status(StatusCode::kInvalidArgument, "rendezvous_timeout: 0; expected a positive bound in milliseconds");
   if (device_wait_timeout_ms == 0)
@@ -87,6 +103,7 @@ std::unique_ptr<PyCommunicator> PyCommunicator::create(uint32_t rank, uint32_t s
   c->comm_ = std::move(made.value());
   c->nvlink_bytes_ = options.nvlink_bytes;
   c->network_workspace_bytes_ = options.network_workspace_bytes;
+  c->fused_flags_ = o.value().fused_flags;
   return c;
 }
 
@@ -100,6 +117,7 @@ std::unique_ptr<PyCommunicator> PyCommunicator::create_from_env(const CommOption
   c->comm_ = std::move(made.value());
   c->nvlink_bytes_ = options.nvlink_bytes;
   c->network_workspace_bytes_ = options.network_workspace_bytes;
+  c->fused_flags_ = o.value().fused_flags;
   return c;
 }
 
@@ -116,18 +134,7 @@ rt::AllGatherGemm& PyCommunicator::plan_locked(uint64_t m_local, uint64_t n_loca
   rt::Communicator& comm = live("all_gather_gemm");
   auto it = plans_.find({m_local, n_local, k});
   if (it != plans_.end()) return *it->second;
-  // Planning synchronises its stream (the agreement between ranks): not while it is captured.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess) {
-    (void)cudaGetLastError();
-    capture = cudaStreamCaptureStatusNone;
-  }
-  if (capture != cudaStreamCaptureStatusNone)
-    throw_status(Status(StatusCode::kFailedPrecondition,
-                        "all_gather_gemm: shape " + shape_key(m_local, n_local, k) +
-                            " has no plan yet and the stream is being captured into a CUDA graph; planning is "
-                            "collective and synchronises its stream, so run this shape once before the capture "
-                            "(a warm-up call) or call Communicator.plan() with it"));
+  refuse_if_capturing(stream, "all_gather_gemm", shape_key(m_local, n_local, k), "Communicator.plan()");
   auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, rt::AllGatherGemmConfig{}, as_stream(stream));
   if (!op.ok()) throw_status(op.status());
   auto& slot = plans_[{m_local, n_local, k}];
@@ -173,6 +180,55 @@ void PyCommunicator::all_gather_gemm(const AllGatherGemmArgs& args, uintptr_t st
                            as_stream(stream)));
 }
 
+rt::GemmReduceScatter& PyCommunicator::rs_plan_locked(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream) {
+  rt::Communicator& comm = live("gemm_reduce_scatter");
+  auto it = rs_plans_.find({m_local, n, k});
+  if (it != rs_plans_.end()) return *it->second;
+  refuse_if_capturing(stream, "gemm_reduce_scatter", shape_key(m_local, n, k, "n"),
+                      "Communicator.plan_matmul_reduce_scatter()");
+  auto op = rt::GemmReduceScatter::create(comm, m_local, n, k, rt::GemmReduceScatterConfig{}, as_stream(stream));
+  if (!op.ok()) throw_status(op.status());
+  auto& slot = rs_plans_[{m_local, n, k}];
+  slot = std::move(op.value());
+  return *slot;
+}
+
+void PyCommunicator::plan_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceScope scope(live("plan_reduce_scatter").cuda_device());
+  (void)rs_plan_locked(m_local, n, k, stream);
+}
+
+bool PyCommunicator::has_reduce_scatter_plan(uint64_t m_local, uint64_t n, uint64_t k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rs_plans_.count({m_local, n, k}) != 0;
+}
+
+std::string PyCommunicator::describe_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = rs_plans_.find({m_local, n, k});
+  if (it == rs_plans_.end())
+    throw_status(Status(StatusCode::kNotFound, "describe_reduce_scatter: no plan for " + shape_key(m_local, n, k, "n") +
+                                                   "; plan it or run the op with that shape first"));
+  return it->second->describe();
+}
+
+void PyCommunicator::gemm_reduce_scatter(const GemmReduceScatterArgs& args, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("gemm_reduce_scatter");
+  if (args.a.device != comm.cuda_device())
+    throw ArgumentError{"a: on CUDA device " + std::to_string(args.a.device) + "; expected the communicator's device " +
+                        std::to_string(comm.cuda_device()) + " (rank " + std::to_string(comm.rank()) + ")"};
+  const uint64_t world = comm.size();
+  if (args.a.rows % world != 0 || args.c.rows * world != args.a.rows)
+    throw ArgumentError{"out: " + std::to_string(args.c.rows) + " rows; expected M / world = " +
+                        std::to_string(args.a.rows) + " / " + std::to_string(world)};
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::GemmReduceScatter& op = rs_plan_locked(args.c.rows, args.w.rows, args.a.cols, stream);
+  throw_if_error(op.launch(args.a.data, args.w.data, args.c.data, as_stream(stream)));
+}
+
 void PyCommunicator::check() {
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_error(live("check").check());
@@ -183,6 +239,7 @@ void PyCommunicator::close() {
   if (!comm_) return;
   DeviceScope scope(comm_->cuda_device(), /*quiet=*/true);
   plans_.clear();
+  rs_plans_.clear();
   comm_.reset();
 }
 

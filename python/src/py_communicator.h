@@ -1,15 +1,17 @@
 // py_communicator.h: the compiled module's communicator: one libmkernel Communicator and the
-// AllGather+GEMM plans made on it, behind the calls Python makes.
+// AllGather+GEMM and GEMM+ReduceScatter plans made on it, behind the calls Python makes.
 //
 // Design notes
 //  1. Ownership. A PyCommunicator owns its rt::Communicator and every plan made on it; the plans
 //     are declared after the communicator, so they are destroyed first (a plan uses the
 //     communicator's workspace). close() drops both early; a closed communicator refuses calls.
-//  2. The plan cache lives here, keyed by (m_local, n_local, k), one AllGatherGemm per shape, for
-//     the communicator's lifetime. Planning is collective (every rank plans the same shape, the
-//     ranks agree through their daemons) and synchronises the stream it is made on, so it cannot
-//     happen while that stream is captured into a CUDA graph: a new shape met during capture is
-//     refused with the fix (run the shape once before capture, or plan() it).
+//  2. The plan caches live here, one per op, keyed by shape ((m_local, n_local, k) for
+//     AllGatherGemm, (m_local, n, k) for GemmReduceScatter), for the communicator's lifetime. The
+//     two ops share the communicator's workspace and fused-op flags, in stream order. Planning is
+//     collective (every rank plans the same shape, the ranks agree through their daemons) and
+//     synchronises the stream it is made on, so it cannot happen while that stream is captured
+//     into a CUDA graph: a new shape met during capture is refused with the fix (run the shape
+//     once before capture, or plan it).
 //  3. Streams are integers (cudaStream_t values, as torch.cuda.Stream.cuda_stream gives them).
 //     CUDA streams are driver objects, so a stream made by another CUDA runtime in the process
 //     (torch's) is the same stream here; 0 is the legacy default stream.
@@ -60,6 +62,7 @@ struct CommOptions {
   uint32_t rendezvous_timeout_ms = 60000;
   uint64_t device_wait_timeout_ms = 2000;
   std::string gpu_memory = "auto";
+  uint32_t fused_flags = 0;                // Options::fused_flags; 0: libmkernel's default
   std::string client_name = "mkernel (python)";
   StatusOr<rt::Options> to_options() const;
 };
@@ -80,6 +83,11 @@ class PyCommunicator {
   std::string describe(uint64_t m_local, uint64_t n_local, uint64_t k);
   // One launch on `stream` of the checked arguments (tensor_args.h); plans on first use.
   void all_gather_gemm(const AllGatherGemmArgs& args, uintptr_t stream);
+  // The same for GEMM+ReduceScatter, shapes (m_local, n, k).
+  void plan_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream);
+  bool has_reduce_scatter_plan(uint64_t m_local, uint64_t n, uint64_t k);
+  std::string describe_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k);
+  void gemm_reduce_scatter(const GemmReduceScatterArgs& args, uintptr_t stream);
   // Raises the communicator's first recorded failure, if any (does not block).
   void check();
   void close();
@@ -91,6 +99,7 @@ class PyCommunicator {
   bool closed() const { return comm_ == nullptr; }
   uint64_t nvlink_bytes() const { return nvlink_bytes_; }
   uint64_t network_workspace_bytes() const { return network_workspace_bytes_; }
+  uint32_t fused_flags() const { return fused_flags_; }
   std::string staging() const;
   std::string staging_reason() const;
   std::string transport() const;
@@ -99,11 +108,14 @@ class PyCommunicator {
   PyCommunicator() = default;
   rt::Communicator& live(const char* what);
   rt::AllGatherGemm& plan_locked(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream);
+  rt::GemmReduceScatter& rs_plan_locked(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream);
 
   std::mutex mu_;  // one call at a time per communicator (the ops share its workspace anyway)
   std::unique_ptr<rt::Communicator> comm_;  // before plans_: destroyed after them (note 1)
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::AllGatherGemm>> plans_;
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmReduceScatter>> rs_plans_;
   uint64_t nvlink_bytes_ = 0, network_workspace_bytes_ = 0;
+  uint32_t fused_flags_ = 0;
 };
 
 // Rank 0's bootstrap handle, printable (it carries the communicator's secret: share it only

@@ -113,4 +113,29 @@ AllGatherGemmArgs check_all_gather_gemm(const nb::ndarray<>& a, const nb::ndarra
   return r;
 }
 
+GemmReduceScatterArgs check_gemm_reduce_scatter(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c,
+                                                uint32_t world) {
+  GemmReduceScatterArgs r;
+  r.a = matrix(a, "a");
+  r.w = matrix(w, "w");
+  r.c = matrix(c, "out");
+  const uint64_t M = r.a.rows, k = r.a.cols;
+  if (world == 0 || M % world != 0)
+    refuse("a: " + std::to_string(M) + " rows; expected M = world * m_local, a multiple of world = " +
+           std::to_string(world) + " (each rank gets M / world rows of the sum)");
+  if (r.w.cols != k)
+    refuse("w: shape (" + std::to_string(r.w.rows) + ", " + std::to_string(r.w.cols) + "); expected (n, " +
+           std::to_string(k) + "): its rows are k = " + std::to_string(k) + " long like a's");
+  expect_shape(r.c, "out", M / world, r.w.rows, "= (M / world, n)");
+  const struct {
+    const char* name;
+    int device;
+  } devices[] = {{"w", r.w.device}, {"out", r.c.device}};
+  for (const auto& d : devices)
+    if (d.device != r.a.device)
+      refuse(std::string(d.name) + ": on CUDA device " + std::to_string(d.device) + "; expected a's device " +
+             std::to_string(r.a.device));
+  return r;
+}
+
 }  // namespace mkernel::python

@@ -10,7 +10,9 @@
 //     rows, 16-byte aligned data, and the shapes of the four arrays agreeing with each other.
 //     They need no GPU and no communicator, so they are testable anywhere. What only the
 //     runtime can judge (k and n_local multiples of 8, the workspace, the device being this
-//     rank's) the runtime refuses itself, with its own message.
+//     rank's) the runtime refuses itself, with its own message. GEMM+ReduceScatter's a holds
+//     every rank's rows (M = world * m_local), so M must be a multiple of world: that is a
+//     shape agreement between arrays, checked here.
 #pragma once
 
 #include <nanobind/ndarray.h>
@@ -37,10 +39,19 @@ struct AllGatherGemmArgs {
   std::optional<Matrix> gathered;  // [world * m_local, k]
 };
 
-// Throws ArgumentError (module.cc translates it) naming the first argument that does not fit.
+// The arguments of one GEMM+ReduceScatter launch, checked against each other (note 2).
+struct GemmReduceScatterArgs {
+  Matrix a;  // [M, k], M = world * m_local
+  Matrix w;  // [n, k]
+  Matrix c;  // [m_local, n]
+};
+
+// Throw ArgumentError (module.cc translates it) naming the first argument that does not fit.
 AllGatherGemmArgs check_all_gather_gemm(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
                                         const nanobind::ndarray<>& c,
                                         const std::optional<nanobind::ndarray<>>& gathered, uint32_t world);
+GemmReduceScatterArgs check_gemm_reduce_scatter(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
+                                                const nanobind::ndarray<>& c, uint32_t world);
 
 // A refused argument: the message names it (module.cc raises mkernel.ArgumentError).
 struct ArgumentError {

@@ -33,6 +33,29 @@ def test_workspace_sizes(native):
     assert mkernel.all_gather_matmul_network_bytes(2, 4096, 8192) == 2 * 4096 * 8192 * 2
 
 
+def test_reduce_scatter_sizes(native):
+    # NVLink: (gpus - 1) node peers' partial tiles of the own node's bands, 128 x 256 bf16 each
+    # (the widest tile: an upper bound); nothing with one GPU per node.
+    tile = 128 * 256 * 2
+    assert mkernel.matmul_reduce_scatter_workspace_bytes(2, 2048, 1024) == 1 * (2048 // 128) * (1024 // 256) * tile
+    assert mkernel.matmul_reduce_scatter_workspace_bytes(8, 1024, 4096) == 7 * 8 * 16 * tile
+    assert mkernel.matmul_reduce_scatter_workspace_bytes(1, 2048, 1024) == 0
+    assert mkernel.matmul_reduce_scatter_workspace_bytes(2, 2048, 1024, nodes=2) == 0
+    assert mkernel.matmul_reduce_scatter_network_bytes(1, 2048, 1024) == 0
+    # Between nodes: a receive and a send slot per node, each the largest band's tiles plus one row of tiles.
+    assert mkernel.matmul_reduce_scatter_network_bytes(2, 2048, 1024) == 2 * 2 * (2048 // 128 + 1) * 4 * tile
+    # Flags: the node's bands' tiles once per node peer (counted for 128-wide tiles), after one per rank.
+    assert mkernel.matmul_reduce_scatter_fused_flags(2, 2048, 1024) == max(2 + 16 * 8, 2 * 12)
+    assert mkernel.matmul_reduce_scatter_fused_flags(8, 2048, 8192) == 8 + 7 * 16 * 64
+    # Between nodes: the flag array's agreement area and arrivals, one per tile of a slot per node.
+    assert mkernel.matmul_reduce_scatter_fused_flags(4, 2048, 1024, nodes=4) == 4 * 12 + 4 + 4 * 17 * 8
+    assert mkernel.default_fused_flags() >= 4096
+    with pytest.raises(mkernel.ArgumentError, match=r"^nodes: 3; expected a positive divisor of world = 8"):
+        mkernel.matmul_reduce_scatter_workspace_bytes(8, 128, 128, nodes=3)
+    with pytest.raises(mkernel.ArgumentError, match=r"^world: 0; expected a positive int"):
+        mkernel.matmul_reduce_scatter_fused_flags(0, 128, 128)
+
+
 def _args(m_local=64, n_local=32, k=128, world=2):
     return dict(
         a=dl_array([m_local, k]),
@@ -82,6 +105,43 @@ def test_rows_of_one_take_any_stride(native):
     native.check_all_gather_gemm(**args)
 
 
+def _rs_args(m_local=64, n=32, k=128, world=2):
+    return dict(a=dl_array([world * m_local, k]), w=dl_array([n, k]), out=dl_array([m_local, n]), world=world)
+
+
+def test_reduce_scatter_well_formed_arrays_pass(native):
+    native.check_gemm_reduce_scatter(**_rs_args())
+    native.check_gemm_reduce_scatter(**_rs_args(m_local=3, world=4))
+
+
+@pytest.mark.parametrize(
+    "name, replacement, message",
+    [
+        ("a", dl_array([128, 128], dtype=F16), r"^a: dtype float16; expected bfloat16"),
+        ("w", dl_array([32, 128], device=DL_CPU), r"^w: device cpu; expected a CUDA device"),
+        ("out", dl_array([64, 32], dtype=F16), r"^out: dtype float16; expected bfloat16"),
+        ("a", dl_array([2, 64, 128]), r"^a: shape \(2, 64, 128\); expected a matrix"),
+        ("a", dl_array([128, 128], [1, 128]), r"^a: strides \(1, 128\) for shape \(128, 128\); expected packed row-major"),
+        ("w", dl_array([32, 128], [256, 1]), r"^w: strides \(256, 1\) .*expected packed row-major \(128, 1\)"),
+        ("out", dl_array([64, 32], [64, 1]), r"^out: strides \(64, 1\) .*expected packed row-major \(32, 1\)"),
+        ("w", dl_array([32, 128], data=0x7F0000000004), r"^w: data at 0x7f0000000004 is not 16-byte aligned"),
+        ("a", dl_array([127, 128]), r"^a: 127 rows; expected M = world \* m_local, a multiple of world = 2"),
+        ("w", dl_array([32, 64]), r"^w: shape \(32, 64\); expected \(n, 128\)"),
+        ("out", dl_array([128, 32]), r"^out: shape \(128, 32\); expected \(64, 32\) = \(M / world, n\)"),
+        ("out", dl_array([64, 16]), r"^out: shape \(64, 16\); expected \(64, 32\)"),
+        ("w", dl_array([32, 128], device_id=1), r"^w: on CUDA device 1; expected a's device 0"),
+        ("out", dl_array([0, 32]), r"^out: shape \(0, 32\); expected no empty dimension"),
+    ],
+)
+def test_reduce_scatter_arrays_refused_name_the_argument(native, name, replacement, message):
+    args = _rs_args()
+    args[name] = replacement
+    with pytest.raises(mkernel.ArgumentError, match=message) as info:
+        native.check_gemm_reduce_scatter(**args)
+    assert isinstance(info.value, ValueError)
+    assert info.value.code == "invalid argument"
+
+
 def test_runtime_status_becomes_an_exception_with_code_and_origin(native, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MKERNEL_TOKEN"):
         monkeypatch.delenv(var, raising=False)
@@ -124,6 +184,8 @@ def test_bad_unique_id_text(native):
         (dict(workspace_bytes=1 << 20, network_workspace_bytes=-1), r"^network_workspace_bytes: -1"),
         (dict(workspace_bytes=1 << 20, rendezvous_timeout=0), r"^rendezvous_timeout: 0; expected a positive time"),
         (dict(workspace_bytes=1 << 20, gpu_memory="sometimes"), r"^gpu_memory: 'sometimes'; expected 'auto'"),
+        (dict(workspace_bytes=1 << 20, fused_flags=0), r"^fused_flags: 0; expected None \(libmkernel's default\)"),
+        (dict(workspace_bytes=1 << 20, fused_flags=1.5), r"^fused_flags: 1.5; expected None"),
     ],
 )
 def test_communicator_options_refused_before_the_runtime(native, kwargs, message):

@@ -1,17 +1,27 @@
 """The Python package on two GPUs, one rank per GPU, under torchrun (started by run.sh, which
 also starts the mkerneld both ranks use).
 
-Every case compares mkernel's op with torch.ops.symm_mem.fused_all_gather_matmul on the same
-inputs: the gathered A bit for bit, the products within bf16 rounding (both accumulate in fp32
-and round once), and the strides equal. The cases are those torch's own tests cover for the op
-(A_shard [8, 64, 32] gathered on dims 0 and 1 with three Bs, 2-D A with B row-major or transposed,
-return_A=False, capture in a CUDA graph) plus a larger shape, under eager mode, torch.compile and
-CUDA graph replay, and both ways to bootstrap.
+Every case compares mkernel's op with torch.ops.symm_mem's op of the same name on the same
+inputs, with equal strides:
+
+* fused_all_gather_matmul: the gathered A bit for bit, the products within bf16 rounding (both
+  accumulate in fp32 and round once). The cases are those torch's own tests cover for the op
+  (A_shard [8, 64, 32] gathered on dims 0 and 1 with three Bs, 2-D A with B row-major or
+  transposed, return_A=False, capture in a CUDA graph) plus a larger shape, under eager mode,
+  torch.compile and CUDA graph replay, and both ways to bootstrap.
+* fused_matmul_reduce_scatter (cases rs_*): within bf16 rounding (torch rounds each rank's
+  partial to bf16 before summing, mkernel sums in fp32 and rounds once), and mkernel's result
+  the same bits when called again. torch's test cases (A [8, 64, 32] scattered on dims 0 and 1),
+  a 2-D and a 4-D A, its native-kernel size with B row-major or transposed, a larger shape, under
+  eager mode, torch.compile, CUDA graph replay and reduce-overhead; AllGather+GEMM feeding
+  GEMM+ReduceScatter on one communicator (a tensor-parallel MLP); a communicator the op makes
+  itself, for a shape of more tiles than libmkernel's default fused-op flags hold.
 
 Both ranks run the cases in the same order (every op is collective). After each case the ranks
 compare verdicts; at the first failure anywhere they stop, since a rank that refused a call
 leaves its peer's kernel waiting (until its bound) and the communicator failed.
 Prints one line per case and rank, and on rank 0 'N passed, M failed' last.
+MKERNEL_PY_TEST_CASES=name,prefix,... runs only the cases whose names start with one of those.
 """
 
 from __future__ import annotations
@@ -43,9 +53,12 @@ except Exception:
     pass
 
 BF16 = torch.bfloat16
-# The largest call below: m_local 2048 x k 4096 (the 4096 x 1024 x 1024 case needs less).
-WORKSPACE = mkernel.all_gather_matmul_workspace_bytes(WORLD, 2048, 4096)
-COMM = mkernel.Communicator.from_process_group(GROUP, workspace_bytes=WORKSPACE)
+# The largest calls below: AllGather+GEMM m_local 2048 x k 4096 (the 4096 x 1024 x 1024 case needs
+# less); GEMM+ReduceScatter [2048, 2048] per rank. The ops take turns with one workspace.
+WORKSPACE = max(mkernel.all_gather_matmul_workspace_bytes(WORLD, 2048, 4096),
+                mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, 2048, 2048))
+FUSED_FLAGS = max(mkernel.default_fused_flags(), mkernel.matmul_reduce_scatter_fused_flags(WORLD, 2048, 2048))
+COMM = mkernel.Communicator.from_process_group(GROUP, workspace_bytes=WORKSPACE, fused_flags=FUSED_FLAGS)
 
 
 def log(msg: str) -> None:
@@ -222,10 +235,204 @@ def ranks_disagreeing_on_a_shape_are_told():
         raise AssertionError("a disagreement on k went through")
 
 
+# ---- fused_matmul_reduce_scatter ----------------------------------------------------------------
+
+
+def rs_reference(A, B, scatter_dim):
+    # torch's op refuses a negative scatter_dim ("Invalid gather_dim"); mkernel's counts it from the end.
+    return torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim % A.dim(), GNAME)
+
+
+def expect_same_rs(ours, theirs, what: str) -> None:
+    assert ours.shape == theirs.shape and ours.stride() == theirs.stride() and ours.dtype == theirs.dtype, (
+        f"{what}: {tuple(ours.shape)} {ours.stride()} {ours.dtype} vs torch {tuple(theirs.shape)} {theirs.stride()} "
+        f"{theirs.dtype}")
+    # torch rounds each rank's partial to bf16 before the sum; mkernel rounds the fp32 sum once.
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1.6e-2, atol=1e-2, msg=lambda m: f"{what}: {m}")
+
+
+def rs_call(A, B, scatter_dim, what, **kw):
+    """mkernel's op against torch's, and mkernel's again: the same bits (a fixed summation order)."""
+    ours = mkernel.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim, GNAME, **kw)
+    expect_same_rs(ours, rs_reference(A, B, scatter_dim), what)
+    again = mkernel.fused_matmul_reduce_scatter(A, B, "sum", scatter_dim, GNAME, **kw)
+    assert torch.equal(ours, again), f"{what}: a second call differs in {(ours != again).sum().item()} elements"
+    return ours
+
+
+@case
+def rs_torch_test_cases_eager():
+    """torch's test: A [8, 64, 32] scattered on dim 0 or 1, B [32, 16]; a 2-D and a 4-D A."""
+    for scatter_dim in (0, 1):
+        A = rand(8, 64, 32, seed=101 + scatter_dim)
+        B = rand(16, 32, seed=103).t()  # each rank's weight shard [N, K_local], as B = weight.t()
+        rs_call(A, B, scatter_dim, f"[8, 64, 32] scatter_dim {scatter_dim}")
+    rs_call(rand(64 * WORLD, 32, seed=104), rand(16, 32, seed=105).t(), 0, "2-D A")
+    rs_call(rand(4, 2 * WORLD, 8, 64, seed=106), rand(24, 64, seed=107).t(), 1, "4-D A, scatter_dim 1")
+    rs_call(rand(4, 3, 4 * WORLD, 64, seed=108), rand(8, 64, seed=109).t(), -2, "4-D A, scatter_dim -2")
+
+
+@case
+def rs_bad_arguments_refused():
+    A, W = rand(8, 32, 32, seed=110), rand(16, 32, seed=111)
+    checks = [
+        (lambda: mkernel.fused_matmul_reduce_scatter(A, W.t(), "avg", 0, GNAME), "reduce_op: 'avg'; expected 'sum'"),
+        (lambda: mkernel.fused_matmul_reduce_scatter(A, W.t(), "sum", 2, GNAME), "scatter_dim: 2 is the last dimension"),
+        (lambda: mkernel.fused_matmul_reduce_scatter(A.half(), W.t(), "sum", 0, GNAME), "A: dtype torch.float16"),
+        (lambda: mkernel.fused_matmul_reduce_scatter(A, W.t().contiguous(), "sum", 0, GNAME), "B: strides (16, 1)"),
+        (lambda: mkernel.fused_matmul_reduce_scatter(A.cpu(), W.t(), "sum", 0, GNAME), "A: device cpu"),
+        (lambda: mkernel.fused_matmul_reduce_scatter(A[:, :, :12], W.t()[:12], "sum", 0, GNAME), "A: K = 12"),
+    ]
+    if WORLD > 1:
+        checks.append((lambda: mkernel.fused_matmul_reduce_scatter(rand(2 * WORLD + 1, 32, seed=112), W.t(), "sum", 0,
+                                                                   GNAME), "A: shape"))
+    for call, start in checks:
+        try:
+            call()
+        except mkernel.ArgumentError as e:
+            assert str(e).startswith(start), f"message {str(e)!r} does not start with {start!r}"
+        else:
+            raise AssertionError(f"not refused: {start}")
+
+
+@case
+def rs_native_sized_with_b_row_major_or_transposed():
+    """torch's native-kernel size: M 4096, N 1024, K 1024 (each rank's share), B transposed or row-major."""
+    A, W = rand(4096, 1024, seed=113), rand(1024, 1024, seed=114)
+    rs_call(A, W.t(), 0, "B = W.t()")
+    rs_call(A, W.t().contiguous(), 0, "row-major B, allow_copy_B", allow_copy_B=True)
+
+
+@case
+def rs_larger_shape_and_torch_ops_entry():
+    A, W = rand(2048 * WORLD, 4096, seed=115), rand(2048, 4096, seed=116)
+    ours = torch.ops.mkernel.fused_matmul_reduce_scatter(A, W.t(), "sum", 0, GNAME)
+    expect_same_rs(ours, rs_reference(A, W.t(), 0), f"{2048 * WORLD} x 2048 x 4096 per rank")
+
+
+@case
+def rs_torch_compile_inductor():
+    def layer(x, weight, fused):
+        op = torch.ops.mkernel if fused == "mkernel" else torch.ops.symm_mem
+        y = op.fused_matmul_reduce_scatter(torch.relu(x), weight.t(), "sum", 1, GNAME)
+        return y * 2 + 1
+
+    compiled = torch.compile(layer, fullgraph=True)
+    for step in range(3):  # new data each time, the same graph
+        x, w = rand(8, 32 * WORLD, 256, seed=120 + step), rand(128, 256, seed=130 + step)
+        expect_same_rs(compiled(x, w, "mkernel"), layer(x, w, "symm_mem"), f"torch.compile step {step}")
+
+
+@case
+def rs_cuda_graph_replay():
+    """Warm-up (plans the shape), capture, replay three times with new data in the inputs."""
+    x, w = rand(512 * WORLD, 1024, seed=140), rand(768, 1024, seed=141)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mkernel.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, GNAME)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mkernel.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, GNAME)
+    for replay in range(3):
+        x.copy_(rand(512 * WORLD, 1024, seed=150 + replay))
+        w.copy_(rand(768, 1024, seed=160 + replay))
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        COMM.check()
+        expect_same_rs(y, rs_reference(x, w.t(), 0), f"graph replay {replay}")
+
+
+@case
+def rs_torch_compile_reduce_overhead():
+    """torch.compile's CUDA graphs (cudagraph trees): warm-up runs first, then replays."""
+    compiled = torch.compile(lambda x, w: torch.ops.mkernel.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, GNAME),
+                             mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        x, w = rand(256 * WORLD, 512, seed=170 + step), rand(256, 512, seed=180 + step)
+        y = compiled(x, w).clone()
+        expect_same_rs(y, rs_reference(x, w.t(), 0), f"reduce-overhead step {step}")
+
+
+@case
+def rs_opcheck_schema_and_fake():
+    op = torch.ops.mkernel.fused_matmul_reduce_scatter.default
+    A, W = rand(4 * WORLD, 16, 64, seed=190), rand(32, 64, seed=191)
+    torch.library.opcheck(op, (A, W.t(), "sum", 0, GNAME), test_utils=("test_schema", "test_faketensor"))
+
+
+@case
+def rs_after_all_gather_on_one_communicator():
+    """A tensor-parallel MLP: AllGather+GEMM (column-parallel) then GEMM+ReduceScatter
+    (row-parallel), both through the one communicator, three times; against symm_mem's pair."""
+    hidden, ffn_local = 512, 768
+    w1, w2 = rand(ffn_local, hidden, seed=200), rand(hidden, ffn_local, seed=201)
+
+    def mlp(x, ops):
+        _, [h] = ops.fused_all_gather_matmul(x, [w1.t()], 0, GNAME, return_A=False)
+        return ops.fused_matmul_reduce_scatter(torch.relu(h - 64), w2.t(), "sum", 0, GNAME)
+
+    for step in range(3):
+        x = rand(256, hidden, seed=210 + step)
+        expect_same_rs(mlp(x, torch.ops.mkernel), mlp(x, torch.ops.symm_mem), f"MLP step {step}")
+
+
+@case
+def rs_communicator_made_by_the_op():
+    """A group with no communicator: the op makes one sized for the call (workspace and fused-op
+    flags), then refuses a larger call naming the workspace to make it with."""
+    group = dist.new_group(list(range(WORLD)))
+    m_local, n, k = 4096, 4096, 64
+    A, W = rand(m_local * WORLD, k, seed=220), rand(n, k, seed=221)
+    ours = mkernel.fused_matmul_reduce_scatter(A, W.t(), "sum", 0, group)
+    made = mkernel.get_communicator(group.group_name)
+    try:
+        assert made is not None and made is not COMM, "the op made no communicator"
+        needed = mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, m_local, n)
+        assert made.workspace_bytes == max(1, needed), (made.workspace_bytes, needed)
+        flags = mkernel.matmul_reduce_scatter_fused_flags(WORLD, m_local, n)
+        assert made.fused_flags == max(mkernel.default_fused_flags(), flags), (made.fused_flags, flags)
+        if WORLD > 1:
+            try:
+                mkernel.fused_matmul_reduce_scatter(rand(2 * m_local * WORLD, k, seed=222), W.t(), "sum", 0, group)
+            except mkernel.ArgumentError as e:
+                assert "workspace_bytes >=" in str(e), str(e)
+            else:
+                raise AssertionError("a call larger than the made communicator went through")
+        expect_same_rs(ours, rs_reference(A, W.t(), 0), f"[{m_local}, {n}] per rank, k {k}")
+        torch.cuda.synchronize()
+        made.check()
+        log(made.describe_matmul_reduce_scatter(m_local, n, k).replace("\n", " | "))
+    finally:
+        if made is not None:
+            made.close()
+
+
+@case
+def rs_ranks_disagreeing_on_a_shape_are_told():
+    """Each rank calls with another K: planning finds it on every rank, naming both values."""
+    if WORLD < 2:
+        log("rs_ranks_disagreeing_on_a_shape_are_told: one rank cannot disagree; nothing to check")
+        return
+    k = 64 + 8 * RANK
+    try:
+        mkernel.fused_matmul_reduce_scatter(rand(32 * WORLD, k, seed=230), rand(16, k, seed=231).t(), "sum", 0, GNAME)
+    except mkernel.ArgumentError as e:
+        assert "ranks disagree on k" in str(e), str(e)
+    else:
+        raise AssertionError("a disagreement on k went through")
+
+
 def main() -> int:
     log(f"{COMM!r}; staging {COMM.staging}, transport {COMM.transport}")
     passed = failed = 0
-    for fn in CASES:
+    only = [p for p in os.environ.get("MKERNEL_PY_TEST_CASES", "").split(",") if p]
+    selected = [fn for fn in CASES if not only or any(fn.__name__.startswith(p) for p in only)]
+    if only:
+        log(f"MKERNEL_PY_TEST_CASES={','.join(only)}: {len(selected)} of {len(CASES)} cases")
+    for fn in selected:
         start = time.monotonic()
         try:
             fn()
@@ -242,7 +449,7 @@ def main() -> int:
         else:
             failed += 1
             break
-    not_run = len(CASES) - passed - failed
+    not_run = len(selected) - passed - failed
     if RANK == 0:
         print(f"{passed} passed, {failed} failed" + (f" ({not_run} not run after the failure)" if not_run else ""),
               flush=True)
