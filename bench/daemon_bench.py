@@ -63,7 +63,7 @@ ATTACKS = {
     "idle-connections": ("", [["idle-connections", "--count", "10000"]], 3),
     "regions": ("", [["regions", "--count", "4", "--per", "1000", "--bytes", "4096"]], 3),
     "handles": ("", [["handles", "--count", "16", "--per", "64"]], 3),
-    "slots": ("", [["slots", "--count", "63"]], 3),
+    "slots": ("", [["slots", "--count", "64"]], 3),
     "world": ("", [["world", "--count", "60", "--world", str(1 << 20)]], 3),
     "big-rings": ("", [["big-rings", "--count", "2", "--per", "16", "--log2", "20"]], 3),
     "slow-readers": ("", [["slow-readers", "--count", "8"]], 5),

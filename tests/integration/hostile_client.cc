@@ -16,10 +16,12 @@
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,21 +130,48 @@ std::string comm_name(const Args& a, int i) { return a.name + "-" + std::to_stri
 
 // ---- attacks ----------------------------------------------------------------------------------
 
-// Connections that never say hello.
+// A blocking connect bounded by --timeout-ms (SO_SNDTIMEO), so a full listen backlog waits for
+// the daemon to accept instead of counting as connected.
+mkernel::StatusOr<mp::UniqueFd> blocking_connect(const Args& a) {
+  mp::UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return mkernel::errno_status("socket", errno);
+  timeval tv{a.timeout_ms / 1000, (a.timeout_ms % 1000) * 1000};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, a.socket.c_str(), sizeof(addr.sun_path) - 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
+    return mkernel::errno_status("connect", errno);
+  return fd;
+}
+
+// Connections that never say hello; each one closed by the daemon is opened again.
 int idle_connections(const Args& a) {
   std::vector<mp::UniqueFd> held;
   Tally t;
   for (int i = 0; i < a.count && !g_stop.load(); ++i) {
-    auto fd = mp::connect_unix(a.socket, std::chrono::milliseconds(a.timeout_ms));
+    auto fd = blocking_connect(a);
     if (!fd.ok()) {
       t.refuse(fd.status());
+      if (t.refused > 50) break;
       continue;
     }
     held.push_back(std::move(fd.value()));
     ++t.ok;
   }
   t.print("idle-connections");
-  hold(a);
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.hold));
+  while (!g_stop.load() && Clock::now() < end) {
+    for (auto& fd : held) {
+      pollfd p{fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLIN))) {
+        auto again = blocking_connect(a);
+        fd = again.ok() ? std::move(again.value()) : mp::UniqueFd();
+      }
+      if (g_stop.load()) break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
   return 0;
 }
 
@@ -221,31 +251,59 @@ int sessions(const Args& a, const char* attack) {
   return 0;
 }
 
-// Sessions that send pings and never read a reply, until their socket's buffer is full.
+// Sessions that stop reading: each sends requests (rings, the largest replies, each with a
+// descriptor; and pings) until its socket takes no more and reads nothing. One thread per
+// reader; a session the daemon ends is opened again, so --count readers stay stuck all along.
 int slow_readers(const Args& a) {
-  std::vector<std::unique_ptr<mp::SessionClient>> held;
-  Tally t;
-  int sent = 0;
-  for (int i = 0; i < a.count && !g_stop.load(); ++i) {
-    auto c = session(a, comm_name(a, i), 0, 1);
-    if (!c.ok()) {
-      t.refuse(c.status());
-      continue;
-    }
-    ++t.ok;
-    // Ask for rings (the largest replies, each with a descriptor) and pings; read nothing.
-    for (int j = 0; j < 100000; ++j) {
-      pb::Request req;
-      req.set_request_id(static_cast<uint64_t>(j) + 100);
-      if (j % 4 == 0) req.mutable_create_ring()->set_capacity_log2(4);
-      else req.mutable_ping();
-      if (!mp::send_message(c.value()->socket_fd(), req, {}, 10ms).ok()) break;
-      ++sent;
-    }
-    held.push_back(std::move(c.value()));
+  std::atomic<int> sessions{0}, refused{0}, sent{0}, first_round{0};
+  std::mutex mu;
+  std::string first_refusal;
+  std::vector<std::thread> readers;
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.hold));
+  for (int i = 0; i < a.count; ++i) {
+    readers.emplace_back([&, i] {
+      bool first = true;
+      for (uint64_t round = 0; !g_stop.load() && Clock::now() < end; ++round) {
+        auto c = session(a, comm_name(a, i) + "-" + std::to_string(round), 0, 1);
+        if (c.ok()) {
+          ++sessions;
+          for (uint64_t id = 100; id < 100000 && !g_stop.load(); ++id) {
+            pb::Request req;
+            req.set_request_id(id);
+            if (id % 4 == 0) req.mutable_create_ring()->set_capacity_log2(4);
+            else req.mutable_ping();
+            if (!mp::send_message(c.value()->socket_fd(), req, {}, 20ms).ok()) break;
+            ++sent;
+          }
+        } else {
+          ++refused;
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_refusal.empty()) first_refusal = c.status().message();
+        }
+        if (first) {
+          first = false;
+          ++first_round;
+        }
+        // Read nothing; wait until the daemon hangs up (POLLHUP), then try again.
+        while (c.ok() && !g_stop.load() && Clock::now() < end) {
+          pollfd p{c.value()->socket_fd(), 0, 0};
+          if (::poll(&p, 1, 50) == 1 && (p.revents & (POLLHUP | POLLERR))) break;
+        }
+        if (!c.ok()) std::this_thread::sleep_for(50ms);
+      }
+    });
   }
-  t.print("slow-readers", ", \"requests\": " + std::to_string(sent));
-  hold(a);
+  while (first_round.load() < a.count && !g_stop.load()) std::this_thread::sleep_for(5ms);
+  Tally t;
+  t.ok = sessions.load();
+  t.refused = refused.load();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    t.first_refusal = first_refusal;
+  }
+  t.print("slow-readers", ", \"requests\": " + std::to_string(sent.load()));
+  for (auto& r : readers) r.join();
+  std::printf("{\"slow-readers\": \"done\", \"sessions\": %d, \"requests\": %d}\n", sessions.load(), sent.load());
   return 0;
 }
 
