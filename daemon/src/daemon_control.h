@@ -23,6 +23,8 @@ class Control final : public DaemonControl {
   DaemonStatus status() const override;
   std::vector<ProxyStats> stats() const override;
   std::vector<ClientInfo> clients() const override;
+  std::vector<RefusalCount> refusals() const override;
+  ResourceUsage usage() const override;
   std::vector<HealthEntry> health() const override;
   Status drain() override;
   Status undrain() override;

@@ -52,7 +52,25 @@ class FakeControl final : public DaemonControl {
     s.client_socket = "/tmp/fake/mkerneld.sock";
     s.sessions = 2;
     for (const auto& p : proxies_) s.proxies.push_back(p.name);
+    s.refusals = refusals_locked();
+    s.usage = usage_;
     return s;
+  }
+
+  std::vector<RefusalCount> refusals() const override {
+    std::lock_guard lock(mu_);
+    return refusals_locked();
+  }
+
+  ResourceUsage usage() const override {
+    std::lock_guard lock(mu_);
+    return usage_;
+  }
+
+  // A refusal count the test sets (others are 0).
+  void set_refusals(const std::string& reason, uint64_t count) {
+    std::lock_guard lock(mu_);
+    refusal_counts_[reason] = count;
   }
 
   std::vector<ProxyStats> stats() const override {
@@ -163,7 +181,22 @@ class FakeControl final : public DaemonControl {
     return it == stalled_until_.end() || Clock::now() >= it->second;
   }
 
+  // The daemon's reasons, in its order (refusals.h), with the counts the test set.
+  std::vector<RefusalCount> refusals_locked() const {
+    std::vector<RefusalCount> out;
+    for (const char* reason : {"malformed", "hello_refused", "out_of_descriptors", "clients.per_uid.sessions"}) {
+      auto it = refusal_counts_.find(reason);
+      out.push_back({reason, it != refusal_counts_.end() ? it->second : 0});
+    }
+    return out;
+  }
+
   mutable std::mutex mu_;
+  std::map<std::string, uint64_t> refusal_counts_;
+  ResourceUsage usage_{.sessions = 2, .max_sessions = 1024, .client_descriptors = 5, .descriptor_budget = 8192,
+                       .open_descriptors = 40, .descriptor_limit = 9216, .shared_memory = 3 << 20,
+                       .max_shared_memory = uint64_t{256} << 30, .rings = 2, .regions = 3,
+                       .resident_bytes = 30 << 20};
   std::vector<ProxyStats> proxies_;
   bool draining_ = false;
   uint64_t generation_ = 0;

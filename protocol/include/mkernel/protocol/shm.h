@@ -28,6 +28,9 @@ class SharedMapping {
   void* data() const { return addr_; }
   size_t size() const { return bytes_; }
   int fd() const { return fd_.get(); }
+  // Hands the descriptor over and keeps the mapping: a mapping outlives its descriptor, so the
+  // daemon closes a segment's descriptor once the client has its copy and holds none for it.
+  UniqueFd release_fd() { return std::move(fd_); }
 
  private:
   void unmap();
