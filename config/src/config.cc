@@ -101,6 +101,7 @@ void write_share(Writer& w, std::string_view key, const ShareQuota& q) {
   w.line("regions", std::to_string(q.regions));
   w.line("shared_memory", detail::format_bytes(q.shared_memory));
   w.line("descriptors", std::to_string(q.descriptors));
+  w.line("networks", std::to_string(q.networks));
   w.close();
 }
 
@@ -191,6 +192,7 @@ std::string to_yaml(const DaemonConfig& c) {
   w.line("max_descriptors", std::to_string(c.clients.max_descriptors));
   w.line("max_shared_memory", detail::format_bytes(c.clients.max_shared_memory));
   w.line("max_queued_replies", std::to_string(c.clients.max_queued_replies));
+  w.line("max_networks", std::to_string(c.clients.max_networks));
   w.open("quota");
   w.line("rings", std::to_string(c.clients.quota.rings));
   w.line("regions", std::to_string(c.clients.quota.regions));

@@ -836,6 +836,7 @@ void read_share(const Section& s, ShareQuota& out) {
   read_bytes(s, "shared_memory", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
              out.shared_memory);
   read_uint(s, "descriptors", 1, detail::kMaxDescriptors, out.descriptors);
+  read_uint(s, "networks", 1, detail::kMaxSessions, out.networks);
 }
 
 void read_clients(const Section& s, ClientsConfig& out) {
@@ -846,6 +847,7 @@ void read_clients(const Section& s, ClientsConfig& out) {
   read_bytes(s, "max_shared_memory", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
              out.max_shared_memory);
   read_uint(s, "max_queued_replies", 1, detail::kMaxQueuedReplies, out.max_queued_replies);
+  read_uint(s, "max_networks", 1, detail::kMaxSessions, out.max_networks);
   const Section quota = s.sub("quota", "clients.quota");
   read_uint(quota, "rings", 1, detail::kMaxQuotaRings, out.quota.rings);
   read_uint(quota, "regions", 1, detail::kMaxQuotaRegions, out.quota.regions);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "mkernel/protocol/ring.h"
 
 namespace mkernel::daemon {
@@ -89,10 +91,21 @@ LedgerLimits DaemonState::limits() const {
     const uint64_t reserve = config::reserved_descriptors(limit);
     const uint64_t left = limit - reserve;
     if (left < l.descriptor_budget) {
+      // The per-uid and per-process shares shrink in proportion, so one user still gets at most
+      // its configured fraction of what the node really has.
+      const uint64_t configured = l.descriptor_budget;
+      const auto scale = [&](uint32_t share) {
+        return static_cast<uint32_t>(std::max<uint64_t>(1, uint64_t{share} * left / configured));
+      };
+      l.clients.per_uid.descriptors = scale(l.clients.per_uid.descriptors);
+      l.clients.per_process.descriptors = scale(l.clients.per_process.descriptors);
       l.descriptor_budget = static_cast<uint32_t>(left);
       l.descriptor_budget_why = ", lowered to " + std::to_string(left) + " by the descriptor limit " +
                                 std::to_string(limit) + " less " + std::to_string(reserve) +
                                 " kept for admin, health, metrics and peers";
+      l.descriptor_share_why = ", lowered in proportion: the descriptor limit " + std::to_string(limit) +
+                               " leaves clients " + std::to_string(left) + " of clients.max_descriptors " +
+                               std::to_string(configured);
     }
   }
   return l;

@@ -105,6 +105,9 @@ class DaemonState {
   SessionTable sessions;
   Ledger ledger;        // note 4
   Refusals refusals;    // note 4
+  // Session lines (opened, closed, connecting) at most this many a second: a client that opens
+  // and closes sessions in a loop cannot flood the log either.
+  LogRateLimiter session_log{100};
   // Gives every proxy a fresh table of communicators -> sessions by rank (live sessions that
   // said hello), after a session joined or went.
   void republish_peers();

@@ -261,7 +261,12 @@ void EventLoop::refuse_connection(mp::UniqueFd fd, const ucred& cred, Refusal re
   fill_error(&refusal, why);
   std::string packet;
   if (mp::frame_message(refusal, &packet).ok()) (void)mp::try_send_packet(fd.get(), packet, {});
-  // Closed here: the client reads the refusal before it sees the socket closed.
+  // Whatever the client already sent (its hello) is read and dropped first: closing with it
+  // unread would make the client's kernel report a reset before the refusal (the client reads
+  // again after a reset, session_wire.h, but this keeps the common case plain). Closed here.
+  char sink[64];
+  for (int i = 0; i < 4 && ::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
 }
 
 bool EventLoop::answer(ClientState& c, const pb::Reply& reply, std::vector<mp::UniqueFd> fds) {
@@ -431,8 +436,10 @@ void EventLoop::finish_session(ClientState& c, Status why, bool client_left) {
   clients_.erase(s->id());  // `c` is gone from here on
   if (had_hello) {
     state_.republish_peers();
-    spdlog::info("session {} ({}) closed: {}", s->id(), quoted_printable(s->identity().name),
-                 printable(client_left ? why.message() : reason.to_string(), 1024));
+    if (uint64_t left_out = 0; state_.session_log.allow(&left_out))
+      spdlog::info("session {} ({}) closed: {}{}", s->id(), quoted_printable(s->identity().name),
+                   printable(client_left ? why.message() : reason.to_string(), 1024),
+                   suppressed_note(left_out, "session lines"));
   }
   trim_pending_ = true;
   trim_due_ = std::chrono::steady_clock::now() + 200ms;

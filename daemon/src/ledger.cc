@@ -11,6 +11,7 @@ Holding& Holding::operator+=(const Holding& o) {
   shared_memory += o.shared_memory;
   descriptors += o.descriptors;
   connects += o.connects;
+  networks += o.networks;
   return *this;
 }
 
@@ -23,11 +24,13 @@ Holding& Holding::operator-=(const Holding& o) {
   sub(shared_memory, o.shared_memory);
   sub(descriptors, o.descriptors);
   sub(connects, o.connects);
+  sub(networks, o.networks);
   return *this;
 }
 
 bool Holding::empty() const {
-  return sessions == 0 && rings == 0 && regions == 0 && shared_memory == 0 && descriptors == 0 && connects == 0;
+  return sessions == 0 && rings == 0 && regions == 0 && shared_memory == 0 && descriptors == 0 && connects == 0 &&
+         networks == 0;
 }
 
 namespace {
@@ -45,17 +48,19 @@ std::optional<Denial> first_over(const std::string& who, const Check* checks, si
   for (size_t i = 0; i < n; ++i) {
     const Check& c = checks[i];
     if (c.ask == 0 || c.held + c.ask <= c.limit) continue;
+    const bool fds = c.reason == Refusal::kUidDescriptors || c.reason == Refusal::kProcessDescriptors ||
+                     c.reason == Refusal::kMaxDescriptors;
     std::string text = std::string(c.what) + ": " + who + " already holds " + std::to_string(c.held);
     if (c.ask > 1) text += " and asks for " + std::to_string(c.ask) + " more";
-    text += "; at most " + std::to_string(c.limit) + " (" + std::string(refusal_name(c.reason)) + note + ")";
+    text += "; at most " + std::to_string(c.limit) + " (" + std::string(refusal_name(c.reason)) + (fds ? note : "") + ")";
     return Denial{c.reason, Status(StatusCode::kResourceExhausted, std::move(text))};
   }
   return std::nullopt;
 }
 
 std::optional<Denial> check_share(const std::string& who, const Holding& held, const Holding& ask,
-                                  const config::ShareQuota& q, bool uid) {
-  const std::array<Check, 5> checks{{
+                                  const config::ShareQuota& q, bool uid, const std::string& fd_note) {
+  const std::array<Check, 6> checks{{
       {"sessions", held.sessions, ask.sessions, q.sessions, uid ? Refusal::kUidSessions : Refusal::kProcessSessions},
       {"rings", held.rings, ask.rings, q.rings, uid ? Refusal::kUidRings : Refusal::kProcessRings},
       {"regions", held.regions, ask.regions, q.regions, uid ? Refusal::kUidRegions : Refusal::kProcessRegions},
@@ -63,8 +68,10 @@ std::optional<Denial> check_share(const std::string& who, const Holding& held, c
        uid ? Refusal::kUidSharedMemory : Refusal::kProcessSharedMemory},
       {"descriptors", held.descriptors, ask.descriptors, q.descriptors,
        uid ? Refusal::kUidDescriptors : Refusal::kProcessDescriptors},
+      {"sessions with a network endpoint", held.networks, ask.networks, q.networks,
+       uid ? Refusal::kUidNetworks : Refusal::kProcessNetworks},
   }};
-  return first_over(who, checks.data(), checks.size());
+  return first_over(who, checks.data(), checks.size(), fd_note);
 }
 
 }  // namespace
@@ -76,17 +83,19 @@ std::optional<Denial> Ledger::take(const Owner& owner, const Holding& ask, const
   const std::string uid_name = "uid " + std::to_string(owner.uid);
   auto pit = processes_.find(owner.pid);
   const Holding pheld = pit != processes_.end() ? pit->second.held : Holding{};
-  if (auto d = check_share(pid_name, pheld, ask, c.per_process, false)) return d;
+  if (auto d = check_share(pid_name, pheld, ask, c.per_process, false, limits.descriptor_share_why)) return d;
   auto uit = uids_.find(owner.uid);
   const Holding uheld = uit != uids_.end() ? uit->second.held : Holding{};
-  if (auto d = check_share(uid_name, uheld, ask, c.per_uid, true)) return d;
+  if (auto d = check_share(uid_name, uheld, ask, c.per_uid, true, limits.descriptor_share_why)) return d;
   const Check connects{"connects in progress", uheld.connects, ask.connects, limits.max_connects_per_uid,
                        Refusal::kUidConnects};
   if (auto d = first_over(uid_name, &connects, 1)) return d;
-  const std::array<Check, 2> node{{
+  const std::array<Check, 3> node{{
       {"sessions", node_.held.sessions, ask.sessions, c.max_sessions, Refusal::kMaxSessions},
       {"shared memory bytes", node_.held.shared_memory, ask.shared_memory, c.max_shared_memory,
        Refusal::kMaxSharedMemory},
+      {"sessions with a network endpoint", node_.held.networks, ask.networks, c.max_networks,
+       Refusal::kMaxNetworks},
   }};
   if (auto d = first_over("the node", node.data(), node.size())) return d;
   const Check fds{"descriptors", node_.held.descriptors, ask.descriptors, limits.descriptor_budget,

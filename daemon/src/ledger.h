@@ -13,7 +13,8 @@
 //  3. Descriptors: the node's budget is clients.max_descriptors, lowered when the process's
 //     descriptor limit leaves less after the reserve (config::kReservedDescriptors). Only
 //     descriptors held for clients are counted here; the reserve is never handed out, which is
-//     what keeps the admin and health endpoints reachable.
+//     what keeps the admin and health endpoints reachable. When the budget is lowered, the
+//     per-uid and per-process descriptor limits shrink in proportion.
 //  4. Thread safety: one mutex. The event loop takes and gives back; the control implementation
 //     reads totals.
 #pragma once
@@ -39,6 +40,7 @@ struct Holding {
   uint64_t shared_memory = 0;
   uint32_t descriptors = 0;
   uint32_t connects = 0;  // connects in progress
+  uint32_t networks = 0;  // sessions with a network endpoint
   Holding& operator+=(const Holding& o);
   Holding& operator-=(const Holding& o);
   bool empty() const;
@@ -53,6 +55,9 @@ struct LedgerLimits {
   config::ClientsConfig clients;
   uint32_t descriptor_budget = 0;  // note 3
   std::string descriptor_budget_why;  // "" when it is clients.max_descriptors as configured
+  // "" when the per-uid and per-process descriptor limits are as configured; else why they are
+  // lower (they shrink with the budget, note 3).
+  std::string descriptor_share_why;
   uint32_t max_connects_per_uid = 64;
 };
 

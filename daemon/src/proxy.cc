@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "log_text.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define MK_PAUSE() _mm_pause()
@@ -177,8 +179,8 @@ void Proxy::refresh_consumers(Tracked& t) {
 void Proxy::end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, uint64_t pos) {
   const uint64_t id = t.session->id();
   if (t.session->end(why, code, detail, pos)) {
-    spdlog::warn("proxy {}: session {} ({}) ended: {}", options_.name, id, t.session->identity().name,
-                 why.to_string());
+    spdlog::warn("proxy {}: session {} ({}) ended: {}", options_.name, id, quoted_printable(t.session->identity().name),
+                 printable(why.to_string(), 1024));
     if (on_session_ended_) on_session_ended_(id);
   }
 }

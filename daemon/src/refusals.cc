@@ -21,6 +21,7 @@ constexpr std::array<std::string_view, kNumRefusals> kNames{
     "clients.max_sessions",
     "clients.max_descriptors",
     "clients.max_shared_memory",
+    "clients.max_networks",
     "clients.quota.rings",
     "clients.quota.regions",
     "clients.quota.registered_bytes",
@@ -33,12 +34,14 @@ constexpr std::array<std::string_view, kNumRefusals> kNames{
     "clients.per_uid.shared_memory",
     "clients.per_uid.descriptors",
     "connects_per_uid",
+    "clients.per_uid.networks",
     "clients.per_process.sessions",
     "clients.per_process.sessions_per_gpu",
     "clients.per_process.rings",
     "clients.per_process.regions",
     "clients.per_process.shared_memory",
     "clients.per_process.descriptors",
+    "clients.per_process.networks",
 };
 static_assert(!kNames[kNumRefusals - 1].empty(), "a name for every Refusal");
 
@@ -60,28 +63,32 @@ void Refusals::record_anonymous(Refusal reason, const Status& status) {
   log(reason, "refused a client (" + std::string(refusal_name(reason)) + "): " + printable(status.message(), 512));
 }
 
+bool LogRateLimiter::allow(uint64_t* suppressed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - start_ >= std::chrono::seconds(1)) {
+    start_ = now;
+    lines_ = 0;
+  }
+  if (lines_ >= per_second_) {
+    ++suppressed_;
+    return false;
+  }
+  ++lines_;
+  *suppressed = suppressed_;
+  suppressed_ = 0;
+  return true;
+}
+
+std::string suppressed_note(uint64_t suppressed, std::string_view what) {
+  if (suppressed == 0) return {};
+  return " (and " + std::to_string(suppressed) + " more " + std::string(what) + " not logged)";
+}
+
 void Refusals::log(Refusal reason, const std::string& line) {
   uint64_t suppressed = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Window& w = windows_[static_cast<size_t>(reason)];
-    const auto now = std::chrono::steady_clock::now();
-    if (now - w.start >= std::chrono::seconds(1)) {
-      w.start = now;
-      w.lines = 0;
-    }
-    if (w.lines >= kLinesPerSecond) {
-      ++w.suppressed;
-      return;
-    }
-    ++w.lines;
-    suppressed = w.suppressed;
-    w.suppressed = 0;
-  }
-  if (suppressed == 0)
-    spdlog::warn("{}", line);
-  else
-    spdlog::warn("{} (and {} more refusal(s) of this kind not logged)", line, suppressed);
+  if (!limiters_[static_cast<size_t>(reason)].allow(&suppressed)) return;
+  spdlog::warn("{}{}", line, suppressed_note(suppressed, "refusal(s) of this kind"));
 }
 
 std::vector<std::pair<std::string, uint64_t>> Refusals::all() const {

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mkernel/common/status.h"
@@ -43,6 +44,7 @@ enum class Refusal : uint8_t {
   kMaxSessions,
   kMaxDescriptors,
   kMaxSharedMemory,
+  kMaxNetworks,
   kQuotaRings,
   kQuotaRegions,
   kQuotaRegisteredBytes,
@@ -55,12 +57,14 @@ enum class Refusal : uint8_t {
   kUidSharedMemory,
   kUidDescriptors,
   kUidConnects,
+  kUidNetworks,
   kProcessSessions,
   kProcessSessionsPerGpu,
   kProcessRings,
   kProcessRegions,
   kProcessSharedMemory,
   kProcessDescriptors,
+  kProcessNetworks,
   kCount
 };
 inline constexpr size_t kNumRefusals = static_cast<size_t>(Refusal::kCount);
@@ -73,6 +77,26 @@ struct Denial {
   Refusal reason;
   Status status;
 };
+
+// A budget of log lines per second for one kind of line; lines over it are counted, and the
+// next line allowed says how many were left out. Thread-safe.
+class LogRateLimiter {
+ public:
+  explicit LogRateLimiter(int per_second) : per_second_(per_second) {}
+  // Whether a line may be logged now. When it may, `suppressed` receives how many were left
+  // out since the last one.
+  bool allow(uint64_t* suppressed);
+
+ private:
+  const int per_second_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point start_{};
+  int lines_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+// " (and N more ... not logged)" for a count of left-out lines; "" for none.
+std::string suppressed_note(uint64_t suppressed, std::string_view what);
 
 class Refusals {
  public:
@@ -93,13 +117,12 @@ class Refusals {
   void log(Refusal reason, const std::string& line);
 
   std::array<std::atomic<uint64_t>, kNumRefusals> counts_{};
-  struct Window {
-    std::chrono::steady_clock::time_point start{};
-    int lines = 0;
-    uint64_t suppressed = 0;
-  };
-  std::mutex mu_;
-  std::array<Window, kNumRefusals> windows_{};  // guarded by mu_
+  std::array<LogRateLimiter, kNumRefusals> limiters_ = make_limiters(std::make_index_sequence<kNumRefusals>());
+
+  template <size_t... I>
+  static std::array<LogRateLimiter, kNumRefusals> make_limiters(std::index_sequence<I...>) {
+    return {(static_cast<void>(I), LogRateLimiter(kLinesPerSecond))...};
+  }
 };
 
 }  // namespace mkernel::daemon

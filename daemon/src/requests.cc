@@ -123,9 +123,10 @@ Status Requests::hello(ClientState& c, const pb::Request& req, pb::Reply* reply)
     hr->set_gpu_memory(probe->gpu_memory());
     hr->set_gpu_memory_reason(probe->gpu_memory_reason());
   }
-  spdlog::info("session {}: {} pid {} uid {}: communicator {} rank {}/{} on {}", s->id(),
-               quoted_printable(h.client_name()), s->creds().pid, s->creds().uid, quoted_printable(h.communicator()),
-               h.rank(), h.world_size(), proxy->options().name);
+  if (uint64_t left_out = 0; state_.session_log.allow(&left_out))
+    spdlog::info("session {}: {} pid {} uid {}: communicator {} rank {}/{} on {}{}", s->id(),
+                 quoted_printable(h.client_name()), s->creds().pid, s->creds().uid, quoted_printable(h.communicator()),
+                 h.rank(), h.world_size(), proxy->options().name, suppressed_note(left_out, "session lines"));
   return Status::Ok();
 }
 
@@ -381,10 +382,12 @@ Status Requests::connect(ClientState& c, const pb::Request& req) {
   cr.open.command_timeout = cfg.timeouts.command;
   const std::string root = cr.root;
   const auto bound = cr.timeout;
-  // Connects in progress hold a worker thread each: one uid may not take them all.
-  MK_RETURN_IF_ERROR(take(c, Holding{.connects = 1}));
+  // Connects in progress hold a worker thread each, and a connected session a network endpoint
+  // (the provider's memory): both are counted, so one client cannot take them all.
+  const Holding ask{.connects = 1, .networks = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
   if (Status started = connects_.start(s, req.request_id(), std::move(cr)); !started.ok()) {
-    give_back(c, Holding{.connects = 1});
+    give_back(c, ask);
     return started;
   }
   c.connect_started = true;
@@ -397,8 +400,10 @@ Status Requests::connect(ClientState& c, const pb::Request& req) {
 void Requests::connected(ClientState& c, ConnectJob& j, pb::Reply* reply) {
   const std::shared_ptr<Session>& s = c.session;
   reply->set_request_id(j.request_id);
+  // The connect is over; the endpoint stays counted while the session has it.
   if (c.held.connects > 0) give_back(c, Holding{.connects = 1});
   if (!j.status.ok()) {
+    if (c.held.networks > 0) give_back(c, Holding{.networks = 1});
     c.connect_started = false;  // it may try again
     fill_error(reply, j.status);
     spdlog::warn("session {}: connecting communicator {} failed: {}", s->id(),

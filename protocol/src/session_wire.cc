@@ -56,6 +56,17 @@ Status recv_impl(int sock, google::protobuf::MessageLite* msg, int min_fds, int 
   do {
     n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == ECONNRESET) {
+    // The peer closed with something of ours unread (a daemon refusing a connection before it
+    // read the hello). The kernel reports that reset once, before the messages still queued for
+    // us: read again, so the peer's last word (its refusal) is not lost.
+    mh.msg_controllen = sizeof(control);
+    do {
+      n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNRESET))
+      return Status(StatusCode::kUnavailable, "peer closed the connection");
+  }
   if (n < 0) return errno_status("recvmsg", errno);
   // Take ownership of every descriptor that arrived before judging anything else.
   std::vector<int> fds;

@@ -357,6 +357,36 @@ int malformed(const Args& a) {
   return 0;
 }
 
+// Sessions that each open a network endpoint: a communicator of one rank connected through the
+// daemon's network transport (network_for_local), kept open.
+int networks(const Args& a) {
+  std::vector<std::unique_ptr<mp::SessionClient>> held;
+  Tally t;
+  for (int i = 0; i < a.count && !g_stop.load(); ++i) {
+    auto c = session(a, comm_name(a, i), 0, 1);
+    if (!c.ok()) {
+      t.refuse(c.status());
+      continue;
+    }
+    mp::ConnectOptions co;
+    co.token = std::string(16, 'k');
+    co.timeout = std::chrono::milliseconds(a.timeout_ms);
+    co.network_for_local = true;
+    mkernel::Status s = c.value()->create_region(a.bytes, true).status();
+    if (s.ok()) s = c.value()->create_flags(16).status();
+    if (s.ok()) s = c.value()->connect_communicator(co).status();
+    if (!s.ok()) {
+      t.refuse(s);
+    } else {
+      ++t.ok;
+    }
+    held.push_back(std::move(c.value()));
+  }
+  t.print("networks");
+  hold(a);
+  return 0;
+}
+
 // Client-supplied text with newlines, terminal escapes and NUL bytes.
 int log_inject(const Args& a) {
   Tally t;
@@ -502,7 +532,7 @@ int main(int argc, char** argv) {
   std::string attack;
   app.add_option("attack", attack,
                  "idle-connections, regions, big-rings, handles, slots, world, slow-readers, malformed, "
-                 "log-inject, metrics-idle or probe")
+                 "log-inject, networks, metrics-idle or probe")
       ->required();
   CLI11_PARSE(app, argc, argv);
   raise_fd_limit();
@@ -517,6 +547,7 @@ int main(int argc, char** argv) {
   if (attack == "slow-readers") return slow_readers(a);
   if (attack == "malformed") return malformed(a);
   if (attack == "log-inject") return log_inject(a);
+  if (attack == "networks") return networks(a);
   if (attack == "metrics-idle") return metrics_idle(a);
   if (attack == "probe") return probe(a);
   std::fprintf(stderr, "mkernel-hostile-client: unknown attack \"%s\"\n", attack.c_str());

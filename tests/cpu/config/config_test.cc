@@ -522,8 +522,9 @@ TEST(ConfigDefaults, ProductionValues) {
   EXPECT_EQ(c.clients.max_descriptors, 8192u);
   EXPECT_EQ(c.clients.max_shared_memory, uint64_t{256} << 30);
   EXPECT_EQ(c.clients.max_queued_replies, 64u);
-  EXPECT_EQ(c.clients.per_uid, (ShareQuota{256, 32, 1024, 8192, uint64_t{128} << 30, 4096}));
-  EXPECT_EQ(c.clients.per_process, (ShareQuota{64, 16, 256, 2048, uint64_t{64} << 30, 1024}));
+  EXPECT_EQ(c.clients.max_networks, 64u);
+  EXPECT_EQ(c.clients.per_uid, (ShareQuota{256, 32, 1024, 8192, uint64_t{128} << 30, 4096, 32}));
+  EXPECT_EQ(c.clients.per_process, (ShareQuota{64, 16, 256, 2048, uint64_t{64} << 30, 1024, 8}));
   EXPECT_EQ(c.timeouts.handshake, 5s);
   EXPECT_EQ(c.timeouts.rendezvous, 120s);
   EXPECT_EQ(c.timeouts.connect, 30s);
@@ -907,8 +908,9 @@ DaemonConfig unusual_config() {
   c.clients.max_shared_memory = uint64_t{1} << 50;
   c.clients.max_queued_replies = 1;
   c.clients.quota = {1024, 65536, (uint64_t{3} << 40) + (uint64_t{5} << 20), 1};
-  c.clients.per_uid = {1, 4096, 1, 1u << 20, uint64_t{1} << 20, 1u << 20};
-  c.clients.per_process = {65536, 1, 1u << 20, 1, (uint64_t{7} << 30) + 4096, 1};
+  c.clients.max_networks = 65536;
+  c.clients.per_uid = {1, 4096, 1, 1u << 20, uint64_t{1} << 20, 1u << 20, 1};
+  c.clients.per_process = {65536, 1, 1u << 20, 1, (uint64_t{7} << 30) + 4096, 1, 65536};
   c.timeouts = {1ms, 3600000ms, 2ms, 3ms, 4ms};
   c.client_socket = {"/tmp/a\\b.sock", "mkernel", 0600, {0, 1000}, {4294967294u}};
   c.grpc.listen = {ListenAddress{ListenKind::kUnix, "admin.sock", "", 0},

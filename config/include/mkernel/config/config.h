@@ -147,6 +147,7 @@ struct ShareQuota {
   uint32_t regions = 0;
   uint64_t shared_memory = 0;     // memory the daemon makes for them: rings, host regions, flags
   uint32_t descriptors = 0;       // descriptors the daemon holds for them (see docs/operations.md)
+  uint32_t networks = 0;          // sessions with a network endpoint (connected across daemons)
   bool operator==(const ShareQuota&) const = default;
 };
 
@@ -156,9 +157,12 @@ struct ClientsConfig {
   uint32_t max_descriptors = 8192;                         // descriptors held for all clients
   uint64_t max_shared_memory = uint64_t{256} << 30;        // shared memory made for all clients
   uint32_t max_queued_replies = 64;                        // replies waiting for one slow reader
+  // Sessions with a network endpoint on the node: an endpoint holds what its provider allocates
+  // (about 67 MiB with libfabric's tcp;ofi_rxm), so they are counted apart.
+  uint32_t max_networks = 64;
   ClientQuota quota;                                       // one session
-  ShareQuota per_uid{256, 32, 1024, 8192, uint64_t{128} << 30, 4096};
-  ShareQuota per_process{64, 16, 256, 2048, uint64_t{64} << 30, 1024};
+  ShareQuota per_uid{256, 32, 1024, 8192, uint64_t{128} << 30, 4096, 32};
+  ShareQuota per_process{64, 16, 256, 2048, uint64_t{64} << 30, 1024, 8};
   bool operator==(const ClientsConfig&) const = default;
 };
 

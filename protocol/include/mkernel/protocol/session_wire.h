@@ -14,6 +14,9 @@
 //  5. connect_unix: a Unix socket whose listen backlog is full answers connect() with EAGAIN
 //     (not EINPROGRESS: nothing is in progress). The connect is retried with a growing pause
 //     (1 ms doubling up to 50 ms) until it succeeds or the bound expires.
+//  6. A peer that closes with a message of ours unread makes the kernel report a reset (once)
+//     before the messages it sent us are read. A receive that meets the reset reads again, so a
+//     daemon's last word before it closes (the refusal of a connection) reaches the client.
 #pragma once
 
 #include <chrono>
