@@ -69,6 +69,7 @@ ATTACKS = {
     "slow-readers": ("", [["slow-readers", "--count", "8"]], 5),
     "malformed": ("", [["malformed", "--count", "20"]], 2),
     "log-inject": ("", [["log-inject"]], 1),
+    "networks": ("", [["networks", "--count", "16"]], 2),
     "metrics-idle": (METRICS_CONFIG, [["metrics-idle", "--count", "2"]], 2),
     "combined": ("", [["slow-readers", "--count", "8"], ["idle-connections", "--count", "10000"],
                       ["world", "--count", "60", "--world", str(1 << 20)]], 5),

@@ -236,6 +236,45 @@ TEST_F(HostileTest, MemoryStaysBoundedAndGoesBack) {
   EXPECT_LT(after, idle + 4 * 1024) << "freed memory goes back to the system";
 }
 
+// docs/operations.md's worst case, held to at the node's session limit: 1024 sessions of four
+// users (64 processes) with every ring their shares allow, eight network endpoints, and 60
+// hellos claiming 2^20 ranks. The daemon's resident memory stays below the documented bound
+// for that load (22 MiB + 192 KiB a session + 72 MiB an endpoint) and goes back afterwards.
+TEST_F(HostileTest, AtTheSessionLimitMemoryStaysWithinTheDocumentedBound) {
+  start("gpus: {select: host_slots, host_slots: 16}\n");
+  const pid_t pid = daemon_->pid();
+  std::this_thread::sleep_for(300ms);
+  const uint64_t idle = mkt::Sampler::status_kib(pid, "VmRSS");
+  mkt::Sampler sampler(pid);
+  const std::string nets = attack({"networks", "--count", "8"}, 0).ready();
+  const int endpoints = std::max(0, static_cast<int>(mkt::json_number(nets, "ok")));
+  int hellos = 0;  // claiming 2^20 ranks each, spread over GPUs (16 per process and GPU)
+  for (int g = 1; g <= 4; ++g)
+    hellos += static_cast<int>(mkt::json_number(
+        attack({"world", "--count", "15", "--world", "1048576", "--gpu", std::to_string(g)}, 0).ready(), "ok"));
+  EXPECT_EQ(hellos, 60);
+  const size_t first = attackers_.size();
+  int n = 0;
+  for (int uid = 60001; uid <= 60004; ++uid)
+    for (int k = 0; k < 16; ++k, ++n)
+      attack({"big-rings", "--gpu", std::to_string(n % 16), "--count", "16", "--per", "16", "--log2", "16"}, uid);
+  int sessions = 0;
+  for (size_t i = first; i < attackers_.size(); ++i) sessions += static_cast<int>(mkt::json_number(attackers_[i]->ready(), "ok"));
+  EXPECT_EQ(sessions + 8 + hellos, 1024) << "the node's sessions are full";
+  std::this_thread::sleep_for(500ms);
+  sampler.stop();
+  const uint64_t bound = 22 * 1024 + 1024 * 192 + static_cast<uint64_t>(endpoints) * 72 * 1024;
+  std::printf("[memory at the session limit] idle %llu KiB, peak %llu KiB (anon %llu), %d endpoints, bound %llu KiB\n",
+              static_cast<unsigned long long>(idle), static_cast<unsigned long long>(sampler.peak_rss_kib()),
+              static_cast<unsigned long long>(sampler.peak_anon_kib()), endpoints,
+              static_cast<unsigned long long>(bound));
+  EXPECT_LT(sampler.peak_rss_kib(), bound);
+  attackers_.clear();
+  std::this_thread::sleep_for(3s);
+  const uint64_t after = mkt::Sampler::status_kib(pid, "VmRSS");
+  EXPECT_LT(after, idle + 8 * 1024) << "after: " << after << " KiB";
+}
+
 // Issue 6: refusals are counted by reason in stats, status and /metrics, and logged with the
 // client's pid and uid without flooding the log.
 TEST_F(HostileTest, RefusalsAreCountedExportedAndLoggedWithoutAFlood) {
