@@ -441,8 +441,10 @@ void EventLoop::finish_session(ClientState& c, Status why, bool client_left) {
                    printable(client_left ? why.message() : reason.to_string(), 1024),
                    suppressed_note(left_out, "session lines"));
   }
-  trim_pending_ = true;
-  trim_due_ = std::chrono::steady_clock::now() + 200ms;
+  if (!trim_pending_) {  // the first end of a batch sets the moment; churn cannot postpone it
+    trim_pending_ = true;
+    trim_due_ = std::chrono::steady_clock::now() + 200ms;
+  }
 }
 
 void EventLoop::end_late_handshakes() {

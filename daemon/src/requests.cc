@@ -48,6 +48,12 @@ void Requests::give_back(ClientState& c, const Holding& what) {
   c.held -= what;
 }
 
+Status Requests::made_nothing(ClientState& c, Status why) {
+  // The ledger had room but the process had no descriptor (shm.h: kResourceExhausted).
+  if (why.code() == StatusCode::kResourceExhausted) c.limit_hit = Refusal::kOutOfDescriptors;
+  return why;
+}
+
 Status Requests::over_quota(ClientState& c, Refusal which, std::string text) {
   c.limit_hit = which;
   return Status(StatusCode::kResourceExhausted, std::move(text));
@@ -179,7 +185,7 @@ Status Requests::create_ring(ClientState& c, uint32_t log2, pb::Reply* reply, st
   auto ring = s.add_ring(log2, state_.epoch);
   if (!ring.ok()) {
     give_back(c, ask);
-    return ring.status();
+    return made_nothing(c, ring.status());
   }
   reply->mutable_ring()->set_ring_id(ring.value()->id);
   reply->mutable_ring()->set_capacity_log2(log2);
@@ -208,7 +214,7 @@ Status Requests::create_region(ClientState& c, uint64_t bytes, bool remote_writa
   auto region = s.add_region(bytes, remote_writable);
   if (!region.ok()) {
     give_back(c, ask);
-    return region.status();
+    return made_nothing(c, region.status());
   }
   const uint32_t id = s.num_regions() - 1;
   reply->mutable_region()->set_region_id(id);
@@ -227,7 +233,7 @@ Status Requests::create_flags(ClientState& c, uint32_t count, pb::Reply* reply, 
   MK_RETURN_IF_ERROR(take(c, ask));
   if (Status fs = s.add_flags(count); !fs.ok()) {
     give_back(c, ask);
-    return fs;
+    return made_nothing(c, fs);
   }
   reply->mutable_flags()->set_count(s.num_flags());
   fds->push_back(s.release_flags_fd());

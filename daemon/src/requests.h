@@ -77,6 +77,9 @@ class Requests {
                       std::vector<protocol::UniqueFd>* fds);
   // A limit of the session itself (clients.quota): noted like a ledger refusal.
   Status over_quota(ClientState& c, Refusal which, std::string text);
+  // Making shared memory failed after the ledger took it (given back by the caller): a
+  // shortage of descriptors is noted as such.
+  Status made_nothing(ClientState& c, Status why);
 
   DaemonState& state_;
   ConnectJobs& connects_;

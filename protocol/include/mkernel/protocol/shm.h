@@ -40,7 +40,7 @@ class SharedMapping {
 };
 
 // Creates a zero-filled memfd segment of `bytes` (rounded up to whole pages), seals it and maps
-// it read-write.
+// it read-write. kResourceExhausted when the process (or the system) has no descriptor left.
 StatusOr<SharedMapping> create_sealed_segment(const std::string& name, size_t bytes);
 
 // Maps a segment received from a peer. `expected_bytes` of 0 accepts any size; otherwise the
