@@ -128,3 +128,15 @@ TEST(DaemonCore, EndingASessionStopsItsProducers) {
   EXPECT_EQ(h->error_detail, 5u);
   EXPECT_EQ(h->error_pos, 9u);
 }
+
+// A communicator's table holds the ranks that have sessions, whatever world size they claim.
+TEST(DaemonCore, APeerListHoldsOnlyTheRanksThatExist) {
+  auto a = make_session(1, "big", 7, 1u << 20);
+  auto b = make_session(2, "big", 1048575, 1u << 20);
+  const md::PeerList list({{1048575, b}, {7, a}});
+  EXPECT_EQ(list.size(), 2u);
+  EXPECT_EQ(list.find(7), a.get());
+  EXPECT_EQ(list.find(1048575), b.get());
+  EXPECT_EQ(list.find(0), nullptr);
+  EXPECT_EQ(list.find(8), nullptr);
+}

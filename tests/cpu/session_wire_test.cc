@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "mkernel/proto/session.pb.h"
+#include "mkernel/protocol/ring_host.h"
 #include "mkernel/protocol/session_client.h"
 #include "mkernel/protocol/session_wire.h"
 #include "mkernel/protocol/shm.h"
@@ -306,4 +307,27 @@ TEST(SessionWire, ClientReportsARefusalSentBeforeItsHello) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.code(), StatusCode::kResourceExhausted) << result.to_string();
   EXPECT_NE(result.message().find("(clients.per_uid.sessions)"), std::string::npos) << result.to_string();
+}
+
+// Creating a ring on a fresh segment writes its header only: its cost and the memory it makes
+// resident do not grow with its capacity (a 2^20-slot ring used to write 64 MiB at creation).
+TEST(SharedSegment, AFreshRingTouchesOnlyItsHeader) {
+  const uint32_t log2 = 20;
+  auto seg = mp::create_sealed_segment("ring-test", mp::ring_segment_bytes(log2));
+  ASSERT_TRUE(seg.ok()) << seg.status().to_string();
+  mp::RingView view;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(mp::init_ring_on_zeroed(seg->data(), seg->size(), log2, 7, 99, &view), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5ms);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((seg->size() + page - 1) / page);
+  ASSERT_EQ(::mincore(seg->data(), seg->size(), resident.data()), 0);
+  size_t pages = 0;
+  for (unsigned char r : resident) pages += r & 1;
+  EXPECT_LE(pages, 1u) << "resident pages of a fresh 64 MiB ring";
+  mp::RingView attached;
+  ASSERT_EQ(mp::attach_ring(seg->data(), seg->size(), &attached), "");
+  EXPECT_EQ(attached.capacity_log2, log2);
+  EXPECT_EQ(attached.header->epoch, 99u);
+  EXPECT_EQ(attached.slots[12345].commit, 0u) << "the kernel's zeros are the empty slots";
 }
