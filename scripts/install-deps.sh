@@ -3,7 +3,8 @@
 #   - Debian packages (build tools, RDMA and fabric libraries, gRPC/protobuf, logging, config,
 #     CLI, test and benchmark frameworks, metrics, topology, systemd)
 #   - a Python venv in .deps/venv with the pinned nvidia-cutlass wheel (CUTLASS/CuTe headers)
-#     and the Python packages the tests use
+#     and the Python packages the tests use (and the Python package's: nanobind,
+#     scikit-build-core, pytest, torch)
 # The CUDA 13 toolkit cannot come from Debian's archive: it is detected and reported, never
 # installed here. Without it everything that needs no CUDA is still built and tested.
 set -euo pipefail
@@ -68,6 +69,34 @@ PY
 else
   echo "install-deps: Python packages already installed"
 fi
+# The Python package (python/, docs/python.md): nanobind and scikit-build-core build it, pytest
+# runs its tests, torch is what its ops serve. torch is pinned to the GPU machine's version; the
+# package index has only CUDA builds for Linux (about 4.6 GB with their NVIDIA libraries, a
+# minute or two here), which import and trace fine without a GPU. MKERNEL_TORCH=off leaves torch
+# out (its tests then say they are skipped and why); a failed torch install only warns.
+torch_version=2.11.0
+if ! "$deps_dir/venv/bin/python" -c 'import nanobind, scikit_build_core, pytest' 2>/dev/null; then
+  echo "install-deps: installing Python packages: nanobind scikit-build-core pytest"
+  "${pip[@]}" install "nanobind==3.1.0" "scikit-build-core==1.1.2" pytest
+fi
+if [ "${MKERNEL_TORCH:-on}" = off ]; then
+  echo "install-deps: torch left out (MKERNEL_TORCH=off)"
+elif "$deps_dir/venv/bin/python" - "$torch_version" <<'PY' 2>/dev/null; then
+import importlib.metadata as md, sys
+assert md.version("torch").split("+")[0] == sys.argv[1]
+md.version("numpy")
+PY
+  echo "install-deps: torch $torch_version already installed"
+else
+  echo "install-deps: installing torch $torch_version and numpy (bounded to 15 minutes)"
+  start=$(date +%s)
+  if timeout 900 "${pip[@]}" install --no-warn-conflicts "torch==$torch_version" numpy; then
+    echo "install-deps: torch $torch_version installed in $(($(date +%s) - start)) s"
+  else
+    echo "install-deps: WARNING: torch $torch_version could not be installed; the Python package's torch tests will be skipped"
+  fi
+fi
+
 cute_dir=$("$deps_dir/venv/bin/python" -c \
   'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')
 [ -f "$cute_dir/cute/tensor.hpp" ] || { echo "install-deps: CuTe headers missing in $cute_dir" >&2; exit 1; }

@@ -15,6 +15,7 @@
 //
 //   ag_gemm_bench [--world W] [--nodes] [--provider shm] [--shapes 8192x8192x8192,...]
 //                 [--small-m] [--iters 50] [--rounds 5] [--jsonl FILE] [--commit C] [--machine M]
+//                 [--comm-blocks N] [--chunk-rows R] [--lsu]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -69,6 +70,7 @@ struct Args {
   std::string provider = "shm";
   std::vector<Shape> shapes;
   int iters = 50, rounds = 5;
+  rt::AllGatherGemmConfig config;  // --comm-blocks, --lsu, --chunk-rows
   std::string jsonl, commit = "unknown", machine = "unknown";
 };
 
@@ -152,7 +154,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     const int64_t m_local = s.m / W, n_local = s.n / W, k = s.k;
     gemm_test::fill_random(a, m_local * k, 1000 + si * 64 + rank, 1.0f, st);
     gemm_test::fill_random(w, n_local * k, 2000 + si * 64 + rank, 1.0f, st);
-    auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, {}, st);
+    auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, args.config, st);
     if (!op.ok()) {
       std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld: %s", rank, s.m, s.n, s.k,
                     op.status().to_string().c_str());
@@ -269,11 +271,17 @@ int main(int argc, char** argv) {
     if (a == "--world") args.world = std::atoi(next().c_str());
     else if (a == "--nodes") args.nodes = true;
     else if (a == "--provider") args.provider = next();
-    else if (a == "--shapes") args.shapes = parse_shapes(next());
+    else if (a == "--shapes") {
+      const auto more = parse_shapes(next());
+      args.shapes.insert(args.shapes.end(), more.begin(), more.end());
+    }
     else if (a == "--small-m")
       for (int64_t m : {128, 256, 512, 1024, 2048})
         for (int64_t n : {8192, 28672}) args.shapes.push_back({m, n, 8192});
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
+    else if (a == "--comm-blocks") args.config.comm_blocks = std::atoi(next().c_str());
+    else if (a == "--chunk-rows") args.config.chunk_rows = static_cast<uint32_t>(std::atoi(next().c_str()));
+    else if (a == "--lsu") args.config.bulk_copies = false;
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();

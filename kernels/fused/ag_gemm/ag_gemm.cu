@@ -39,7 +39,7 @@ GemmResult cuda_fail(const char* what, cudaError_t e) {
 }  // namespace
 
 int ag_default_comm_blocks(const FusedLayout& layout) {
-  const int blocks = 2 + 4 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
+  const int blocks = 2 + 8 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
   return std::min(16, blocks);
 }
 
@@ -159,6 +159,14 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   ra.gathered = own;
   ra.ready = ready;
   ra.workspace = s.layout.nodes > 1 ? c.buffers[c.network_workspace] : nullptr;
+  ra.bulk = s.config.bulk_copies ? 1u : 0u;
+  if (cudaError_t e = cudaMalloc(&p->step_done_, std::max<size_t>(1, steps.size()) * sizeof(uint32_t));
+      e != cudaSuccess)
+    return cuda_fail("cudaMalloc (step counters)", e);
+  if (cudaError_t e = cudaMemset(p->step_done_, 0, std::max<size_t>(1, steps.size()) * sizeof(uint32_t));
+      e != cudaSuccess)
+    return cuda_fail("cudaMemset (step counters)", e);
+  ra.step_done = p->step_done_;
   if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(AgGemmRoleArgs)); e != cudaSuccess)
     return cuda_fail("cudaMalloc (role arguments)", e);
   if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
@@ -172,6 +180,7 @@ AgGemmPlan::~AgGemmPlan() {
   if (steps_ != nullptr) (void)cudaFree(steps_);
   if (role_args_ != nullptr) (void)cudaFree(role_args_);
   if (split_workspace_ != nullptr) (void)cudaFree(split_workspace_);
+  if (step_done_ != nullptr) (void)cudaFree(step_done_);
   if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
   if (join_ != nullptr) (void)cudaEventDestroy(join_);
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
@@ -208,7 +217,8 @@ std::string AgGemmPlan::describe() const {
   return "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
          ") m_local=" + std::to_string(geo_.m_local) + " k=" + std::to_string(geo_.k) +
          " n_local=" + std::to_string(setup_.n_local) + " chunks=" + std::to_string(geo_.chunks()) + "x" +
-         std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) + " gemm " +
+         std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) +
+         (setup_.config.bulk_copies ? " bulk" : " lsu") + " gemm " +
          gemm_config_string(gemm_);
 }
 

@@ -41,6 +41,8 @@ struct AgGemmRoleArgs {
   uint8_t* gathered = nullptr;    // this rank's gathered A: the start of its NVLink buffer
   uint64_t* ready = nullptr;      // this rank's NVLink fused-op flags (ready(), done())
   uint8_t* workspace = nullptr;   // this rank's network workspace (nodes > 1), else null
+  uint32_t* step_done = nullptr;  // per step: communication blocks done with their slice (zero between launches)
+  uint32_t bulk = 1;              // 1: GPU-memory slices through the bulk copier; 0: 16-byte loads/stores
 };
 
 #if defined(__CUDACC__)
@@ -111,68 +113,95 @@ __device__ __forceinline__ bool wait_step_inputs(const Ctx& x, const AgStep& s) 
   return false;
 }
 
-// Runs one step with the whole block; returns the same on every thread. Chunks that stay in GPU
-// memory (this GPU's or a peer's over NVLink) move through thread 0's bulk copier; chunks to or
-// from the host-staged network workspace move with every thread's loads and stores.
-__device__ __forceinline__ bool run_step(const Ctx& x, const AgStep& s, BulkCopier& copier) {
+// Copies this block's slice of a `bytes`-long transfer: the transfer is cut into num_blocks
+// slices of whole 16-byte units, so every communication block moves part of every step and all
+// of them drive their links at once. GPU memory to GPU memory (local or a peer's over NVLink)
+// goes through thread 0's bulk copier (or, with bulk == 0, every thread's loads and stores);
+// anything touching mapped host memory with every thread's loads and stores (kPolicy).
+struct Slice {
+  uint64_t begin, bytes;
+};
+__device__ __forceinline__ Slice slice_of(uint64_t bytes, uint32_t block, uint32_t blocks) {
+  const uint64_t units = bytes / 16, per = (units + blocks - 1) / blocks;
+  const uint64_t b0 = min(units, uint64_t{block} * per), b1 = min(units, b0 + per);
+  return Slice{b0 * 16, (b1 - b0) * 16};
+}
+
+// Runs this block's part of one step; returns the same on every thread. The block that finishes
+// the step's last slice publishes it (raises the flag, or puts to the rail peers).
+__device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep& s, BulkCopier& copier,
+                                         uint32_t block, uint32_t blocks) {
   __shared__ bool ok;
+  __shared__ bool last;
   __syncthreads();  // every thread read the previous step's `ok` before it is written again
   if (threadIdx.x == 0) ok = wait_step_inputs(x, s);
   __syncthreads();
   if (!ok) return false;
   const uint32_t r = x.a.rank;
   const uint64_t off = x.chunk_offset(s.chunk);
-  const uint64_t bytes = x.chunk_bytes(s.chunk);
   const uint64_t at = uint64_t{s.shard} * x.shard_bytes() + off;  // the chunk in a gathered buffer
+  const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;  // in the network workspace
   const uint64_t where = where_tag(kStepShardArrival, uint64_t{s.shard} * 65536 + s.chunk);
-  auto bulk = [&](uint8_t* dst, const uint8_t* src) {
-    if (copier.copy(dst, src, bytes, x.c.wait_timeout_ns)) return true;
-    report(x.c, kDevicePipelineTimeout, 0, where);
-    return false;
+  uint64_t bytes = x.chunk_bytes(s.chunk);
+  if (s.kind == kAgLocal && !x.straddled(s.chunk)) bytes = 0;  // read from A_r by the GEMM itself
+  const Slice sl = slice_of(bytes, block, blocks);
+  // GPU memory to GPU memory.
+  auto device_copy = [&](uint8_t* dst, const uint8_t* src, bool src_written_here) {
+    if (sl.bytes == 0) return;
+    if (x.a.bulk != 0) {
+      if (threadIdx.x == 0 && !copier.copy(dst + sl.begin, src + sl.begin, sl.bytes, x.c.wait_timeout_ns)) {
+        report(x.c, kDevicePipelineTimeout, 0, where);
+        ok = false;
+      }
+    } else if (src_written_here) {
+      block_copy<LoadPolicy::kL2>(dst + sl.begin, src + sl.begin, sl.bytes);
+    } else {
+      block_copy<LoadPolicy::kStream>(dst + sl.begin, src + sl.begin, sl.bytes);
+    }
   };
   switch (s.kind) {
-    case kAgLocal:
-      // The own rows reach the workspace only where a GEMM tile reads them there (a tile that
-      // straddles a shard boundary); every other own tile loads from A_r itself. (The gathered
-      // output's own rows are the copy engine's, ag_gemm.cu.)
-      if (threadIdx.x == 0) {
-        if (x.straddled(s.chunk)) ok = bulk(x.a.gathered + at, x.a_local + off);
-        if (ok) raise_flag(x.a.ready + x.ready_flag(r, s.chunk), x.launch);
-      }
-      break;
+    case kAgLocal: device_copy(x.a.gathered + at, x.a_local + off, false); break;
     case kAgPush:
-      if (threadIdx.x == 0) {
-        uint8_t* peer = nvl_ptr(x.c, s.peer);
-        ok = bulk(peer + at, s.shard == r ? x.a_local + off : x.a.gathered + at);
-        if (ok) raise_flag(nvl_fused_flag(x.c, s.peer, x.ready_flag(s.shard, s.chunk)), x.launch);
-      }
+      device_copy(nvl_ptr(x.c, s.peer) + at, s.shard == r ? x.a_local + off : x.a.gathered + at, s.shard != r);
       break;
-    case kAgSend: {
-      // Stage once in slot `node` of the own workspace, then one put per other node.
-      const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;
-      block_copy<LoadPolicy::kStream>(x.a.workspace + slot_at, x.a_local + off, bytes);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        sync::fence_acq_rel_sys();  // the staged bytes before the proxy reads them
-        for (uint32_t i = 1; i < x.a.layout.nodes && ok; ++i) {
-          const uint32_t to = x.a.layout.rail_peer(r, x.a.layout.send_node(s.node, i));
-          ok = put_signal(x.c, to, x.c.network_workspace, slot_at, x.c.network_workspace, slot_at, bytes,
-                          fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk)), where_tag(kStepNetworkSend, to));
-        }
-      }
+    case kAgSend:  // stage once in slot `node` of the own workspace (mapped host memory)
+      if (sl.bytes > 0) block_copy<LoadPolicy::kStream>(x.a.workspace + slot_at + sl.begin, x.a_local + off + sl.begin, sl.bytes);
       break;
-    }
-    case kAgReceive: {
-      const uint64_t slot_at = uint64_t{s.node} * x.shard_bytes() + off;
-      block_copy<LoadPolicy::kVolatile>(x.a.gathered + at, x.a.workspace + slot_at, bytes);
-      __syncthreads();
-      if (threadIdx.x == 0) raise_flag(x.a.ready + x.ready_flag(s.shard, s.chunk), x.launch);
+    case kAgReceive:
+      if (sl.bytes > 0)
+        block_copy<LoadPolicy::kVolatile>(x.a.gathered + at + sl.begin, x.a.workspace + slot_at + sl.begin, sl.bytes);
       break;
+  }
+  // Count this block's slice done; the last one publishes the step. Each block's fence makes its
+  // slice visible system-wide before its count; the last block's fence after the count carries
+  // them all before the flag (fence cumulativity).
+  __syncwarp();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sync::fence_acq_rel_sys();
+    last = atomicAdd(&x.a.step_done[i], 1u) == blocks - 1;
+    if (last) {
+      x.a.step_done[i] = 0;  // zero again for the next launch
+      sync::fence_acq_rel_sys();
     }
   }
-  __syncwarp();  // thread 0 may have copied alone; its warp rejoins before the block barrier
   __syncthreads();
-  return ok;
+  if (!ok) return false;
+  if (!last || threadIdx.x != 0) return true;
+  switch (s.kind) {
+    case kAgLocal:
+    case kAgReceive: raise_flag(x.a.ready + x.ready_flag(s.shard, s.chunk), x.launch); break;
+    case kAgPush: raise_flag(nvl_fused_flag(x.c, s.peer, x.ready_flag(s.shard, s.chunk)), x.launch); break;
+    case kAgSend:
+      for (uint32_t j = 1; j < x.a.layout.nodes; ++j) {
+        const uint32_t to = x.a.layout.rail_peer(r, x.a.layout.send_node(s.node, j));
+        if (!put_signal(x.c, to, x.c.network_workspace, slot_at, x.c.network_workspace, slot_at, bytes,
+                        fused_flag_index(x.c, x.arrival_flag(s.node, s.chunk)), where_tag(kStepNetworkSend, to)))
+          break;  // recorded; this rank's waits end and its peers' time out or see the abort
+      }
+      break;
+  }
+  return true;
 }
 
 }  // namespace ag_detail
@@ -193,22 +222,33 @@ struct AgGemmRole {
     BulkCopier copier;
     if (threadIdx.x == 0)
       copier.init(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(role_smem_raw) + 1023) & ~uintptr_t{1023}));
-    for (uint32_t i = role_block; i < a.num_steps; i += num_role_blocks) {
-      if (!ag_detail::run_step(x, a.steps[i], copier)) return;
+    // Every block takes part in every step (its slice), in the plan's order.
+    for (uint32_t i = 0; i < a.num_steps; ++i) {
+      if (!ag_detail::run_step(x, i, a.steps[i], copier, role_block, num_role_blocks)) return;
     }
-    // The gathered output, when the caller asked for one: every chunk once it is here.
-    if (x.gathered_out == nullptr || threadIdx.x != 0) return;
+    // The gathered output, when the caller asked for one: every other rank's chunk once it is
+    // here, each block its slice (the own rows are the copy engine's, ag_gemm.cu).
+    if (x.gathered_out == nullptr) return;
     const WaitContext w = wait_context(a.comm);
     const uint32_t pieces = a.layout.world() * a.chunks;
-    for (uint32_t i = role_block; i < pieces; i += num_role_blocks) {
+    __shared__ bool ok;
+    for (uint32_t i = 0; i < pieces; ++i) {
       const uint32_t shard = i / a.chunks, chunk = i % a.chunks;
-      if (shard == a.rank) continue;  // the own rows: the copy engine's (ag_gemm.cu)
+      if (shard == a.rank) continue;
       const uint64_t where = where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk);
-      if (!wait_geq(a.ready + i, x.launch, w, i, where)) return;
+      __syncthreads();
+      if (threadIdx.x == 0) ok = wait_geq(a.ready + i, x.launch, w, i, where);
+      __syncthreads();
+      if (!ok) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
-      if (!copier.copy(x.gathered_out + at, a.gathered + at, x.chunk_bytes(chunk), a.comm.wait_timeout_ns)) {
-        report(a.comm, kDevicePipelineTimeout, 0, where);
-        return;
+      const ag_detail::Slice sl = ag_detail::slice_of(x.chunk_bytes(chunk), role_block, num_role_blocks);
+      if (sl.bytes == 0) continue;
+      if (a.bulk != 0) {
+        if (threadIdx.x == 0 && !copier.copy(x.gathered_out + at + sl.begin, a.gathered + at + sl.begin, sl.bytes,
+                                             a.comm.wait_timeout_ns))
+          report(a.comm, kDevicePipelineTimeout, 0, where);
+      } else {
+        block_copy<LoadPolicy::kL2>(x.gathered_out + at + sl.begin, a.gathered + at + sl.begin, sl.bytes);
       }
     }
   }

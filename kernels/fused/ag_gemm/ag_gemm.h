@@ -32,13 +32,15 @@ struct AgGemmConfig {
   int block_n = 0;          // GEMM tile width (128, 256); 0: the engine's choice for the shape
   int cluster_m = 0;        // 1 or 2; 0: the engine's choice
   uint32_t chunk_rows = 0;  // rows per moved and flagged chunk; 0: ag_default_chunk_rows
+  bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
 };
 
-// The split of blocks between roles when the caller leaves it open. One SM moves about 40 GB/s
-// of device-to-device copy (measured, docs/kernels.md), so: four per node peer (each peer gets
-// the whole shard over NVLink), four for the network path (staging and forwarding), two for the
+// The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of
+// device-local copy and about 20 GB/s of NVLink pushes in the measurements so far
+// (docs/kernels.md section 10), and a peer should get a whole shard within the GEMM's own-rows
+// time, so: eight per node peer, four for the network path (staging and forwarding), two for the
 // copies into the workspace and the gathered output; at most 16, so the GEMM keeps at least 116
-// of 132 SMs.
+// of 132 SMs. A starting rule, to be replaced by measured splits (and later the adaptive one).
 int ag_default_comm_blocks(const FusedLayout& layout);
 
 struct AgGemmSetup {
@@ -79,6 +81,7 @@ class AgGemmPlan {
   AgStep* steps_ = nullptr;          // device memory
   AgGemmRoleArgs* role_args_ = nullptr;  // device memory
   void* split_workspace_ = nullptr;  // the GEMM's split-K scratch (small M), zero between launches
+  uint32_t* step_done_ = nullptr;    // per step, blocks done with their slice (zero between launches)
   cudaStream_t side_ = nullptr;      // the copy engine's copy of the own rows into gathered_out
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };

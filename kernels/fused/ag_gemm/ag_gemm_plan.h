@@ -27,9 +27,10 @@
 //     (to receive), done() and slot_free() of the previous launch (before overwriting).
 //  4. Order. Steps are listed so that no step waits for one listed after it on the same rank, and
 //     the only waits across ranks are for other ranks' first-phase steps (which wait only on the
-//     previous launch): the communication blocks take steps round-robin in list order, so any
-//     number of blocks (1 included) finishes. Sends go first to the peer that needs the rows
-//     next (layout.h).
+//     previous launch). The kernel runs the list in order with every communication block moving
+//     a slice of each step (ag_gemm.cuh); the replay checks that order (one block) and also any
+//     round-robin assignment of whole steps to several blocks, so the plan does not depend on how
+//     the kernel shares the work. Sends go first to the peer that needs the rows next (layout.h).
 #pragma once
 
 #include <cstdint>

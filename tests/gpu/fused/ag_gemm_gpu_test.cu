@@ -21,6 +21,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fused_harness.h"
@@ -288,6 +289,56 @@ int run_error_cases() {
   return failed == 0 && bad == 0 ? 0 : 1;
 }
 
+// A rank whose kernel fails tells its NVLink peers (comm.cuh note 3): rank 0 waits (bound 10 s)
+// for a flag nobody raises; rank 1's kernel records an error; rank 0's wait ends at once with
+// "a peer rank's kernel failed (rank 1 failed first)".
+__global__ void wait_for_nothing(rt::DeviceComm c) {
+  if (threadIdx.x == 0) rt::nvl_wait(c, 0, ~0ull >> 1, 7);
+}
+__global__ void fail_now(rt::DeviceComm c) {
+  if (threadIdx.x == 0) rt::report(c, rt::kDeviceBadArgument, mkernel::kernels::kArgRange, 9);
+}
+
+int run_abort_case() {
+  const fused_test::Topology topo{1, 2, "shm"};
+  fused_test::Cluster cluster(topo, "agabort");
+  if (!cluster.start()) return 1;
+  rt::Options o;
+  o.nvlink_bytes = 1 << 20;
+  o.device_wait_timeout_ns = 10'000'000'000ull;
+  std::atomic<int> bad{0};
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        int fails = 0;
+        sync();
+        if (rank == 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          RANK_CHECK(comm.begin_launch(stream).ok(), "begin_launch");
+          wait_for_nothing<<<1, 32, 0, stream>>>(comm.device());
+          GT_CUDA(cudaStreamSynchronize(stream));
+          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          const mkernel::Status why = comm.check();
+          RANK_CHECK(why.message().find("a peer rank's kernel failed (rank 1 failed first)") != std::string::npos,
+                     "check(): %s", why.to_string().c_str());
+          RANK_CHECK(ms < 5000, "the wait ended %.0f ms after the launch; the peer failed about 300 ms in", ms);
+          std::lock_guard<std::mutex> lock(g_print);
+          std::printf("      rank 0's wait ended %.0f ms after its launch (rank 1 failed ~300 ms in): %s\n", ms,
+                      why.message().c_str());
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          RANK_CHECK(comm.begin_launch(stream).ok(), "begin_launch");
+          fail_now<<<1, 32, 0, stream>>>(comm.device());
+          GT_CUDA(cudaStreamSynchronize(stream));
+          RANK_CHECK(!comm.check().ok(), "rank 1 recorded its own failure");
+        }
+        bad += fails;
+        sync();
+        return fails;
+      });
+  std::printf("%s  a failed peer ends the others' waits\n", failed == 0 && bad == 0 ? "ok  " : "FAIL");
+  return failed == 0 && bad == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main() {
@@ -312,6 +363,7 @@ int main() {
   int failures = 0;
   for (const Case& cs : cases) failures += run_case(cs);
   failures += run_error_cases();
+  failures += run_abort_case();
   if (failures == 0) std::printf("PASS ag_gemm_gpu_test\n");
   return failures == 0 ? 0 : 1;
 }

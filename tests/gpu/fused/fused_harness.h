@@ -44,7 +44,7 @@ class Cluster {
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     devices_ = static_cast<uint32_t>(n);
     std::string ids;
-    for (uint32_t g = 0; g < t.gpus && g < devices_; ++g) ids += (g ? ", " : "") + std::to_string(g);
+    for (uint32_t g = 0; g < devices_; ++g) ids += (g ? ", " : "") + std::to_string(g);
     if (ids.empty()) ids = "0";
     // Each daemon is a node of its own name (the fused ops group ranks by node name).
     for (uint32_t node = 0; node < t.nodes; ++node)
@@ -57,11 +57,9 @@ class Cluster {
       if (!d->start()) return false;
     return true;
   }
-  // Real GPUs when there are gpus per node of them, else all ranks on GPU 0.
-  int device_of(uint32_t rank) const {
-    return devices_ >= topo_.gpus ? static_cast<int>(topo_.gpus > 0 ? rank % topo_.gpus : 0) : 0;
-  }
-  bool shared_gpu() const { return devices_ < topo_.gpus || topo_.world() > devices_; }
+  // A GPU per rank when there are enough; else all ranks on GPU 0 (sharing it).
+  int device_of(uint32_t rank) const { return shared_gpu() ? 0 : static_cast<int>(rank); }
+  bool shared_gpu() const { return topo_.world() > devices_; }
   std::string socket_of(uint32_t rank) const { return daemons_[rank / topo_.gpus]->socket(); }
   mkt::Daemon& daemon(uint32_t node) { return *daemons_[node]; }
   const Topology& topology() const { return topo_; }

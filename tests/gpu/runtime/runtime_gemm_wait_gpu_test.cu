@@ -17,15 +17,6 @@
 namespace rt = mkernel::rt;
 namespace mk = mkernel::kernels;
 
-#define CUDA_OK(expr)                                                                         \
-  do {                                                                                        \
-    const cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
-
 int main() {
   mkt::require_gpus_or_skip("runtime_gemm_wait_gpu_test", 1);
   mkt::Daemon d(mkt::temp_dir("gemmwait"), mkt::daemon_yaml("shm", "0"));

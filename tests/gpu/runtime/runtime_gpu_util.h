@@ -35,6 +35,17 @@ inline int failures = 0;
     }                                                  \
   } while (0)
 
+// Returns 1 from the calling function (a test's main or rank body) when a CUDA call fails, saying
+// which call and why.
+#define CUDA_OK(expr)                                                                         \
+  do {                                                                                        \
+    const cudaError_t e_ = (expr);                                                            \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
+      return 1;                                                                               \
+    }                                                                                         \
+  } while (0)
+
 // Exits 77 (ctest: skipped) with the reason unless `need` Hopper GPUs are usable.
 inline void require_gpus_or_skip(const char* test, int need) {
   int n = 0;

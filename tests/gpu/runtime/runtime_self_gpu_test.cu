@@ -21,15 +21,6 @@ using mkt::exchange_tiles;
 
 namespace {
 
-#define CUDA_OK(expr)                                                                         \
-  do {                                                                                        \
-    const cudaError_t e_ = (expr);                                                            \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
-
 // Waits for a flag nobody raises.
 __global__ void wait_forever(rt::DeviceComm c, unsigned long long* failed) {
   if (threadIdx.x == 0 && !rt::wait_flag(c, c.num_flags - 1, ~0ull >> 1, 999)) atomicAdd(failed, 1ull);

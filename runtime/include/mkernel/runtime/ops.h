@@ -48,6 +48,7 @@ struct AllGatherGemmConfig {
   int block_n = 0;          // GEMM tile width 128 or 256
   int cluster_m = 0;        // 1 or 2
   uint32_t chunk_rows = 0;  // rows moved and flagged together
+  bool bulk_copies = true;  // GPU-memory copies by TMA bulk copies (false: 16-byte loads/stores)
 };
 
 // Options::nvlink_bytes and Options::network_workspace_bytes an AllGather+GEMM of this size needs.

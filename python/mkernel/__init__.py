@@ -1,0 +1,68 @@
+"""mkernel: fused multi-GPU kernels for Hopper GPUs, from Python (docs/python.md).
+
+    import mkernel, torch.distributed as dist
+    comm = mkernel.Communicator.from_process_group(dist.group.WORLD, workspace_bytes=...)
+    A, [C] = mkernel.fused_all_gather_matmul(A_shard, [weight.t()], 0, dist.group.WORLD.group_name)
+
+The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable), with the same
+arguments and results as their ``torch.ops.symm_mem`` counterparts. The compiled module
+(mkernel._C) does not link torch: tensors pass through DLPack and streams as integers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from . import _native
+from ._errors import ArgumentError, MkernelError, NotBuiltError
+from .communicator import (
+    Communicator,
+    all_gather_matmul_network_bytes,
+    all_gather_matmul_workspace_bytes,
+    get_communicator,
+)
+
+try:
+    from ._build_info import version as __version__  # type: ignore[import-not-found]
+except ImportError:  # the source tree, not a build
+    __version__ = "0.1.0"
+
+#: Why torch.ops.mkernel is not registered ("" when it is).
+torch_unavailable_reason = ""
+if importlib.util.find_spec("torch") is None:
+    torch_unavailable_reason = "torch is not installed: mkernel's torch ops need PyTorch 2.4 or newer"
+else:
+    try:
+        from .ops import fused_all_gather_matmul
+    except ImportError as e:  # a torch that does not import (or predates torch.library's API)
+        torch_unavailable_reason = f"mkernel's torch ops are not registered: {e}"
+
+if torch_unavailable_reason:
+
+    def fused_all_gather_matmul(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+        """Needs torch (see torch_unavailable_reason)."""
+        raise NotBuiltError(torch_unavailable_reason)
+
+
+def native_available() -> bool:
+    """Whether the compiled module loaded (see native_unavailable_reason otherwise)."""
+    return _native.available()
+
+
+#: Why the compiled module is not available ("" when it is).
+native_unavailable_reason = _native.unavailable_reason
+
+__all__ = [
+    "ArgumentError",
+    "Communicator",
+    "MkernelError",
+    "NotBuiltError",
+    "all_gather_matmul_network_bytes",
+    "all_gather_matmul_workspace_bytes",
+    "fused_all_gather_matmul",
+    "get_communicator",
+    "native_available",
+    "native_unavailable_reason",
+    "torch_unavailable_reason",
+]

@@ -1,0 +1,113 @@
+// py_communicator.h: the compiled module's communicator: one libmkernel Communicator and the
+// AllGather+GEMM plans made on it, behind the calls Python makes.
+//
+// Design notes
+//  1. Ownership. A PyCommunicator owns its rt::Communicator and every plan made on it; the plans
+//     are declared after the communicator, so they are destroyed first (a plan uses the
+//     communicator's workspace). close() drops both early; a closed communicator refuses calls.
+//  2. The plan cache lives here, keyed by (m_local, n_local, k), one AllGatherGemm per shape, for
+//     the communicator's lifetime. Planning is collective (every rank plans the same shape, the
+//     ranks agree through their daemons) and synchronises the stream it is made on, so it cannot
+//     happen while that stream is captured into a CUDA graph: a new shape met during capture is
+//     refused with the fix (run the shape once before capture, or plan() it).
+//  3. Streams are integers (cudaStream_t values, as torch.cuda.Stream.cuda_stream gives them).
+//     CUDA streams are driver objects, so a stream made by another CUDA runtime in the process
+//     (torch's) is the same stream here; 0 is the legacy default stream.
+//  4. Devices. Calls run with this communicator's CUDA device current and restore the caller's.
+//  5. Errors. Every failure is a Status carried out as StatusError (module.cc turns it into
+//     mkernel.MkernelError with the runtime's code, message and origin). Before each launch the
+//     communicator's status word is read (no synchronisation): a failure on the GPU in an earlier
+//     launch (a peer that died, a wait past its bound) is raised then, naming rank, launch, step
+//     and cause.
+//  6. The GIL is released around everything that may block: creation (all ranks joining),
+//     planning (the agreement), close (the daemon's goodbye, device synchronisation).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mkernel/common/status.h"
+#include "mkernel/runtime/ops.h"
+#include "mkernel/runtime/runtime.h"
+#include "tensor_args.h"
+
+namespace mkernel::python {
+
+// A Status that left libmkernel (note 5).
+struct StatusError {
+  std::string code;     // status_code_name(), e.g. "invalid argument"
+  std::string message;  // the runtime's message: field, value, expectation; rank, step, cause
+  std::string where;    // "ag_gemm.cu:120 via py_communicator.cc:88"
+};
+[[noreturn]] void throw_status(const Status& s);
+inline void throw_if_error(const Status& s) {
+  if (!s.ok()) throw_status(s);
+}
+
+// What Python may set of rt::Options (the rest keeps libmkernel's defaults).
+struct CommOptions {
+  int device = -1;                         // CUDA device; -1: LOCAL_RANK (env) or the current one
+  uint64_t nvlink_bytes = 0;               // the fused ops' workspace (all_gather_gemm_nvlink_bytes)
+  uint64_t network_workspace_bytes = 0;    // between nodes (all_gather_gemm_network_bytes)
+  std::vector<uint64_t> buffer_bytes{4096};
+  std::string socket_path;                 // "": MKERNEL_SOCKET or /run/mkerneld/mkerneld.sock
+  uint32_t rendezvous_timeout_ms = 60000;
+  uint64_t device_wait_timeout_ms = 2000;
+  std::string gpu_memory = "auto";
+  std::string client_name = "mkernel (python)";
+  StatusOr<rt::Options> to_options() const;
+};
+
+class PyCommunicator {
+ public:
+  // Joins `size` ranks with rank 0's unique id (get_unique_id's text).
+  static std::unique_ptr<PyCommunicator> create(uint32_t rank, uint32_t size, const std::string& unique_id,
+                                                const CommOptions& options);
+  // The launcher's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+  // MKERNEL_TOKEN, MKERNEL_PEER_PORT), as rt::Communicator::create_from_env reads them.
+  static std::unique_ptr<PyCommunicator> create_from_env(const CommOptions& options);
+  ~PyCommunicator();
+
+  // Plans (m_local, n_local, k) on `stream` if it has no plan yet (collective, note 2).
+  void plan(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream);
+  bool has_plan(uint64_t m_local, uint64_t n_local, uint64_t k);
+  std::string describe(uint64_t m_local, uint64_t n_local, uint64_t k);
+  // One launch on `stream` of the checked arguments (tensor_args.h); plans on first use.
+  void all_gather_gemm(const AllGatherGemmArgs& args, uintptr_t stream);
+  // Raises the communicator's first recorded failure, if any (does not block).
+  void check();
+  void close();
+
+  uint32_t rank() const;
+  uint32_t size() const;
+  int device() const;
+  uint32_t nodes() const;
+  bool closed() const { return comm_ == nullptr; }
+  uint64_t nvlink_bytes() const { return nvlink_bytes_; }
+  uint64_t network_workspace_bytes() const { return network_workspace_bytes_; }
+  std::string staging() const;
+  std::string staging_reason() const;
+  std::string transport() const;
+
+ private:
+  PyCommunicator() = default;
+  rt::Communicator& live(const char* what);
+  rt::AllGatherGemm& plan_locked(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream);
+
+  std::mutex mu_;  // one call at a time per communicator (the ops share its workspace anyway)
+  std::unique_ptr<rt::Communicator> comm_;  // before plans_: destroyed after them (note 1)
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::AllGatherGemm>> plans_;
+  uint64_t nvlink_bytes_ = 0, network_workspace_bytes_ = 0;
+};
+
+// Rank 0's bootstrap handle, printable (it carries the communicator's secret: share it only
+// with the other ranks).
+std::string get_unique_id(const CommOptions& options);
+
+}  // namespace mkernel::python

@@ -1,0 +1,255 @@
+"""The Python package on two GPUs, one rank per GPU, under torchrun (started by run.sh, which
+also starts the mkerneld both ranks use).
+
+Every case compares mkernel's op with torch.ops.symm_mem.fused_all_gather_matmul on the same
+inputs: the gathered A bit for bit, the products within bf16 rounding (both accumulate in fp32
+and round once), and the strides equal. The cases are those torch's own tests cover for the op
+(A_shard [8, 64, 32] gathered on dims 0 and 1 with three Bs, 2-D A with B row-major or transposed,
+return_A=False, capture in a CUDA graph) plus a larger shape, under eager mode, torch.compile and
+CUDA graph replay, and both ways to bootstrap.
+
+Both ranks run the cases in the same order (every op is collective). After each case the ranks
+compare verdicts; at the first failure anywhere they stop, since a rank that refused a call
+leaves its peer's kernel waiting (until its bound) and the communicator failed.
+Prints one line per case and rank, and on rank 0 'N passed, M failed' last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import mkernel
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+LOCAL = int(os.environ.get("LOCAL_RANK", RANK))
+torch.cuda.set_device(LOCAL)
+DEV = torch.device("cuda", LOCAL)
+dist.init_process_group("nccl", device_id=DEV)
+GROUP = dist.group.WORLD
+GNAME = GROUP.group_name
+
+import torch.distributed._symmetric_memory as symm_mem  # noqa: E402
+
+try:  # older torch needs this once per group; newer enables it on demand (and warns)
+    symm_mem.enable_symm_mem_for_group(GNAME)
+except Exception:
+    pass
+
+BF16 = torch.bfloat16
+# The largest call below: m_local 2048 x k 4096 (the 4096 x 1024 x 1024 case needs less).
+WORKSPACE = mkernel.all_gather_matmul_workspace_bytes(WORLD, 2048, 4096)
+COMM = mkernel.Communicator.from_process_group(GROUP, workspace_bytes=WORKSPACE)
+
+
+def log(msg: str) -> None:
+    print(f"rank {RANK}: {msg}", flush=True)
+
+
+def rand(*shape: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device=DEV).manual_seed(seed * 1000 + RANK)
+    return torch.rand(*shape, generator=g, device=DEV, dtype=torch.float32).to(BF16)
+
+
+def reference(A_shard, Bs, gather_dim, return_A=True):
+    return torch.ops.symm_mem.fused_all_gather_matmul(A_shard, Bs, gather_dim, GNAME, return_A=return_A)
+
+
+def expect_same(ours, theirs, what: str) -> None:
+    (a1, o1), (a2, o2) = ours, theirs
+    if a2 is None:
+        assert a1 is None, f"{what}: A returned though return_A=False"
+    else:
+        assert a1.shape == a2.shape and a1.stride() == a2.stride(), (
+            f"{what}: gathered A {tuple(a1.shape)} {a1.stride()} vs torch {tuple(a2.shape)} {a2.stride()}")
+        assert torch.equal(a1, a2), f"{what}: gathered A differs from torch's in {(a1 != a2).sum().item()} elements"
+    assert len(o1) == len(o2), f"{what}: {len(o1)} outputs vs torch's {len(o2)}"
+    for i, (x, y) in enumerate(zip(o1, o2)):
+        assert x.shape == y.shape and x.stride() == y.stride(), (
+            f"{what}: outs[{i}] {tuple(x.shape)} {x.stride()} vs torch {tuple(y.shape)} {y.stride()}")
+        # Within two bf16 steps of each other (rand inputs: every output is positive and large).
+        torch.testing.assert_close(x.float(), y.float(), rtol=1.6e-2, atol=1e-2, msg=lambda m: f"{what}: outs[{i}]: {m}")
+
+
+CASES = []
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+@case
+def torch_test_cases_eager():
+    """torch's test: A_shard [8, 64, 32] split on gather_dim 0 or 1, three Bs [32, 16]."""
+    for gather_dim in (0, 1):
+        shape = [8, 64, 32]
+        shape[gather_dim] //= WORLD
+        A = rand(*shape, seed=1 + gather_dim)
+        # Bs[0] goes through the fused kernel: a transposed [N, K] weight; the others any layout.
+        Bs = [rand(16, 32, seed=10).t(), rand(32, 16, seed=11), rand(16, 32, seed=12).t()]
+        for return_A in (True, False):
+            ours = mkernel.fused_all_gather_matmul(A, Bs, gather_dim, GNAME, return_A=return_A)
+            expect_same(ours, reference(A, Bs, gather_dim, return_A), f"gather_dim {gather_dim}, return_A {return_A}")
+
+
+@case
+def last_dim_and_bad_arguments_refused():
+    A, W = rand(8, 32, 32, seed=3), rand(16, 32, seed=4)
+    checks = [
+        (lambda: mkernel.fused_all_gather_matmul(A, [W.t()], 2, GNAME), "gather_dim: 2 is A_shard's last dimension"),
+        (lambda: mkernel.fused_all_gather_matmul(A.half(), [W.t()], 0, GNAME), "A_shard: dtype torch.float16"),
+        (lambda: mkernel.fused_all_gather_matmul(A, [W.t().contiguous()], 0, GNAME), "Bs[0]: strides (16, 1)"),
+        (lambda: mkernel.fused_all_gather_matmul(A.cpu(), [W.t()], 0, GNAME), "A_shard: device cpu"),
+    ]
+    for call, start in checks:
+        try:
+            call()
+        except mkernel.ArgumentError as e:
+            assert str(e).startswith(start), f"message {str(e)!r} does not start with {start!r}"
+        else:
+            raise AssertionError(f"not refused: {start}")
+
+
+@case
+def native_sized_with_b_row_major_or_transposed():
+    """torch's native-kernel test: M 4096, N 1024, K 1024, bf16, B row-major or transposed."""
+    A = rand(4096 // WORLD, 1024, seed=5)
+    W = rand(1024, 1024, seed=6)
+    expect_same(mkernel.fused_all_gather_matmul(A, [W.t()], 0, GNAME), reference(A, [W.t()], 0), "B = W.t()")
+    B = W.t().contiguous()  # row-major [K, N]: copied into [N, K] on every call when allowed
+    expect_same(mkernel.fused_all_gather_matmul(A, [B], 0, GNAME, allow_copy_B=True), reference(A, [B], 0),
+                "row-major B, allow_copy_B")
+
+
+@case
+def larger_shape_and_torch_ops_entry():
+    A, W = rand(2048, 4096, seed=7), rand(2048, 4096, seed=8)
+    ours = torch.ops.mkernel.fused_all_gather_matmul(A, [W.t()], 0, GNAME)
+    expect_same((ours[0], list(ours[1])), reference(A, [W.t()], 0), "2048 x 2048 x 4096 per rank")
+
+
+@case
+def torch_compile_inductor():
+    def layer(x, weight, fused):
+        op = torch.ops.mkernel if fused == "mkernel" else torch.ops.symm_mem
+        A, outs = op.fused_all_gather_matmul(x, [weight.t()], 1, GNAME)
+        return torch.relu(outs[0]) * 2 + 1, A
+
+    compiled = torch.compile(layer, fullgraph=True)
+    for step in range(3):  # new data each time, the same graph
+        x, w = rand(8, 64 // WORLD, 256, seed=20 + step), rand(128, 256, seed=30 + step)
+        y1, A1 = compiled(x, w, "mkernel")
+        y2, A2 = layer(x, w, "symm_mem")
+        expect_same((A1, [y1]), (A2, [y2]), f"torch.compile step {step}")
+
+
+@case
+def cuda_graph_replay():
+    """Warm-up (plans the shape), capture, replay three times with new data in the inputs."""
+    x, w = rand(512, 1024, seed=40), rand(768, 1024, seed=41)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mkernel.fused_all_gather_matmul(x, [w.t()], 0, GNAME)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        A, [y] = mkernel.fused_all_gather_matmul(x, [w.t()], 0, GNAME)
+    for replay in range(3):
+        x.copy_(rand(512, 1024, seed=50 + replay))
+        w.copy_(rand(768, 1024, seed=60 + replay))
+        A.zero_()
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        COMM.check()
+        expect_same((A, [y]), reference(x, [w.t()], 0), f"graph replay {replay}")
+
+
+@case
+def torch_compile_reduce_overhead():
+    """torch.compile's CUDA graphs (cudagraph trees): warm-up runs first, then replays."""
+    compiled = torch.compile(lambda x, w: torch.ops.mkernel.fused_all_gather_matmul(x, [w.t()], 0, GNAME)[1][0],
+                             mode="reduce-overhead", fullgraph=True)
+    for step in range(4):
+        x, w = rand(256, 512, seed=70 + step), rand(256, 512, seed=80 + step)
+        y = compiled(x, w).clone()
+        expect_same((None, [y]), (None, reference(x, [w.t()], 0, return_A=False)[1]), f"reduce-overhead step {step}")
+
+
+@case
+def opcheck_schema_and_fake():
+    op = torch.ops.mkernel.fused_all_gather_matmul.default
+    A, W = rand(4, 16, 64, seed=90), rand(32, 64, seed=91)
+    torch.library.opcheck(op, (A, [W.t()], 0, GNAME), test_utils=("test_schema", "test_faketensor"))
+
+
+@case
+def bootstrap_from_env():
+    """torchrun's variables plus MKERNEL_TOKEN and MKERNEL_PEER_PORT (run.sh sets both)."""
+    env = mkernel.Communicator.from_env(workspace_bytes=mkernel.all_gather_matmul_workspace_bytes(WORLD, 128, 256),
+                                        name="from-env")
+    try:
+        assert (env.rank, env.size, env.device) == (RANK, WORLD, LOCAL), repr(env)
+        A, W = rand(128, 256, seed=95), rand(64, 256, seed=96)
+        ours = mkernel.fused_all_gather_matmul(A, [W.t()], 0, "from-env")
+        expect_same(ours, reference(A, [W.t()], 0), "communicator from the environment")
+        torch.cuda.synchronize()
+        env.check()
+    finally:
+        env.close()
+
+
+@case
+def ranks_disagreeing_on_a_shape_are_told():
+    """Each rank calls with another K: planning finds it on every rank, naming both values."""
+    if WORLD < 2:
+        log("ranks_disagreeing_on_a_shape_are_told: one rank cannot disagree; nothing to check")
+        return
+    k = 64 + 8 * RANK
+    try:
+        mkernel.fused_all_gather_matmul(rand(32, k, seed=97), [rand(16, k, seed=98).t()], 0, GNAME)
+    except mkernel.ArgumentError as e:
+        assert "ranks disagree on k" in str(e), str(e)
+    else:
+        raise AssertionError("a disagreement on k went through")
+
+
+def main() -> int:
+    log(f"{COMM!r}; staging {COMM.staging}, transport {COMM.transport}")
+    passed = failed = 0
+    for fn in CASES:
+        start = time.monotonic()
+        try:
+            fn()
+            torch.cuda.synchronize()
+            COMM.check()
+            ok, detail = True, ""
+        except Exception as e:  # every failure is reported, then the ranks agree to stop
+            ok, detail = False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        log(f"{'PASS' if ok else 'FAIL'} {fn.__name__} ({time.monotonic() - start:.1f} s){' ' + detail if detail else ''}")
+        verdict = torch.tensor([0 if ok else 1], device=DEV)
+        dist.all_reduce(verdict)
+        if verdict.item() == 0:
+            passed += 1
+        else:
+            failed += 1
+            break
+    not_run = len(CASES) - passed - failed
+    if RANK == 0:
+        print(f"{passed} passed, {failed} failed" + (f" ({not_run} not run after the failure)" if not_run else ""),
+              flush=True)
+    COMM.close()
+    dist.destroy_process_group()
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
