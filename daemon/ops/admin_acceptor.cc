@@ -37,14 +37,16 @@ StatusOr<mp::UniqueFd> AdminAcceptor::listen_unix(const std::string& path) {
   return fd;
 }
 
-AdminAcceptor::AdminAcceptor(grpc::Server* server, std::vector<mp::UniqueFd> listeners)
-    : server_(server), listeners_(std::move(listeners)) {}
+AdminAcceptor::AdminAcceptor(grpc::Server* server, std::vector<mp::UniqueFd> listeners, ShortageReport report)
+    : server_(server), listeners_(std::move(listeners)), report_(std::move(report)) {}
 
 AdminAcceptor::~AdminAcceptor() { stop(); }
 
 StatusOr<std::unique_ptr<AdminAcceptor>> AdminAcceptor::start(grpc::Server* server,
-                                                              std::vector<mp::UniqueFd> listeners) {
-  std::unique_ptr<AdminAcceptor> a(new AdminAcceptor(server, std::move(listeners)));
+                                                              std::vector<mp::UniqueFd> listeners,
+                                                              ShortageReport on_out_of_descriptors) {
+  std::unique_ptr<AdminAcceptor> a(
+      new AdminAcceptor(server, std::move(listeners), std::move(on_out_of_descriptors)));
   a->wake_fd_ = mp::UniqueFd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!a->wake_fd_.valid()) return errno_status("eventfd", errno);
   AdminAcceptor* raw = a.get();
@@ -93,7 +95,11 @@ void AdminAcceptor::run() {
           spare.shed_one(fds[i].fd);
           out_of_descriptors_.fetch_add(1);
           resume = Clock::now() + std::chrono::milliseconds(100);
-          if (Clock::now() - last_log >= std::chrono::seconds(1)) {
+          if (report_) {
+            report_(Status(StatusCode::kResourceExhausted,
+                           std::string("admin and health service: no descriptor to accept a connection (") +
+                               std::strerror(e) + "); it was closed, accepting resumes once descriptors are free"));
+          } else if (Clock::now() - last_log >= std::chrono::seconds(1)) {
             last_log = Clock::now();
             spdlog::warn("admin: no descriptor to accept a connection ({}); {} so far; accepting resumes once "
                          "descriptors are free",

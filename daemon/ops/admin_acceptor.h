@@ -8,9 +8,11 @@
 //
 // 1. One owned thread ("mkd-admin-accept") polls the listening sockets and an eventfd for stop.
 // 2. Running out of descriptors is survived (spare_fd.h): the waiting connection is taken off
-//    the backlog and closed, the event is counted and logged at most once a second, the
-//    sockets rest for 100 ms, and accepting resumes by itself once descriptors are free. The
-//    client (mkerneldctl, a health checker) sees a closed connection and retries.
+//    the backlog and closed, the event is counted and reported to `on_out_of_descriptors` (the
+//    daemon counts it as refusal out_of_descriptors and logs it rate-limited; without a
+//    callback the acceptor logs it at most once a second), the sockets rest for 100 ms, and
+//    accepting resumes by itself once descriptors are free. The client (mkerneldctl, a health
+//    checker) sees a closed connection and retries.
 // 3. TCP listeners (TLS) stay with gRPC's own listener: credentials cannot be added to a
 //    connection handed over this way. The descriptor reserve (config::kReservedDescriptors)
 //    keeps clients from ever taking the descriptors they need.
@@ -18,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,9 +41,14 @@ class AdminAcceptor {
   // runtime directory keeps others out until then). The path must be free (claim it first).
   static StatusOr<protocol::UniqueFd> listen_unix(const std::string& path);
 
+  // Called on the acceptor's thread for each accept that found no descriptor (note 2); it must
+  // not wait.
+  using ShortageReport = std::function<void(const Status& why)>;
+
   // Starts accepting on `listeners` for `server` (which must outlive the acceptor).
   static StatusOr<std::unique_ptr<AdminAcceptor>> start(grpc::Server* server,
-                                                        std::vector<protocol::UniqueFd> listeners);
+                                                        std::vector<protocol::UniqueFd> listeners,
+                                                        ShortageReport on_out_of_descriptors = {});
   ~AdminAcceptor();
   AdminAcceptor(const AdminAcceptor&) = delete;
   AdminAcceptor& operator=(const AdminAcceptor&) = delete;
@@ -52,11 +60,12 @@ class AdminAcceptor {
   void stop();
 
  private:
-  AdminAcceptor(grpc::Server* server, std::vector<protocol::UniqueFd> listeners);
+  AdminAcceptor(grpc::Server* server, std::vector<protocol::UniqueFd> listeners, ShortageReport report);
   void run();
 
   grpc::Server* server_;
   std::vector<protocol::UniqueFd> listeners_;
+  ShortageReport report_;
   protocol::UniqueFd wake_fd_;
   std::thread thread_;
   std::atomic<bool> stop_{false};

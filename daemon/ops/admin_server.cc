@@ -453,7 +453,8 @@ Status AdminServer::Impl::start(const AdminOptions& options) {
     }
   }
 
-  auto acceptor = AdminAcceptor::start(server_.get(), std::move(unix_listeners));
+  auto acceptor = AdminAcceptor::start(server_.get(), std::move(unix_listeners),
+                                       [this](const Status& why) { control_.count_out_of_descriptors(why); });
   if (!acceptor.ok()) return fail(acceptor.status());
   acceptor_ = std::move(acceptor).value();
   health_ = std::make_unique<HealthPublisher>(control_, server_->GetHealthCheckService(),

@@ -198,7 +198,11 @@ void HttpServer::run() {
                            response(503, "Service Unavailable", "text/plain", "out of descriptors\n", false));
             out_of_descriptors_.fetch_add(1);
             accept_resume = Clock::now() + std::chrono::milliseconds(100);
-            if (Clock::now() - last_exhaustion_log >= std::chrono::seconds(1)) {
+            if (options_.on_out_of_descriptors) {
+              options_.on_out_of_descriptors(
+                  Status(StatusCode::kResourceExhausted, std::string("metrics: no descriptor to accept a scrape (") +
+                                                             std::strerror(e) + "); it was answered 503 and closed"));
+            } else if (Clock::now() - last_exhaustion_log >= std::chrono::seconds(1)) {
               last_exhaustion_log = Clock::now();
               spdlog::warn("metrics: no descriptor to accept a scrape ({}); {} so far", std::strerror(e),
                            out_of_descriptors_.load());

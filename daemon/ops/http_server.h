@@ -12,7 +12,8 @@
 //    accepted. Requests larger than `max_request_bytes` get 431 and are closed.
 // 4. Running out of descriptors (EMFILE, ENFILE) is survived like the client socket does
 //    (spare_fd.h): a waiting connection is answered 503 and closed, the event is counted and
-//    logged at most once a second, and accepting rests for a moment.
+//    reported to `on_out_of_descriptors` (without one, logged at most once a second), and
+//    accepting rests for a moment.
 // 5. GET (and HEAD) of `path` is answered by the handler; other paths 404, other methods 405.
 #pragma once
 
@@ -36,6 +37,9 @@ struct HttpServerOptions {
   size_t max_connections = 64;
   std::chrono::milliseconds idle_timeout{5000};
   size_t max_request_bytes = 8192;
+  // Note 4: called on the server's thread for each accept that found no descriptor; it must
+  // not wait.
+  std::function<void(const Status& why)> on_out_of_descriptors;
 };
 
 class HttpServer {

@@ -155,12 +155,13 @@ class MetricsExporter::Impl {
 MetricsExporter::MetricsExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MetricsExporter::~MetricsExporter() { stop(); }
 
-StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::start(const DaemonControl& control,
+StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::start(DaemonControl& control,
                                                                   const MetricsOptions& options) {
   HttpServerOptions ho;
   ho.listen = options.listen;
   ho.idle_timeout = options.idle_timeout;
   ho.max_connections = options.max_connections;
+  ho.on_out_of_descriptors = [&control](const Status& why) { control.count_out_of_descriptors(why); };
   auto impl = std::make_unique<Impl>();
   MK_ASSIGN_OR_RETURN(impl->server,
                       HttpServer::start(ho, [&control] { return to_text(collect_metrics(control)); }));

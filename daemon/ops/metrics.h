@@ -36,8 +36,9 @@ struct MetricsOptions {
 class MetricsExporter {
  public:
   // Binds and starts serving; fails with kUnavailable when the address cannot be bound.
-  // `control` must outlive the exporter.
-  static StatusOr<std::unique_ptr<MetricsExporter>> start(const DaemonControl& control,
+  // `control` must outlive the exporter; scrapes only read it, and an accept that found no
+  // descriptor is counted there (DaemonControl::count_out_of_descriptors).
+  static StatusOr<std::unique_ptr<MetricsExporter>> start(DaemonControl& control,
                                                           const MetricsOptions& options);
   ~MetricsExporter();
   MetricsExporter(const MetricsExporter&) = delete;

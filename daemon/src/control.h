@@ -141,6 +141,12 @@ class DaemonControl {
 
   // For the systemd watchdog: true while every proxy thread checked in within its bound.
   virtual bool all_proxies_alive() const = 0;
+
+  // The admin and health service or the metrics endpoint had no descriptor to accept a
+  // connection with (it was answered and closed, spare_fd.h): counted with the client socket's
+  // as refusal out_of_descriptors, and logged at most a few times a second. `why` names the
+  // endpoint and the error.
+  virtual void count_out_of_descriptors(const Status& why) = 0;
 };
 
 }  // namespace mkernel::daemon

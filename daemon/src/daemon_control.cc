@@ -19,6 +19,10 @@ bool Control::all_proxies_alive() const {
   return !state_.proxies.empty();
 }
 
+void Control::count_out_of_descriptors(const Status& why) {
+  state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, why);
+}
+
 DaemonStatus Control::status() const {
   DaemonStatus st;
   st.node_name = state_.node_name();

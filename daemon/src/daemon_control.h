@@ -31,6 +31,7 @@ class Control final : public DaemonControl {
   ReloadResult reload(const std::string& path) override;
   Status stall_proxy(uint32_t gpu, std::chrono::milliseconds duration) override;
   bool all_proxies_alive() const override;
+  void count_out_of_descriptors(const Status& why) override;
 
   // A proxy is alive while its thread checked in within this bound (health answers within a
   // second of a stall).

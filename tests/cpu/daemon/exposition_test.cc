@@ -1,6 +1,7 @@
 // exposition_test.cc: the metrics text format (metrics_text.h) held to a strict checker and to
 // promtool where it is installed, and the HTTP server behind it (http_server.h): concurrent
-// scrapes beside idle connections, idle connections closed, the connection cap.
+// scrapes beside idle connections, idle connections closed, the connection cap, running out of
+// descriptors.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -27,6 +29,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::check_exposition;
+using testing::Exhaustion;
 using testing::FakeControl;
 using testing::promtool_check;
 
@@ -100,7 +103,9 @@ TEST(MetricText, StrictCheckerAndPromtoolAcceptTheOutputNaNIncluded) {
       << text;
   EXPECT_EQ(check_exposition(text), "") << text;
   const auto [ran, out] = promtool_check(text);
-  if (ran) EXPECT_NE(out.find("exit=0"), std::string::npos) << out << text;
+  if (ran) {
+    EXPECT_NE(out.find("exit=0"), std::string::npos) << out << text;
+  }
   // The checker is not a rubber stamp: what older exporters wrote is refused.
   EXPECT_NE(check_exposition("# TYPE x summary\nx{quantile=\"0.5\"} Nan\n"), "");
   EXPECT_NE(check_exposition("x{a=\"1\",a=\"2\"} 1\n"), "");
@@ -194,6 +199,47 @@ TEST_F(HttpServerTest, ConnectionsOverTheCapAreClosedAndScrapesGoOn) {
   std::this_thread::sleep_for(100ms);
   EXPECT_NE(get(server_->port()).find("200 OK"), std::string::npos);
   EXPECT_GE(server_->over_limit(), 1u);
+}
+
+// Out of descriptors: a scrape that arrives meanwhile is answered 503 and closed at once (not
+// left in the backlog), and the daemon is told (refusal out_of_descriptors); once descriptors are
+// free, scrapes are served again.
+TEST(MetricsExporterDescriptors, AScrapeWithoutADescriptorIsAnsweredAndScrapesResume) {
+  FakeControl control;
+  MetricsOptions opt;
+  opt.listen = "127.0.0.1:0";
+  auto exporter = MetricsExporter::start(control, opt);
+  ASSERT_TRUE(exporter.ok()) << exporter.status().to_string();
+  const int port = exporter.value()->port();
+  ASSERT_NE(get(port).find("200 OK"), std::string::npos);
+
+  Exhaustion ex;
+  ASSERT_TRUE(ex.fill(1));  // one descriptor left: the scraper's socket takes it
+  const int fd = connect_local(port);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  // Nothing is sent: the server's answer comes without a request, and closing a connection
+  // with nothing unread keeps it a plain close.
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string answer;
+  char buf[512];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) answer.append(buf, static_cast<size_t>(n));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "not left waiting in the backlog";
+  ::close(fd);
+  ex.release();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer;
+  EXPECT_GE(control.out_of_descriptors(), 1u);
+  EXPECT_NE(control.last_shortage().find("metrics: no descriptor to accept a scrape"), std::string::npos)
+      << control.last_shortage();
+
+  std::string again;
+  const auto t1 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t1 < 3s && (again = get(port)).find("200 OK") == std::string::npos)
+    std::this_thread::sleep_for(50ms);
+  EXPECT_NE(again.find("200 OK"), std::string::npos) << "scrapes are served again: " << again;
+  exporter.value()->stop();
 }
 
 }  // namespace
