@@ -3,7 +3,8 @@
 // GPU's slots; memory stays within docs/operations.md's bound and goes back; a healthy client
 // stays fast beside slow readers, floods and amplifiers; refusals are counted, logged without a
 // flood and exported; client text is escaped in both log formats; running out of descriptors is
-// survived; reloads under --runtime-dir and from a FIFO.
+// survived, and the admin and health service serves again afterwards; reloads under
+// --runtime-dir and from a FIFO.
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -303,7 +304,9 @@ TEST_F(HostileTest, RefusalsAreCountedExportedAndLoggedWithoutAFlood) {
   EXPECT_NE(scrape.find("mkerneld_refusals_total{reason=\"clients.quota.rings\"} 1\n"), std::string::npos);
   EXPECT_EQ(mkernel::daemon::testing::check_exposition(scrape), "") << scrape;
   const auto [ran, verdict] = mkernel::daemon::testing::promtool_check(scrape);
-  if (ran) EXPECT_NE(verdict.find("exit=0"), std::string::npos) << verdict;
+  if (ran) {
+    EXPECT_NE(verdict.find("exit=0"), std::string::npos) << verdict;
+  }
   // Logged with the client named, a few lines a second per reason.
   const size_t lines = mkt::count_matching_lines(daemon_->log_path(), "(malformed)");
   EXPECT_GE(lines, 1u);
@@ -363,6 +366,38 @@ TEST_F(HostileTest, RunningOutOfDescriptorsIsSurvivedAndCounted) {
   const mkt::Probe after = mkt::probe(tool_, *daemon_, 1);
   EXPECT_EQ(after.failures("hello"), 0) << after.line;
   EXPECT_EQ(after.failures("health"), 0) << after.line;
+}
+
+// Issue 1's last part: the admin and health service runs out of descriptors with the rest of
+// the daemon (idle metrics connections take all that a limit of 64 leaves), closes what it
+// cannot serve, and serves again once descriptors are free (the metrics server closes the idle
+// connections after 5 s). gRPC's own listener never accepted again after a single EMFILE.
+TEST_F(HostileTest, AdminAndHealthServeAgainAfterRunningOutOfDescriptors) {
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  start("metrics: {enabled: true, listen: \"127.0.0.1:" + std::to_string(port) + "\"}\n", SpawnAs{-1, -1, 64});
+  const auto health = [&](const char* timeout) {
+    return mkt::run_capture({MKERNELDCTL_PATH, "--socket", dir_ + "/admin.sock", "--timeout", timeout, "health"}).first;
+  };
+  ASSERT_EQ(health("2"), 0);
+  const uint64_t before = refusals("out_of_descriptors");
+  ASSERT_NE(attack({"metrics-idle", "--count", "64", "--port", std::to_string(port)}, 0).ready(), "");
+  std::this_thread::sleep_for(300ms);
+  const uint64_t fds = mkt::Sampler::fds(daemon_->pid());
+  std::printf("[admin out of descriptors] %llu descriptors open of 64\n", static_cast<unsigned long long>(fds));
+  EXPECT_GE(fds, 62u) << "the idle metrics connections take what is left";
+  EXPECT_NE(health("1"), 0) << "no descriptor for the admin connection";
+  // The idle connections time out; the admin and health service answers again.
+  int code = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 15s && (code = health("1")) != 0) std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(code, 0) << "admin and health serve again after the shortage";
+  std::printf("[admin out of descriptors] serving again %lld ms after the check that failed\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count()));
+  EXPECT_GT(refusals("out_of_descriptors"), before) << "counted";
+  const auto [st, out] = mkt::run_capture({MKERNELDCTL_PATH, "--socket", dir_ + "/admin.sock", "status"});
+  EXPECT_EQ(st, 0) << out;
 }
 
 // Issue 9: a reload of the same file under --runtime-dir reports nothing; a FIFO is refused at
