@@ -37,7 +37,8 @@ enum class Refusal : uint8_t {
   kDraining,            // the daemon accepts no new sessions
   kHandshakeTimeout,    // no hello within timeouts.handshake_ms
   kReplyQueueOverflow,  // the client stopped reading its replies (clients.max_queued_replies)
-  kOutOfDescriptors,    // the process itself ran out of descriptors (accept, memfd)
+  kOutOfDescriptors,    // the process itself ran out of descriptors (accepting a client, an admin
+                        // or a metrics connection; memfd)
   kInvalidRequest,      // a setup request refused for its fields; the session goes on
   // Limits, by config key.
   kMaxPerGpu,
