@@ -179,8 +179,10 @@ void Proxy::refresh_consumers(Tracked& t) {
 void Proxy::end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, uint64_t pos) {
   const uint64_t id = t.session->id();
   if (t.session->end(why, code, detail, pos)) {
-    spdlog::warn("proxy {}: session {} ({}) ended: {}", options_.name, id, quoted_printable(t.session->identity().name),
-                 printable(why.to_string(), 1024));
+    if (uint64_t left_out = 0; ended_log_.allow(&left_out))  // note 8
+      spdlog::warn("proxy {}: session {} ({}) ended: {}{}", options_.name, id,
+                   quoted_printable(t.session->identity().name), printable(why.to_string(), 1024),
+                   suppressed_note(left_out, "ended sessions"));
     if (on_session_ended_) on_session_ended_(id);
   }
 }

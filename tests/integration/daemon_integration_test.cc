@@ -630,3 +630,46 @@ TEST(DaemonCli, CheckConfigGivesTheVerdict) {
   EXPECT_NE(bad_out.find("1000"), std::string::npos) << bad_out;
   std::filesystem::remove_all(dir);
 }
+
+// A client can have sessions made and rejected by the proxy thousands of times a second; the
+// proxy's line for each is limited to 100 a second (proxy.h note 8), the rest counted in the
+// next line, so the log cannot be flooded this way.
+TEST_F(DaemonTest, SessionsAProxyEndsAreLoggedAtMostAHundredASecond) {
+  ASSERT_TRUE(daemon_->start());
+  // A session whose ring carries garbage with a valid commit word, until the proxy ended it.
+  const auto rejected = [&](const std::string& comm) {
+    Peer h = join(*daemon_, comm, 0, 1, 4096);
+    if (!h.ring) return false;
+    mp::CommandRecord& slot = h.ring->view.slots[0];
+    std::memset(&slot, 0x5A, offsetof(mp::CommandRecord, commit));
+    std::atomic_ref<uint32_t>(slot.commit).store(mp::commit_word(0, h.ring->view.capacity_log2),
+                                                 std::memory_order_release);
+    const auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (std::chrono::steady_clock::now() < deadline && h.client->check_alive(20ms).ok()) {
+    }
+    return true;
+  };
+  std::atomic<int> ended{0};
+  std::vector<std::thread> churners;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < 2; ++k)
+    churners.emplace_back([&, k] {
+      for (int i = 0; std::chrono::steady_clock::now() - t0 < 2s; ++i) {
+        if (!rejected("churn" + std::to_string(k) + "-" + std::to_string(i))) return;
+        ++ended;
+      }
+    });
+  for (auto& t : churners) t.join();
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0).count();
+  // One more, a second later: its line says how many of the last second's were left out.
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(rejected("last")) << "the daemon still serves";
+  const size_t lines = mkt::count_matching_lines(daemon_->log_path(), ") ended: ");
+  std::printf("[proxy-ended sessions] %d in %lld s, %zu lines\n", ended.load() + 1, static_cast<long long>(seconds),
+              lines);
+  EXPECT_GT(ended.load(), 0);
+  EXPECT_LE(lines, static_cast<size_t>(100 * (seconds + 2))) << ended.load() << " sessions ended";
+  if (static_cast<size_t>(ended.load()) + 1 > lines) {
+    EXPECT_GE(mkt::count_matching_lines(daemon_->log_path(), "ended sessions not logged"), 1u);
+  }
+}
