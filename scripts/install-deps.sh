@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # install-deps.sh: everything mkernel needs on Debian 12, installed idempotently.
 #   - Debian packages (build tools, RDMA and fabric libraries, gRPC/protobuf, logging, config,
-#     CLI, test and benchmark frameworks, metrics, topology, systemd)
+#     CLI, test and benchmark frameworks, promtool to check the metrics text, topology, systemd)
 #   - a Python venv in .deps/venv with the pinned nvidia-cutlass wheel (CUTLASS/CuTe headers)
 #     and the Python packages the tests use (and the Python package's: nanobind,
 #     scikit-build-core, pytest, torch)
@@ -21,7 +21,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev libhwloc-dev libsystemd-dev systemd
+  prometheus libhwloc-dev libsystemd-dev systemd
   iproute2 nftables procps
 )
 

@@ -93,6 +93,18 @@ void write_transport(Writer& w, const TransportConfig& t) {
   w.close();
 }
 
+void write_share(Writer& w, std::string_view key, const ShareQuota& q) {
+  w.open(key);
+  w.line("sessions", std::to_string(q.sessions));
+  w.line("sessions_per_gpu", std::to_string(q.sessions_per_gpu));
+  w.line("rings", std::to_string(q.rings));
+  w.line("regions", std::to_string(q.regions));
+  w.line("shared_memory", detail::format_bytes(q.shared_memory));
+  w.line("descriptors", std::to_string(q.descriptors));
+  w.line("networks", std::to_string(q.networks));
+  w.close();
+}
+
 // `["unix:admin.sock", "tcp:[::]:50051"]`
 std::string listen_list(const std::vector<ListenAddress>& addresses) {
   std::string out = "[";
@@ -171,15 +183,24 @@ std::string to_yaml(const DaemonConfig& c) {
 
   w.open("rings");
   w.line("capacity", std::to_string(c.rings.capacity));
+  w.line("max_capacity", std::to_string(c.rings.max_capacity));
   w.close();
 
   w.open("clients");
   w.line("max_per_gpu", std::to_string(c.clients.max_per_gpu));
+  w.line("max_sessions", std::to_string(c.clients.max_sessions));
+  w.line("max_descriptors", std::to_string(c.clients.max_descriptors));
+  w.line("max_shared_memory", detail::format_bytes(c.clients.max_shared_memory));
+  w.line("max_queued_replies", std::to_string(c.clients.max_queued_replies));
+  w.line("max_networks", std::to_string(c.clients.max_networks));
   w.open("quota");
   w.line("rings", std::to_string(c.clients.quota.rings));
+  w.line("regions", std::to_string(c.clients.quota.regions));
   w.line("registered_bytes", detail::format_bytes(c.clients.quota.registered_bytes));
   w.line("inflight_commands", std::to_string(c.clients.quota.inflight_commands));
   w.close();
+  write_share(w, "per_uid", c.clients.per_uid);
+  write_share(w, "per_process", c.clients.per_process);
   w.close();
 
   w.open("timeouts");
@@ -277,6 +298,7 @@ DaemonConfig hot_reloaded(const DaemonConfig& running, const DaemonConfig& loade
   out.proxy.poll = loaded.proxy.poll;
   out.proxy.batch = loaded.proxy.batch;
   out.clients = loaded.clients;
+  out.rings.max_capacity = loaded.rings.max_capacity;  // a limit on new requests: hot
   out.timeouts = loaded.timeouts;
   out.client_socket.allowed_uids = loaded.client_socket.allowed_uids;
   out.client_socket.allowed_gids = loaded.client_socket.allowed_gids;

@@ -809,6 +809,56 @@ void read_metrics(const Section& s, MetricsConfig& out) {
   out.port = hp->port;
 }
 
+// rings.capacity (the default ring) may not exceed rings.max_capacity (the largest a client
+// may ask for).
+void read_rings(const Section& s, RingConfig& out) {
+  const bool capacity_ok = read_pow2(s, "capacity", detail::kMinRingCapacity,
+                                     detail::kMaxRingCapacity, out.capacity) ||
+                           !s.has("capacity");
+  const bool max_ok = read_pow2(s, "max_capacity", detail::kMinRingCapacity,
+                                detail::kMaxRingCapacity, out.max_capacity) ||
+                      !s.has("max_capacity");
+  if (!capacity_ok || !max_ok || out.capacity <= out.max_capacity) return;
+  const Entry* e = s.has("max_capacity") ? s.get("max_capacity") : s.get("capacity");
+  s.ctx().invalid(*e, e->path == "rings.max_capacity"
+                          ? "a power of two of at least rings.capacity (" +
+                                std::to_string(out.capacity) + ")"
+                          : "a power of two of at most rings.max_capacity (" +
+                                std::to_string(out.max_capacity) + ")");
+}
+
+// clients.per_uid and clients.per_process: the same keys, each with its own defaults.
+void read_share(const Section& s, ShareQuota& out) {
+  read_uint(s, "sessions", 1, detail::kMaxSessions, out.sessions);
+  read_uint(s, "sessions_per_gpu", 1, detail::kMaxClientsPerGpu, out.sessions_per_gpu);
+  read_uint(s, "rings", 1, detail::kMaxShareRings, out.rings);
+  read_uint(s, "regions", 1, detail::kMaxShareRegions, out.regions);
+  read_bytes(s, "shared_memory", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
+             out.shared_memory);
+  read_uint(s, "descriptors", 1, detail::kMaxDescriptors, out.descriptors);
+  read_uint(s, "networks", 1, detail::kMaxSessions, out.networks);
+}
+
+void read_clients(const Section& s, ClientsConfig& out) {
+  read_uint(s, "max_per_gpu", 1, detail::kMaxClientsPerGpu, out.max_per_gpu);
+  read_uint(s, "max_sessions", 1, detail::kMaxSessions, out.max_sessions);
+  read_uint(s, "max_descriptors", detail::kMinDescriptors, detail::kMaxDescriptors,
+            out.max_descriptors);
+  read_bytes(s, "max_shared_memory", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
+             out.max_shared_memory);
+  read_uint(s, "max_queued_replies", 1, detail::kMaxQueuedReplies, out.max_queued_replies);
+  read_uint(s, "max_networks", 1, detail::kMaxSessions, out.max_networks);
+  const Section quota = s.sub("quota", "clients.quota");
+  read_uint(quota, "rings", 1, detail::kMaxQuotaRings, out.quota.rings);
+  read_uint(quota, "regions", 1, detail::kMaxQuotaRegions, out.quota.regions);
+  read_bytes(quota, "registered_bytes", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
+             out.quota.registered_bytes);
+  read_uint(quota, "inflight_commands", 1, detail::kMaxQuotaInflight,
+            out.quota.inflight_commands);
+  read_share(s.sub("per_uid", "clients.per_uid"), out.per_uid);
+  read_share(s.sub("per_process", "clients.per_process"), out.per_process);
+}
+
 void read_peer(const Section& s, PeerConfig& out) {
   read_string(s, "advertise",
               "\"unix:PATH\" or \"tcp:HOST:PORT\", or \"\" for the first peer.listen address",
@@ -1032,17 +1082,8 @@ LoadResult load(std::string_view yaml, std::string source) {
   read_transport(top.sub("transport", "transport"), c.transport);
   read_overrides(ctx, top, c, c.overrides);
 
-  read_pow2(top.sub("rings", "rings"), "capacity", detail::kMinRingCapacity,
-            detail::kMaxRingCapacity, c.rings.capacity);
-
-  const Section clients = top.sub("clients", "clients");
-  read_uint(clients, "max_per_gpu", 1, detail::kMaxClientsPerGpu, c.clients.max_per_gpu);
-  const Section quota = clients.sub("quota", "clients.quota");
-  read_uint(quota, "rings", 1, detail::kMaxQuotaRings, c.clients.quota.rings);
-  read_bytes(quota, "registered_bytes", detail::kMinQuotaBytes, detail::kMaxQuotaBytes,
-             c.clients.quota.registered_bytes);
-  read_uint(quota, "inflight_commands", 1, detail::kMaxQuotaInflight,
-            c.clients.quota.inflight_commands);
+  read_rings(top.sub("rings", "rings"), c.rings);
+  read_clients(top.sub("clients", "clients"), c.clients);
 
   const Section timeouts = top.sub("timeouts", "timeouts");
   TimeoutConfig& t = c.timeouts;
@@ -1112,7 +1153,9 @@ LoadResult load_config_string(std::string_view yaml, std::string_view source_nam
 
 LoadResult load_config_file(const std::string& path) {
   try {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; anything that is not
+    // a regular file is refused below, before it is read.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return single_error(path, std::string("cannot open: ") + std::strerror(errno));
     std::string text;
     struct stat st {};
@@ -1120,7 +1163,13 @@ LoadResult load_config_file(const std::string& path) {
     if (::fstat(fd, &st) != 0) {
       failure = std::string("cannot stat: ") + std::strerror(errno);
     } else if (!S_ISREG(st.st_mode)) {
-      failure = "not a regular file";
+      failure = std::string("not a regular file (") +
+                (S_ISFIFO(st.st_mode)   ? "a FIFO"
+                 : S_ISDIR(st.st_mode)  ? "a directory"
+                 : S_ISSOCK(st.st_mode) ? "a socket"
+                 : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                                                              : "not a file") +
+                "); expected a YAML file";
     } else {
       char buf[65536];
       while (failure.empty()) {

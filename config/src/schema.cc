@@ -21,9 +21,14 @@ constexpr std::array kBatchKeys{"max_commands"sv};
 constexpr std::array kTransportKeys{"kind"sv, "provider"sv, "nic"sv};
 constexpr std::array kOverrideKeys{"gpu"sv, "cpu_affinity"sv, "poll"sv, "batch"sv,
                                    "transport"sv};
-constexpr std::array kRingsKeys{"capacity"sv};
-constexpr std::array kClientsKeys{"max_per_gpu"sv, "quota"sv};
-constexpr std::array kQuotaKeys{"rings"sv, "registered_bytes"sv, "inflight_commands"sv};
+constexpr std::array kRingsKeys{"capacity"sv, "max_capacity"sv};
+constexpr std::array kClientsKeys{"max_per_gpu"sv,        "max_sessions"sv,       "max_descriptors"sv,
+                                  "max_shared_memory"sv,  "max_queued_replies"sv, "max_networks"sv,
+                                  "quota"sv,              "per_uid"sv,            "per_process"sv};
+constexpr std::array kQuotaKeys{"rings"sv, "regions"sv, "registered_bytes"sv,
+                                "inflight_commands"sv};
+constexpr std::array kShareKeys{"sessions"sv,      "sessions_per_gpu"sv, "rings"sv,   "regions"sv,
+                                "shared_memory"sv, "descriptors"sv,      "networks"sv};
 constexpr std::array kTimeoutKeys{"handshake_ms"sv, "rendezvous_ms"sv, "connect_ms"sv,
                                   "command_ms"sv, "drain_ms"sv};
 constexpr std::array kClientSocketKeys{"path"sv, "group"sv, "mode"sv, "allowed_uids"sv,
@@ -49,6 +54,8 @@ const std::array kSections{
     SectionSchema{"rings"sv, kRingsKeys},
     SectionSchema{"clients"sv, kClientsKeys},
     SectionSchema{"clients.quota"sv, kQuotaKeys},
+    SectionSchema{"clients.per_uid"sv, kShareKeys},
+    SectionSchema{"clients.per_process"sv, kShareKeys},
     SectionSchema{"timeouts"sv, kTimeoutKeys},
     SectionSchema{"client_socket"sv, kClientSocketKeys},
     SectionSchema{"grpc"sv, kGrpcKeys},

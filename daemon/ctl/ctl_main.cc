@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "latency_histogram.h"
+#include "log_text.h"
 #include "mkernel/proto/admin.grpc.pb.h"
 #include "mkernel/proto/health.grpc.pb.h"
 
@@ -229,6 +230,31 @@ class Table {
 
 std::string service_label(const std::string& s) { return s.empty() ? "(server)" : s; }
 
+// "used / limit" with the limit left out when it is 0 (not reported).
+std::string of(uint64_t used, uint64_t limit, bool bytes = false) {
+  const auto f = [bytes](uint64_t v) { return bytes ? fmt_bytes(v) : std::to_string(v); };
+  return limit == 0 ? f(used) : f(used) + " / " + f(limit);
+}
+
+// What clients hold against the node's limits, as `status` and `stats` print it.
+void add_usage(Table& t, const pb::ResourceUsage& u) {
+  t.add({"client sessions", of(u.sessions(), u.max_sessions())});
+  t.add({"client descriptors", of(u.client_descriptors(), u.descriptor_budget()) + " (process: " +
+                                   std::to_string(u.open_descriptors()) + " open, limit " +
+                                   std::to_string(u.descriptor_limit()) + ")"});
+  t.add({"shared memory", of(u.shared_memory(), u.max_shared_memory(), true) + " (" + std::to_string(u.rings()) +
+                              " rings, " + std::to_string(u.regions()) + " regions)"});
+  t.add({"resident memory", fmt_bytes(u.resident_bytes())});
+}
+
+// Refusals by reason; only those that happened, or "none".
+std::string refusal_text(const google::protobuf::RepeatedPtrField<pb::RefusalCount>& refusals) {
+  std::string out;
+  for (const auto& r : refusals)
+    if (r.count() > 0) out += (out.empty() ? "" : ", ") + r.reason() + " " + std::to_string(r.count());
+  return out.empty() ? "none" : out;
+}
+
 const char* status_name(HealthResponse::ServingStatus s) {
   switch (s) {
     case HealthResponse::SERVING: return "SERVING";
@@ -268,6 +294,8 @@ int cmd_status(Client& c, const Options& o) {
   t.add({"runtime dir", st.runtime_dir()});
   t.add({"client socket", st.client_socket()});
   t.add({"sessions", std::to_string(st.sessions())});
+  add_usage(t, st.usage());
+  t.add({"refusals", refusal_text(st.refusals())});
   t.add({"proxies", proxies.empty() ? "-" : proxies});
   t.add({"health", healthy ? "SERVING" : "NOT_SERVING"});
   std::ostringstream body;
@@ -311,6 +339,17 @@ int cmd_stats(Client& c, const Options& o) {
            fmt_latency(mkernel::daemon::latency_quantile_ns(buckets, 0.99))});
   }
   t.print(std::cout);
+  // What clients hold, and every refusal by reason.
+  std::cout << "\n";
+  Table u({"", ""}, {false, false});
+  add_usage(u, st.usage());
+  std::ostringstream usage;
+  u.print(usage);
+  const std::string text = usage.str();
+  std::cout << text.substr(text.find('\n') + 1) << "\n";
+  Table r({"REFUSED", "COUNT"}, {false, true});
+  for (const auto& e : st.refusals()) r.add({e.reason(), std::to_string(e.count())});
+  r.print(std::cout);
   return kExitOk;
 }
 
@@ -332,9 +371,10 @@ int cmd_clients(Client& c, const Options& o) {
            "REGISTERED", "COMMANDS", "CONNECTED"},
           {true, true, true, false, false, true, true, true, true, true, true, true});
   for (const auto& cl : list.clients()) {
+    // Names are the clients' own text: escaped, so they cannot draw on the operator's terminal.
     t.add({std::to_string(cl.session_id()), std::to_string(cl.pid()), std::to_string(cl.uid()),
-           cl.name().empty() ? "-" : cl.name(),
-           cl.communicator().empty() ? "-" : cl.communicator(),
+           cl.name().empty() ? "-" : mkernel::daemon::printable(cl.name(), 64),
+           cl.communicator().empty() ? "-" : mkernel::daemon::printable(cl.communicator(), 64),
            std::to_string(cl.rank()) + "/" + std::to_string(cl.world_size()),
            std::to_string(cl.gpu()), std::to_string(cl.rings()), std::to_string(cl.regions()),
            fmt_bytes(cl.registered_bytes()), std::to_string(cl.commands()),

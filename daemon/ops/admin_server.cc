@@ -24,6 +24,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <spdlog/spdlog.h>
 
+#include "admin_acceptor.h"
 #include "grpc_status.h"
 #include "mkernel/proto/admin.grpc.pb.h"
 
@@ -62,6 +63,28 @@ void fill(const ProxyStats& in, pb::ProxyStats* out) {
   for (uint64_t b : in.latency_ns_log2) out->add_latency_ns_log2(b);
   out->set_seconds_since_heartbeat(in.seconds_since_heartbeat);
   out->set_alive(in.alive);
+}
+
+void fill(const ResourceUsage& in, pb::ResourceUsage* out) {
+  out->set_sessions(in.sessions);
+  out->set_max_sessions(in.max_sessions);
+  out->set_client_descriptors(in.client_descriptors);
+  out->set_descriptor_budget(in.descriptor_budget);
+  out->set_open_descriptors(in.open_descriptors);
+  out->set_descriptor_limit(in.descriptor_limit);
+  out->set_shared_memory(in.shared_memory);
+  out->set_max_shared_memory(in.max_shared_memory);
+  out->set_rings(in.rings);
+  out->set_regions(in.regions);
+  out->set_resident_bytes(in.resident_bytes);
+}
+
+void fill(const std::vector<RefusalCount>& in, google::protobuf::RepeatedPtrField<pb::RefusalCount>* out) {
+  for (const auto& r : in) {
+    pb::RefusalCount* e = out->Add();
+    e->set_reason(r.reason);
+    e->set_count(r.count);
+  }
 }
 
 void fill(const ClientInfo& in, pb::ClientInfo* out) {
@@ -182,12 +205,16 @@ class AdminService final : public pb::Admin::Service {
     out->set_sessions(s.sessions);
     for (const auto& p : s.proxies) out->add_proxies(p);
     for (const auto& h : control_.health()) fill(h, out->add_health());
+    fill(s.refusals, out->mutable_refusals());
+    fill(s.usage, out->mutable_usage());
     return grpc::Status::OK;
   }
 
   grpc::Status GetStats(grpc::ServerContext*, const pb::GetStatsRequest*,
                         pb::Stats* out) override {
     for (const auto& p : control_.stats()) fill(p, out->add_proxies());
+    fill(control_.refusals(), out->mutable_refusals());
+    fill(control_.usage(), out->mutable_usage());
     return grpc::Status::OK;
   }
 
@@ -320,6 +347,7 @@ class AdminServer::Impl {
   DaemonControl& control_;
   AdminService service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<AdminAcceptor> acceptor_;  // the Unix sockets (admin_acceptor.h)
   std::unique_ptr<HealthPublisher> health_;
   std::vector<std::string> addresses_;
   std::vector<std::string> unix_paths_;
@@ -359,13 +387,17 @@ Status AdminServer::Impl::start(const AdminOptions& options) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   std::vector<int> ports(uris.size(), 0);
+  // Unix sockets are listened on here and accepted by AdminAcceptor (admin_acceptor.h: gRPC's
+  // own listener stops for good after one EMFILE); TCP (TLS) stays with gRPC.
+  std::vector<protocol::UniqueFd> unix_listeners;
   for (size_t i = 0; i < uris.size(); ++i) {
     const std::string& uri = uris[i];
     std::string path = unix_path(uri);
     if (!path.empty() || uri == "unix:") {
       MK_RETURN_IF_ERROR(claim_unix_path(path));
+      MK_ASSIGN_OR_RETURN(protocol::UniqueFd fd, AdminAcceptor::listen_unix(path));
       unix_paths_.push_back(path);
-      builder.AddListeningPort(uri, grpc::InsecureServerCredentials(), &ports[i]);
+      unix_listeners.push_back(std::move(fd));
       continue;
     }
     if (options.tls_cert_path.empty() || options.tls_key_path.empty()) {
@@ -421,6 +453,10 @@ Status AdminServer::Impl::start(const AdminOptions& options) {
     }
   }
 
+  auto acceptor = AdminAcceptor::start(server_.get(), std::move(unix_listeners),
+                                       [this](const Status& why) { control_.count_out_of_descriptors(why); });
+  if (!acceptor.ok()) return fail(acceptor.status());
+  acceptor_ = std::move(acceptor).value();
   health_ = std::make_unique<HealthPublisher>(control_, server_->GetHealthCheckService(),
                                               options.health_poll);
   std::string all;
@@ -434,6 +470,7 @@ void AdminServer::Impl::stop() {
   if (stopped_) return;
   stopped_ = true;
   if (health_) health_->stop();
+  if (acceptor_) acceptor_->stop();
   if (server_) {
     if (auto* hs = server_->GetHealthCheckService()) hs->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -5,7 +5,9 @@
 //    one per GPU ("mkerneld.gpu<N>") and one per NIC ("mkerneld.nic.<name>").
 // 2. Listeners: a Unix socket by default (unix:<runtime_dir>/admin.sock). A TCP
 //    listener is refused unless a TLS certificate and key are given; with a client CA, client
-//    certificates are required as well.
+//    certificates are required as well. Unix sockets are accepted by the daemon's own acceptor
+//    (admin_acceptor.h), so running out of descriptors does not stop them for good; each accept
+//    that found no descriptor goes to DaemonControl::count_out_of_descriptors.
 // 3. Health follows DaemonControl::health(): an owned, named thread polls it every
 //    `health_poll` (100 ms by default) and publishes changes, so a drain or a proxy that stops
 //    checking in shows NOT_SERVING well within a second. Drain and Undrain publish at once.

@@ -60,6 +60,28 @@ struct ClientInfo {
   double connected_seconds = 0;
 };
 
+// How many times clients were refused, by reason (refusals.h: the kinds of refusal that are not
+// a limit, then one per limit, named by its config key). Every reason is listed, zeros too.
+struct RefusalCount {
+  std::string reason;
+  uint64_t count = 0;
+};
+
+// What clients hold against the node's limits, and what the process uses.
+struct ResourceUsage {
+  uint64_t sessions = 0;            // connections with a session (from accept)
+  uint64_t max_sessions = 0;        // clients.max_sessions
+  uint64_t client_descriptors = 0;  // descriptors held for clients
+  uint64_t descriptor_budget = 0;   // their budget: clients.max_descriptors, or less (limit)
+  uint64_t open_descriptors = 0;    // the whole process's open descriptors
+  uint64_t descriptor_limit = 0;    // the process's RLIMIT_NOFILE
+  uint64_t shared_memory = 0;       // bytes of rings, host regions and flags made for clients
+  uint64_t max_shared_memory = 0;   // clients.max_shared_memory
+  uint64_t rings = 0;
+  uint64_t regions = 0;
+  uint64_t resident_bytes = 0;      // the process's resident memory (VmRSS)
+};
+
 struct DaemonStatus {
   std::string node_name;
   std::string version;          // mkernel version
@@ -74,6 +96,8 @@ struct DaemonStatus {
   std::string client_socket;
   uint32_t sessions = 0;
   std::vector<std::string> proxies;  // names
+  std::vector<RefusalCount> refusals;
+  ResourceUsage usage;
 };
 
 // Health as the grpc.health.v1 service reports it: one entry per service name.
@@ -97,6 +121,9 @@ class DaemonControl {
   virtual DaemonStatus status() const = 0;
   virtual std::vector<ProxyStats> stats() const = 0;
   virtual std::vector<ClientInfo> clients() const = 0;
+  // Refusals by reason, and what clients hold against the node's limits (also in status()).
+  virtual std::vector<RefusalCount> refusals() const = 0;
+  virtual ResourceUsage usage() const = 0;
   // Whole server first, then each GPU, then each NIC. A drain, or a proxy that has not checked
   // in within its bound, makes the affected entries (and the whole server) NOT_SERVING.
   virtual std::vector<HealthEntry> health() const = 0;
@@ -114,6 +141,12 @@ class DaemonControl {
 
   // For the systemd watchdog: true while every proxy thread checked in within its bound.
   virtual bool all_proxies_alive() const = 0;
+
+  // The admin and health service or the metrics endpoint had no descriptor to accept a
+  // connection with (it was answered and closed, spare_fd.h): counted with the client socket's
+  // as refusal out_of_descriptors, and logged at most a few times a second. `why` names the
+  // endpoint and the error.
+  virtual void count_out_of_descriptors(const Status& why) = 0;
 };
 
 }  // namespace mkernel::daemon

@@ -1,6 +1,7 @@
 #include "daemon.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -27,6 +28,19 @@ Status make_dirs(const std::string& dir, mode_t mode) {
   return Status::Ok();
 }
 
+// The soft descriptor limit raised to the hard one (what a shell or a unit without LimitNOFILE
+// gives is often far below what the hard limit allows); returns the limit in force.
+uint64_t raise_descriptor_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(rl.rlim_cur);
+}
+
 }  // namespace
 
 Daemon::Daemon(DaemonOptions options)
@@ -36,6 +50,22 @@ Daemon::~Daemon() { stop(); }
 
 Status Daemon::start() {
   const config::DaemonConfig cfg = state_.config();
+  state_.set_descriptor_limit(raise_descriptor_limit());
+  {
+    const LedgerLimits limits = state_.limits();
+    if (limits.descriptor_budget < cfg.clients.max_descriptors)
+      spdlog::warn("descriptors: the process may open {} (RLIMIT_NOFILE); {} are kept for admin, health, metrics "
+                   "and peers, so clients get {} instead of clients.max_descriptors {}. Give mkerneld a limit "
+                   "of at least {} (LimitNOFILE= in its unit)",
+                   state_.descriptor_limit(), config::reserved_descriptors(state_.descriptor_limit()),
+                   limits.descriptor_budget,
+                   cfg.clients.max_descriptors, uint64_t{cfg.clients.max_descriptors} + config::kReservedDescriptors);
+    else
+      spdlog::info("descriptors: limit {}, {} for clients (clients.max_descriptors), {} kept for admin, health, "
+                   "metrics and peers",
+                   state_.descriptor_limit(), limits.descriptor_budget,
+                   config::reserved_descriptors(state_.descriptor_limit()));
+  }
   state_.runtime_dir = cfg.node.runtime_dir;
   MK_RETURN_IF_ERROR(make_dirs(state_.runtime_dir, 0750));
   MK_RETURN_IF_ERROR(loop_.open());

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "mkernel/protocol/version.h"
@@ -15,6 +17,10 @@ bool Control::all_proxies_alive() const {
   for (auto& p : state_.proxies)
     if (!proxy_alive(*p)) return false;
   return !state_.proxies.empty();
+}
+
+void Control::count_out_of_descriptors(const Status& why) {
+  state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, why);
 }
 
 DaemonStatus Control::status() const {
@@ -32,7 +38,53 @@ DaemonStatus Control::status() const {
   st.client_socket = state_.socket_path;
   st.sessions = static_cast<uint32_t>(state_.sessions.size());
   for (auto& p : state_.proxies) st.proxies.push_back(p->options().name);
+  st.refusals = refusals();
+  st.usage = usage();
   return st;
+}
+
+std::vector<RefusalCount> Control::refusals() const {
+  std::vector<RefusalCount> out;
+  for (auto& [reason, count] : state_.refusals.all()) out.push_back({reason, count});
+  return out;
+}
+
+namespace {
+
+uint64_t count_open_descriptors() {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n > 0 ? n - 1 : 0;  // the directory's own descriptor while it is read
+}
+
+uint64_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+ResourceUsage Control::usage() const {
+  ResourceUsage u;
+  const Holding held = state_.ledger.node();
+  const LedgerLimits limits = state_.limits();
+  u.sessions = held.sessions;
+  u.max_sessions = limits.clients.max_sessions;
+  u.client_descriptors = held.descriptors;
+  u.descriptor_budget = limits.descriptor_budget;
+  u.open_descriptors = count_open_descriptors();
+  u.descriptor_limit = state_.descriptor_limit();
+  u.shared_memory = held.shared_memory;
+  u.max_shared_memory = limits.clients.max_shared_memory;
+  u.rings = held.rings;
+  u.regions = held.regions;
+  u.resident_bytes = resident_bytes();
+  return u;
 }
 
 std::vector<ProxyStats> Control::stats() const {
@@ -135,8 +187,11 @@ ReloadResult Control::reload(const std::string& path_in) {
     return r;
   }
   const config::DaemonConfig running = state_.config();
-  r.needs_restart = config::restart_required_changes(running, *loaded.config);
-  const config::DaemonConfig next = config::hot_reloaded(running, *loaded.config);
+  // What the command line set still wins (daemon_state.h note 5): a file without
+  // node.runtime_dir is no change for a daemon started with --runtime-dir.
+  const config::DaemonConfig file = state_.with_overrides(std::move(*loaded.config));
+  r.needs_restart = config::restart_required_changes(running, file);
+  const config::DaemonConfig next = config::hot_reloaded(running, file);
   if (!(next.proxy == running.proxy) || !(next.overrides == running.overrides)) r.applied_changes.push_back("proxy");
   if (!(next.clients == running.clients)) r.applied_changes.push_back("clients");
   if (!(next.timeouts == running.timeouts)) r.applied_changes.push_back("timeouts");

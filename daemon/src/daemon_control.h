@@ -23,12 +23,15 @@ class Control final : public DaemonControl {
   DaemonStatus status() const override;
   std::vector<ProxyStats> stats() const override;
   std::vector<ClientInfo> clients() const override;
+  std::vector<RefusalCount> refusals() const override;
+  ResourceUsage usage() const override;
   std::vector<HealthEntry> health() const override;
   Status drain() override;
   Status undrain() override;
   ReloadResult reload(const std::string& path) override;
   Status stall_proxy(uint32_t gpu, std::chrono::milliseconds duration) override;
   bool all_proxies_alive() const override;
+  void count_out_of_descriptors(const Status& why) override;
 
   // A proxy is alive while its thread checked in within this bound (health answers within a
   // second of a stall).

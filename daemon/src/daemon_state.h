@@ -13,6 +13,10 @@
 //     the table's mutex and gets shared pointers. What other threads may touch in a Session is
 //     its lock-free tables and atomics (session.h); what only the event loop touches lives in
 //     the loop's own ClientState (event_loop.h).
+//  4. What clients hold is added up in the ledger (ledger.h) and checked against limits() at
+//     every request; every refusal is counted and logged through `refusals` (refusals.h).
+//  5. Command-line settings (--runtime-dir, --log-level) override the file at start and at every
+//     reload, so a reload of the same file changes nothing and reports nothing.
 #pragma once
 
 #include <atomic>
@@ -22,12 +26,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ledger.h"
 #include "mkernel/config/config.h"
 #include "network.h"
 #include "proxy.h"
+#include "refusals.h"
 #include "session.h"
 
 namespace mkernel::daemon {
@@ -36,6 +43,9 @@ struct DaemonOptions {
   config::DaemonConfig config;
   std::string config_source = "built-in default";  // file path or "built-in default"
   bool test_hooks = false;
+  // Note 5: what the command line set, applied over every config loaded.
+  std::optional<std::string> runtime_dir_override;
+  std::optional<config::LogLevel> log_level_override;
 };
 
 // Sessions by id (note 3).
@@ -66,6 +76,14 @@ class DaemonState {
   void replace_config(config::DaemonConfig next, std::string source);
   // The quota a new session gets, from clients.quota.
   SessionQuota quota() const;
+  // Note 5: `loaded` with the command line's settings applied.
+  config::DaemonConfig with_overrides(config::DaemonConfig loaded) const;
+  // The limits the ledger checks now: clients.* and the descriptor budget.
+  LedgerLimits limits() const;
+  // Descriptors: the process's limit (RLIMIT_NOFILE, raised to its hard limit at start) and the
+  // clients' budget under it (ledger.h note 3). Set by Daemon::start().
+  void set_descriptor_limit(uint64_t limit);
+  uint64_t descriptor_limit() const { return descriptor_limit_.load(std::memory_order_relaxed); }
   // node.name, else the host name.
   std::string node_name() const;
   bool test_hooks() const { return test_hooks_; }
@@ -85,6 +103,11 @@ class DaemonState {
   // ---- shared, any thread ----
   std::atomic<bool> draining{false};
   SessionTable sessions;
+  Ledger ledger;        // note 4
+  Refusals refusals;    // note 4
+  // Session lines (opened, closed, connecting) at most this many a second: a client that opens
+  // and closes sessions in a loop cannot flood the log either.
+  LogRateLimiter session_log{100};
   // Gives every proxy a fresh table of communicators -> sessions by rank (live sessions that
   // said hello), after a session joined or went.
   void republish_peers();
@@ -95,6 +118,9 @@ class DaemonState {
   std::string config_source_;
   uint64_t config_generation_ = 0;
   const bool test_hooks_;
+  const std::optional<std::string> runtime_dir_override_;
+  const std::optional<config::LogLevel> log_level_override_;
+  std::atomic<uint64_t> descriptor_limit_{0};
 };
 
 }  // namespace mkernel::daemon

@@ -10,10 +10,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "log_text.h"
 #include "mkernel/proto/session.pb.h"
 #include "mkernel/protocol/session_wire.h"
 
@@ -121,13 +126,20 @@ void EventLoop::run() {
   while (!stop_.load(std::memory_order_acquire)) {
     fds.clear();
     polled.clear();
-    fds.push_back({listen_fd_.get(), POLLIN, 0});
+    const auto now = std::chrono::steady_clock::now();
+    // Note 5: a listener resting after running out of descriptors is left out of the poll.
+    const bool accepting = now >= accept_resume_;
+    fds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
     fds.push_back({wake_fd_.get(), POLLIN, 0});
     for (auto& [id, c] : clients_) {
-      fds.push_back({c.session->socket_fd(), POLLIN, 0});
+      fds.push_back({c.session->socket_fd(), static_cast<short>(POLLIN | (c.outbox.empty() ? 0 : POLLOUT)), 0});
       polled.push_back(id);
     }
-    const int r = ::poll(fds.data(), fds.size(), 100);
+    int wait_ms = 100;
+    if (!accepting)
+      wait_ms = static_cast<int>(std::clamp<int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(accept_resume_ - now).count() + 1, 1, 100));
+    const int r = ::poll(fds.data(), fds.size(), wait_ms);
     if (r < 0 && errno != EINTR) {
       spdlog::error("event loop: {}", errno_status("poll", errno).message());
       std::this_thread::sleep_for(10ms);
@@ -151,6 +163,7 @@ void EventLoop::run() {
       if (re == 0) continue;
       ClientState* c = client(polled[i]);
       if (c == nullptr || c->farewell_sent) continue;  // ended above
+      if ((re & POLLOUT) && !flush(*c)) continue;
       if (re & POLLIN) handle_readable(*c);
       else if (re & (POLLHUP | POLLERR | POLLNVAL))
         finish_session(*c, Status(StatusCode::kUnavailable, "client closed the connection"), /*client_left=*/true);
@@ -160,14 +173,8 @@ void EventLoop::run() {
     // provider call, typically): its sessions cannot make progress, so they end with that
     // reason instead of leaving their producers and peers waiting. Health already says so.
     end_sessions_of_stuck_proxies();
-    // Clients that connected but never said hello in time.
-    const auto now = std::chrono::steady_clock::now();
-    std::vector<uint64_t> late;
-    for (auto& [id, c] : clients_)
-      if (!c.session->has_hello() && !c.session->ended() && now > c.hello_deadline) late.push_back(id);
-    for (uint64_t id : late)
-      if (ClientState* c = client(id))
-        finish_session(*c, Status(StatusCode::kDeadlineExceeded, "no hello within the handshake timeout"));
+    end_late_handshakes();
+    trim_heap_if_due();
   }
   // Stopping: every session ends and its client is told why.
   std::vector<uint64_t> all;
@@ -181,21 +188,37 @@ void EventLoop::run() {
 }
 
 void EventLoop::accept_clients() {
-  for (;;) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
     mp::UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd.valid()) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        spdlog::warn("accept: {}", errno_status("accept4", errno).message());
+      const int e = errno;
+      if (e == EAGAIN || e == EWOULDBLOCK) return;
+      if (e == EINTR || e == ECONNABORTED) continue;
+      if (is_descriptor_exhaustion(e)) {
+        // Note 5: answer one waiting client with the spare descriptor, count, rest.
+        const Status why(StatusCode::kResourceExhausted,
+                         "mkerneld has no descriptor left to accept a connection (" + std::string(std::strerror(e)) +
+                             "); try again later");
+        pb::Reply refusal;
+        fill_error(&refusal, why);
+        std::string packet;
+        (void)mp::frame_message(refusal, &packet);
+        spare_.shed_one(listen_fd_.get(), packet);
+        state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, why);
+        accept_resume_ = std::chrono::steady_clock::now() + kAcceptPause;
+        return;
+      }
+      state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, errno_status("accept4", e));
+      accept_resume_ = std::chrono::steady_clock::now() + kAcceptPause;
       return;
     }
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      spdlog::warn("refused a client: {}", errno_status("SO_PEERCRED", errno).message());
+      state_.refusals.record_anonymous(Refusal::kCredentials, errno_status("SO_PEERCRED", errno));
       continue;
     }
-    // Note 4: a refused client is told why in the answer to its hello.
-    Status refusal;
+    // Note 4: who may have a session at all, then whether there is room for one more.
     const config::DaemonConfig cfg = state_.config();
     const config::ClientSocketConfig& sc = cfg.client_socket;
     const bool any_list = !sc.allowed_uids.empty() || !sc.allowed_gids.empty();
@@ -203,26 +226,97 @@ void EventLoop::accept_clients() {
         !any_list || cred.uid == ::geteuid() ||
         std::find(sc.allowed_uids.begin(), sc.allowed_uids.end(), cred.uid) != sc.allowed_uids.end() ||
         std::find(sc.allowed_gids.begin(), sc.allowed_gids.end(), cred.gid) != sc.allowed_gids.end();
-    if (!allowed)
-      refusal = Status(StatusCode::kPermissionDenied, "uid " + std::to_string(cred.uid) + " gid " +
-                                                          std::to_string(cred.gid) +
-                                                          " is not in client_socket.allowed_uids / allowed_gids");
-    else if (state_.draining.load(std::memory_order_acquire))
-      refusal = Status(StatusCode::kUnavailable, "mkerneld is draining and accepts no new sessions");
-    if (!refusal.ok()) spdlog::warn("refusing client pid {} uid {}: {}", cred.pid, cred.uid, refusal.message());
+    if (!allowed) {
+      refuse_connection(std::move(fd), cred, Refusal::kCredentials,
+                        Status(StatusCode::kPermissionDenied,
+                               "uid " + std::to_string(cred.uid) + " gid " + std::to_string(cred.gid) +
+                                   " is not in client_socket.allowed_uids / allowed_gids"));
+      continue;
+    }
+    if (state_.draining.load(std::memory_order_acquire)) {
+      refuse_connection(std::move(fd), cred, Refusal::kDraining,
+                        Status(StatusCode::kUnavailable, "mkerneld is draining and accepts no new sessions"));
+      continue;
+    }
+    const Owner owner{cred.uid, cred.pid};
+    const Holding connection{.sessions = 1, .descriptors = 1};
+    if (auto denied = state_.ledger.take(owner, connection, state_.limits())) {
+      refuse_connection(std::move(fd), cred, denied->reason, denied->status);
+      continue;
+    }
     ClientState c;
+    c.owner = owner;
+    c.held = connection;
     c.session = std::make_shared<Session>(next_session_id_++, std::move(fd), cred, state_.quota());
     c.hello_deadline = std::chrono::steady_clock::now() + cfg.timeouts.handshake;
-    c.refusal = refusal;
     const uint64_t id = c.session->id();
     state_.sessions.insert(c.session);
     clients_.emplace(id, std::move(c));
   }
 }
 
-void EventLoop::answer(ClientState& c, const pb::Reply& reply, const std::vector<int>& fds) {
-  const Status ss = mp::send_message(c.session->socket_fd(), reply, fds, 1000ms);
-  if (!ss.ok()) finish_session(c, ss.with_context("reply to client"));
+void EventLoop::refuse_connection(mp::UniqueFd fd, const ucred& cred, Refusal reason, const Status& why) {
+  state_.refusals.record(reason, cred.pid, cred.uid, why);
+  pb::Reply refusal;
+  fill_error(&refusal, why);
+  std::string packet;
+  if (mp::frame_message(refusal, &packet).ok()) (void)mp::try_send_packet(fd.get(), packet, {});
+  // Whatever the client already sent (its hello) is read and dropped first: closing with it
+  // unread would make the client's kernel report a reset before the refusal (the client reads
+  // again after a reset, session_wire.h, but this keeps the common case plain). Closed here.
+  char sink[64];
+  for (int i = 0; i < 4 && ::recv(fd.get(), sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+  }
+}
+
+bool EventLoop::answer(ClientState& c, const pb::Reply& reply, std::vector<mp::UniqueFd> fds) {
+  Outgoing out;
+  const Status framed = mp::frame_message(reply, &out.packet);
+  if (!framed.ok()) {
+    finish_session(c, framed.with_context("reply to client"));
+    return false;
+  }
+  out.fds = std::move(fds);
+  const uint32_t max_queued = state_.config().clients.max_queued_replies;
+  if (c.outbox.size() >= max_queued) {
+    const Status why(StatusCode::kResourceExhausted,
+                     "the client does not read its replies: " + std::to_string(c.outbox.size()) +
+                         " are waiting; at most " + std::to_string(max_queued) + " (clients.max_queued_replies)");
+    state_.refusals.record(Refusal::kReplyQueueOverflow, c.owner.pid, c.owner.uid, why);
+    finish_session(c, why);
+    return false;
+  }
+  c.outbox.push_back(std::move(out));
+  return flush(c);
+}
+
+bool EventLoop::flush(ClientState& c) {
+  while (!c.outbox.empty()) {
+    Outgoing& front = c.outbox.front();
+    std::vector<int> raw;
+    raw.reserve(front.fds.size());
+    for (const auto& f : front.fds) raw.push_back(f.get());
+    const StatusOr<bool> sent = mp::try_send_packet(c.session->socket_fd(), front.packet, raw);
+    if (!sent.ok()) {
+      finish_session(c, sent.status().code() == StatusCode::kUnavailable
+                            ? Status(StatusCode::kUnavailable, "client closed the connection")
+                            : sent.status().with_context("reply to client"),
+                     /*client_left=*/sent.status().code() == StatusCode::kUnavailable);
+      return false;
+    }
+    if (!sent.value()) return true;  // the socket is full: POLLOUT brings us back
+    // Sent: the client has its copies; the daemon's close now (note 4 of requests.h).
+    const auto n = static_cast<uint32_t>(front.fds.size());
+    c.outbox.pop_front();
+    if (n > 0) requests_.give_back(c, Holding{.descriptors = n});
+  }
+  return true;
+}
+
+void EventLoop::count_refusal(ClientState& c, Refusal otherwise, const Status& why) {
+  const Refusal reason = c.limit_hit.value_or(otherwise);
+  c.limit_hit.reset();
+  state_.refusals.record(reason, c.owner.pid, c.owner.uid, why);
 }
 
 void EventLoop::handle_readable(ClientState& c) {
@@ -231,67 +325,72 @@ void EventLoop::handle_readable(ClientState& c) {
   // Clients hand the daemon a descriptor only with ShareHandle and ImportRegion (exactly one);
   // any other request carrying one is malformed.
   std::vector<mp::UniqueFd> in_fds;
-  const Status rs = mp::recv_message_any_fds(s->socket_fd(), &req, &in_fds, 1000ms);
+  const Status rs = mp::recv_message_any_fds(s->socket_fd(), &req, &in_fds, 0ms);
   if (!rs.ok()) {
-    if (rs.code() == StatusCode::kUnavailable)
+    if (rs.code() == StatusCode::kDeadlineExceeded) return;  // nothing there after all
+    if (rs.code() == StatusCode::kUnavailable) {
       finish_session(c, Status(StatusCode::kUnavailable, "client closed the connection"), /*client_left=*/true);
-    else
+    } else {
+      // A descriptor the kernel could not give the daemon (truncated ancillary data) is the
+      // daemon's shortage, not the client's fault, but the request is lost either way.
+      state_.refusals.record(Refusal::kMalformed, c.owner.pid, c.owner.uid, rs);
       finish_session(c, rs.with_context("malformed request"));
+    }
     return;
   }
   if (s->ended()) return;
   const bool carries_fd = req.has_share_handle() || req.has_import_region();
   if (in_fds.size() != (carries_fd ? 1u : 0u)) {
-    finish_session(c, Status(StatusCode::kProtocolError,
-                             "malformed request: " + std::to_string(in_fds.size()) + " descriptor(s) attached; " +
-                                 (req.has_share_handle()    ? "ShareHandle carries exactly one"
-                                  : req.has_import_region() ? "ImportRegion carries exactly one (the dmabuf)"
-                                                            : "only ShareHandle and ImportRegion may carry one")));
+    const Status why(StatusCode::kProtocolError,
+                     "malformed request: " + std::to_string(in_fds.size()) + " descriptor(s) attached; " +
+                         (req.has_share_handle()    ? "ShareHandle carries exactly one"
+                          : req.has_import_region() ? "ImportRegion carries exactly one (the dmabuf)"
+                                                    : "only ShareHandle and ImportRegion may carry one"));
+    state_.refusals.record(Refusal::kMalformed, c.owner.pid, c.owner.uid, why);
+    finish_session(c, why);
     return;
   }
   pb::Reply reply;
   reply.set_request_id(req.request_id());
-  if (req.has_import_region() && s->has_hello()) {
-    const Status is = requests_.import_region(c, req.import_region(), std::move(in_fds[0]), &reply);
-    if (!is.ok()) {
-      fill_error(&reply, is);
-      spdlog::info("session {}: GPU-memory region refused: {}", s->id(), is.message());
-    }
-    answer(c, reply);
-    return;
-  }
-  if (req.has_share_handle() && s->has_hello()) {
-    const Status hs = requests_.share_handle(c, req.share_handle(), std::move(in_fds[0]), &reply);
-    if (!hs.ok()) fill_error(&reply, hs);
-    answer(c, reply);
-    return;
-  }
   if (req.has_goodbye()) {
     finish_session(c, Status(StatusCode::kOk, "client said goodbye"), /*client_left=*/true);
     return;
   }
-  if (req.has_connect() && s->has_hello()) {
+  if (!req.has_hello() && !s->has_hello()) {
+    const Status why(StatusCode::kProtocolError, "first request must be a hello");
+    state_.refusals.record(Refusal::kMalformed, c.owner.pid, c.owner.uid, why);
+    finish_session(c, why);
+    return;
+  }
+  if (req.has_import_region() || req.has_share_handle()) {
+    const Status is = req.has_import_region()
+                          ? requests_.import_region(c, req.import_region(), std::move(in_fds[0]), &reply)
+                          : requests_.share_handle(c, req.share_handle(), std::move(in_fds[0]), &reply);
+    if (!is.ok()) {
+      fill_error(&reply, is);
+      count_refusal(c, Refusal::kInvalidRequest, is);
+    }
+    answer(c, reply);
+    return;
+  }
+  if (req.has_connect()) {
     // Answered by finish_connects once the rendezvous ended; an immediate refusal now.
     const Status cs = requests_.connect(c, req);
     if (cs.ok()) return;
     fill_error(&reply, cs);
+    count_refusal(c, Refusal::kInvalidRequest, cs);
     answer(c, reply);
     return;
   }
-  std::vector<int> fds;
-  Status hs;
-  if (req.has_hello()) {
-    hs = requests_.hello(c, req, &reply);
-  } else if (!s->has_hello()) {
-    finish_session(c, Status(StatusCode::kProtocolError, "first request must be a hello"));
-    return;
-  } else {
-    hs = requests_.setup(c, req, &reply, &fds);
+  std::vector<mp::UniqueFd> out_fds;
+  const bool hello = req.has_hello();
+  const Status hs = hello ? requests_.hello(c, req, &reply) : requests_.setup(c, req, &reply, &out_fds);
+  if (!hs.ok()) {
+    fill_error(&reply, hs);
+    count_refusal(c, hello ? Refusal::kHelloRefused : Refusal::kInvalidRequest, hs);
   }
-  if (!hs.ok()) fill_error(&reply, hs);
-  const Status ss = mp::send_message(s->socket_fd(), reply, fds, 1000ms);
-  if (!ss.ok()) finish_session(c, ss.with_context("reply to client"));
-  else if (!hs.ok() && !s->has_hello()) finish_session(c, hs.with_context("hello refused"));
+  if (!answer(c, reply, std::move(out_fds))) return;
+  if (!hs.ok() && !s->has_hello()) finish_session(c, hs.with_context("hello refused"));
 }
 
 void EventLoop::finish_connects() {
@@ -309,23 +408,69 @@ void EventLoop::finish_session(ClientState& c, Status why, bool client_left) {
   const std::shared_ptr<Session> s = c.session;
   s->end(why, client_left ? 0u : static_cast<uint32_t>(kRingErrSessionEnded), static_cast<uint32_t>(why.code()), 0);
   const Status reason = s->end_reason();
+  c.farewell_sent = true;
   if (!client_left) {
+    // What the socket takes now, then the farewell, one attempt each (note 2): a client that
+    // does not read loses them, and nothing here waits for it.
+    for (auto& out : c.outbox) {
+      std::vector<int> raw;
+      for (const auto& f : out.fds) raw.push_back(f.get());
+      const StatusOr<bool> sent = mp::try_send_packet(s->socket_fd(), out.packet, raw);
+      if (!sent.ok() || !sent.value()) break;
+    }
     pb::Reply bye;
     bye.mutable_ended()->set_code(static_cast<uint32_t>(reason.code()));
     bye.mutable_ended()->set_reason(reason.message());
-    (void)mp::send_message(s->socket_fd(), bye, {}, 100ms);
+    std::string packet;
+    if (mp::frame_message(bye, &packet).ok()) (void)mp::try_send_packet(s->socket_fd(), packet, {});
   }
+  c.outbox.clear();
   ::shutdown(s->socket_fd(), SHUT_RDWR);
-  c.farewell_sent = true;
   if (c.connect_started) connects_.cancel(s->id());
-  if (s->has_hello())
+  const bool had_hello = s->has_hello();
+  if (had_hello)
     if (Proxy* p = state_.proxy_for(s->identity().gpu)) p->remove_session(s->id());
+  if (c.bound_gpu) state_.ledger.unbind_gpu(c.owner, *c.bound_gpu);
+  state_.ledger.give_back(c.owner, c.held);
   state_.sessions.erase(s->id());
   clients_.erase(s->id());  // `c` is gone from here on
-  state_.republish_peers();
-  if (s->has_hello())
-    spdlog::info("session {} (\"{}\") closed: {}", s->id(), s->identity().name,
-                 client_left ? why.message() : reason.to_string());
+  if (had_hello) {
+    state_.republish_peers();
+    if (uint64_t left_out = 0; state_.session_log.allow(&left_out))
+      spdlog::info("session {} ({}) closed: {}{}", s->id(), quoted_printable(s->identity().name),
+                   printable(client_left ? why.message() : reason.to_string(), 1024),
+                   suppressed_note(left_out, "session lines"));
+  }
+  if (!trim_pending_) {  // the first end of a batch sets the moment; churn cannot postpone it
+    trim_pending_ = true;
+    trim_due_ = std::chrono::steady_clock::now() + 200ms;
+  }
+}
+
+void EventLoop::end_late_handshakes() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<uint64_t> late;
+  for (auto& [id, c] : clients_)
+    if (!c.session->has_hello() && !c.session->ended() && now > c.hello_deadline) late.push_back(id);
+  for (uint64_t id : late)
+    if (ClientState* c = client(id)) {
+      const Status why(StatusCode::kDeadlineExceeded, "no hello within the handshake timeout");
+      state_.refusals.record(Refusal::kHandshakeTimeout, c->owner.pid, c->owner.uid, why);
+      finish_session(*c, why);
+    }
+}
+
+void EventLoop::trim_heap_if_due() {
+  // Note 3: memory freed by sessions that ended goes back to the system, not only to the
+  // allocator. At most once a second, and only after the ends have settled for a moment.
+  if (!trim_pending_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < trim_due_ || now - last_trim_ < 1s) return;
+  trim_pending_ = false;
+  last_trim_ = now;
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
 }
 
 void EventLoop::end_sessions_of_stuck_proxies() {

@@ -1,5 +1,6 @@
 #include "loopback_transport.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -29,6 +30,16 @@ LoopbackTransport::LoopbackTransport(const Session& self) : self_(self) {
   caps_.max_inflight = kMaxInflight;
 }
 
+PeerList::PeerList(std::vector<std::pair<uint32_t, std::shared_ptr<Session>>> ranks) : ranks_(std::move(ranks)) {
+  std::sort(ranks_.begin(), ranks_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+Session* PeerList::find(uint32_t rank) const {
+  auto it = std::lower_bound(ranks_.begin(), ranks_.end(), rank,
+                             [](const auto& entry, uint32_t r) { return entry.first < r; });
+  return it != ranks_.end() && it->first == rank ? it->second.get() : nullptr;
+}
+
 void LoopbackTransport::set_peers(std::shared_ptr<const PeerList> peers) { peers_ = std::move(peers); }
 
 void LoopbackTransport::deliver(const net::Arrival& arrival) {
@@ -52,7 +63,7 @@ Status LoopbackTransport::post_write(const net::WriteOp& op) {
   if (done_.size() >= kMaxInflight)
     return Status(StatusCode::kUnavailable, std::to_string(done_.size()) +
                                                 " completions not polled yet; poll and retry");
-  Session* dst = peers_ && op.peer < peers_->size() ? (*peers_)[op.peer].get() : nullptr;
+  Session* dst = peers_ ? peers_->find(static_cast<uint32_t>(op.peer)) : nullptr;
   if (dst == nullptr || dst->ended())  // final (kUnavailable would mean "queue full")
     return Status(StatusCode::kNotFound,
                   "rank " + std::to_string(op.peer) + " of communicator \"" + self_.identity().communicator +

@@ -26,8 +26,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "net_transport.h"
@@ -36,8 +38,22 @@ namespace mkernel::daemon {
 
 class Session;
 
-// Ranks of one communicator on this node, indexed by rank; null where none is connected.
-using PeerList = std::vector<std::shared_ptr<Session>>;
+// Ranks of one communicator that have a session on this node, by rank. Only ranks that said
+// hello are in it, so its size (and what building it costs) follows the sessions that exist,
+// never the world size a hello claims: a communicator of 2^20 ranks with two sessions here is
+// two entries.
+class PeerList {
+ public:
+  PeerList() = default;
+  // `ranks` in any order; one session per rank.
+  explicit PeerList(std::vector<std::pair<uint32_t, std::shared_ptr<Session>>> ranks);
+  // The session holding `rank`; nullptr when none does.
+  Session* find(uint32_t rank) const;
+  size_t size() const { return ranks_.size(); }
+
+ private:
+  std::vector<std::pair<uint32_t, std::shared_ptr<Session>>> ranks_;  // sorted by rank
+};
 
 class LoopbackTransport final : public net::Transport {
  public:

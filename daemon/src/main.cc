@@ -1,5 +1,8 @@
 // mkerneld: the mkernel node daemon.
 #include <fcntl.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/syslog_sink.h>
@@ -84,6 +87,18 @@ void setup_logging(const mkernel::config::LoggingConfig& lc, bool to_syslog) {
   spdlog::set_default_logger(logger);
 }
 
+// The heap: memory that sessions freed goes back to the system instead of staying with the
+// allocator. A fixed mmap threshold keeps glibc from raising it after large frees (then large
+// blocks would come from the heap and stay there); few arenas keep freed memory in few places;
+// the event loop trims the heap after sessions end (event_loop.h note 3).
+void configure_heap() {
+#ifdef __GLIBC__
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
+  ::mallopt(M_ARENA_MAX, 2);
+#endif
+}
+
 bool daemonize() {
   const pid_t pid = ::fork();
   if (pid < 0) return false;
@@ -129,6 +144,12 @@ int main(int argc, char** argv) {
     const cfg::LoadResult r = cfg::load_config_file(check_config);
     if (r.ok()) {
       std::printf("%s: ok\n", check_config.c_str());
+      // What the unit's LimitNOFILE must be for this config (docs/operations.md).
+      std::printf("descriptors: LimitNOFILE=%llu or more (clients.max_descriptors %u + %u kept for admin, "
+                  "health, metrics and peers)\n",
+                  static_cast<unsigned long long>(uint64_t{r.config->clients.max_descriptors} +
+                                                  cfg::kReservedDescriptors),
+                  r.config->clients.max_descriptors, cfg::kReservedDescriptors);
       return 0;
     }
     std::fprintf(stderr, "%s", r.error_text().c_str());
@@ -154,18 +175,22 @@ int main(int argc, char** argv) {
   } else {
     opts.config = cfg::default_config();
   }
+  // The command line wins over the file, at start and at every reload (daemon_state.h).
   if (!runtime_dir.empty()) {
     if (runtime_dir[0] != '/') {
       char cwd[4096];
       if (::getcwd(cwd, sizeof(cwd)) != nullptr) runtime_dir = std::string(cwd) + "/" + runtime_dir;
     }
+    opts.runtime_dir_override = runtime_dir;
     opts.config.node.runtime_dir = runtime_dir;
   }
   if (!log_level.empty()) {
     const char* names[] = {"trace", "debug", "info", "warn", "error"};
     for (int i = 0; i < 5; ++i)
-      if (log_level == names[i]) opts.config.logging.level = static_cast<cfg::LogLevel>(i);
+      if (log_level == names[i]) opts.log_level_override = static_cast<cfg::LogLevel>(i);
+    opts.config.logging.level = *opts.log_level_override;
   }
+  configure_heap();
   opts.test_hooks = test_hooks;
   if (!foreground && !daemonize()) {
     std::perror("mkerneld: cannot daemonize");

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "log_text.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define MK_PAUSE() _mm_pause()
@@ -177,8 +179,10 @@ void Proxy::refresh_consumers(Tracked& t) {
 void Proxy::end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, uint64_t pos) {
   const uint64_t id = t.session->id();
   if (t.session->end(why, code, detail, pos)) {
-    spdlog::warn("proxy {}: session {} ({}) ended: {}", options_.name, id, t.session->identity().name,
-                 why.to_string());
+    if (uint64_t left_out = 0; ended_log_.allow(&left_out))  // note 8
+      spdlog::warn("proxy {}: session {} ({}) ended: {}{}", options_.name, id,
+                   quoted_printable(t.session->identity().name), printable(why.to_string(), 1024),
+                   suppressed_note(left_out, "ended sessions"));
     if (on_session_ended_) on_session_ended_(id);
   }
 }
@@ -325,7 +329,7 @@ Status Proxy::route_to(Tracked& t, uint32_t rank, Route* route) {
     return Status::Ok();
   }
   // Inside this daemon: the loopback, by rank.
-  const Session* dst = t.peers && rank < t.peers->size() ? (*t.peers)[rank].get() : nullptr;
+  const Session* dst = t.peers ? t.peers->find(rank) : nullptr;
   if (dst == nullptr || dst->ended())
     return Status(StatusCode::kUnavailable, "rank " + std::to_string(rank) + " of communicator \"" +
                                                 s.identity().communicator + "\" is not connected to this daemon");
@@ -488,6 +492,10 @@ size_t Proxy::poll_session(Tracked& t) {
   SessionNetwork* net = s.network();
   if (net != nullptr && net->transport && !s.ended()) work += progress(t, *net->transport, tally);
   const int64_t now = now_ns();
+  // What the proxy keeps per command taken and not finished is bounded by the session's
+  // in-flight quota too: finished commands behind an unfinished one stay until it finishes.
+  size_t pending_all = 0;
+  for (const RingTrack& r : t.rings) pending_all += r.pending.size();
   for (uint32_t ri = 0; ri < t.rings.size() && !s.ended(); ++ri) {
     RingTrack& r = t.rings[ri];
     expire_posted(t, ri, now, tally);
@@ -538,7 +546,11 @@ size_t Proxy::poll_session(Tracked& t) {
                   kRingErrRejected, why, pos);
       return false;
     };
-    const size_t n = r.waiting || t.posted >= s.quota().max_inflight ? 0 : r.consumer->poll(batch, on_command, on_reject);
+    const size_t room = s.quota().max_inflight > pending_all ? s.quota().max_inflight - pending_all : 0;
+    const size_t n = r.waiting || t.posted >= s.quota().max_inflight || room == 0
+                         ? 0
+                         : r.consumer->poll(std::min<size_t>(batch, room), on_command, on_reject);
+    pending_all += n;
     work += n;
     advance(r);
   }

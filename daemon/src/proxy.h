@@ -32,6 +32,9 @@
 //     SignalDelivery::kSignalRegion (verbs) the writer's NIC writes the flag instead.
 //  7. A transport whose async_error() is set ends the session (ring error kRingErrTransport,
 //     detail the status code); whatever it had in flight is counted as error.
+//  8. A session the proxy ends gets one log line, at most kEndedLinesPerSecond a second (a
+//     client can make a session and have it rejected thousands of times a second); the next
+//     line says how many were left out. The counters count every one.
 #pragma once
 
 #include <array>
@@ -49,6 +52,7 @@
 
 #include "control.h"
 #include "loopback_transport.h"
+#include "refusals.h"
 #include "session.h"
 
 namespace mkernel::daemon {
@@ -84,6 +88,8 @@ struct Route {
 
 class Proxy {
  public:
+  static constexpr int kEndedLinesPerSecond = 100;  // note 8
+
   // `on_session_ended` is called from the proxy thread when it ends a session (the event loop
   // then says goodbye to the client).
   Proxy(ProxyOptions options, std::function<void(uint64_t)> on_session_ended);
@@ -170,6 +176,7 @@ class Proxy {
 
   ProxyOptions options_;
   std::function<void(uint64_t)> on_session_ended_;
+  LogRateLimiter ended_log_{kEndedLinesPerSecond};  // note 8
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> started_{false};

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "grpc_status.h"
+#include "log_text.h"
 
 namespace mkernel::daemon {
 
@@ -140,7 +141,7 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const pb::Joi
       leave();
       const auto waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - (own_deadline - options_.timeout));
-      spdlog::warn("rendezvous of communicator \"{}\": ranks {} of {} did not join within {} ms", comm,
+      spdlog::warn("rendezvous of communicator {}: ranks {} of {} did not join within {} ms", quoted_printable(comm),
                    missing, f->size, waited.count());
       return {grpc::StatusCode::DEADLINE_EXCEEDED,
               "communicator \"" + comm + "\": ranks " + missing + " of " + std::to_string(f->size) +

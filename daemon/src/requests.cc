@@ -2,9 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <bit>
 
+#include <fcntl.h>
+
 #include "dmabuf.h"
+#include "log_text.h"
 #include "mkernel/proto/session.pb.h"
 #include "mkernel/protocol/version.h"
 
@@ -30,10 +34,34 @@ void fill_error(pb::Reply* reply, const Status& s) {
 Requests::Requests(DaemonState& state, ConnectJobs& connects, const Clients& clients)
     : state_(state), connects_(connects), clients_(clients) {}
 
+Status Requests::take(ClientState& c, const Holding& ask) {
+  if (auto denied = state_.ledger.take(c.owner, ask, state_.limits())) {
+    c.limit_hit = denied->reason;
+    return denied->status;
+  }
+  c.held += ask;
+  return Status::Ok();
+}
+
+void Requests::give_back(ClientState& c, const Holding& what) {
+  state_.ledger.give_back(c.owner, what);
+  c.held -= what;
+}
+
+Status Requests::made_nothing(ClientState& c, Status why) {
+  // The ledger had room but the process had no descriptor (shm.h: kResourceExhausted).
+  if (why.code() == StatusCode::kResourceExhausted) c.limit_hit = Refusal::kOutOfDescriptors;
+  return why;
+}
+
+Status Requests::over_quota(ClientState& c, Refusal which, std::string text) {
+  c.limit_hit = which;
+  return Status(StatusCode::kResourceExhausted, std::move(text));
+}
+
 Status Requests::hello(ClientState& c, const pb::Request& req, pb::Reply* reply) {
   const std::shared_ptr<Session>& s = c.session;
   if (s->has_hello()) return Status(StatusCode::kFailedPrecondition, "hello: sent twice");
-  if (!c.refusal.ok()) return c.refusal;
   if (state_.draining.load(std::memory_order_acquire))
     return Status(StatusCode::kUnavailable, "mkerneld is draining and accepts no new sessions");
   const pb::Hello& h = req.hello();
@@ -61,12 +89,9 @@ Status Requests::hello(ClientState& c, const pb::Request& req, pb::Reply* reply)
   if (h.client_name().size() > kMaxNameBytes)
     return Status(StatusCode::kInvalidArgument, "client_name: " + std::to_string(h.client_name().size()) +
                                                     " bytes; expected at most " + std::to_string(kMaxNameBytes));
-  const uint32_t max_per_gpu = state_.config().clients.max_per_gpu;
   Status clash;
-  uint32_t on_gpu = 0;
   state_.sessions.for_each([&](const std::shared_ptr<Session>& o) {
     if (!clash.ok() || o.get() == s.get() || !o->has_hello() || o->ended()) return;
-    if (static_cast<int64_t>(o->identity().gpu) == h.gpu()) ++on_gpu;
     if (o->identity().communicator != h.communicator()) return;
     if (o->identity().world_size != h.world_size())
       clash = Status(StatusCode::kInvalidArgument, "world_size: " + std::to_string(h.world_size()) +
@@ -78,10 +103,14 @@ Status Requests::hello(ClientState& c, const pb::Request& req, pb::Reply* reply)
                                                      std::to_string(o->id()));
   });
   MK_RETURN_IF_ERROR(clash);
-  if (on_gpu >= max_per_gpu)
-    return Status(StatusCode::kResourceExhausted, "gpu " + std::to_string(h.gpu()) + " already has " +
-                                                      std::to_string(on_gpu) + " clients (clients.max_per_gpu)");
-  s->set_identity({h.client_name(), h.communicator(), h.rank(), h.world_size(), static_cast<uint32_t>(h.gpu())});
+  // The GPU's sessions: the process's, the uid's and the node's share (ledger.h).
+  const auto gpu = static_cast<uint32_t>(h.gpu());
+  if (auto denied = state_.ledger.bind_gpu(c.owner, gpu, state_.limits())) {
+    c.limit_hit = denied->reason;
+    return denied->status;
+  }
+  c.bound_gpu = gpu;
+  s->set_identity({h.client_name(), h.communicator(), h.rank(), h.world_size(), gpu});
   s->mark_hello();
   proxy->add_session(s);
   state_.republish_peers();
@@ -100,67 +129,149 @@ Status Requests::hello(ClientState& c, const pb::Request& req, pb::Reply* reply)
     hr->set_gpu_memory(probe->gpu_memory());
     hr->set_gpu_memory_reason(probe->gpu_memory_reason());
   }
-  spdlog::info("session {}: \"{}\" pid {} uid {}: communicator \"{}\" rank {}/{} on {}", s->id(), h.client_name(),
-               s->creds().pid, s->creds().uid, h.communicator(), h.rank(), h.world_size(), proxy->options().name);
+  if (uint64_t left_out = 0; state_.session_log.allow(&left_out))
+    spdlog::info("session {}: {} pid {} uid {}: communicator {} rank {}/{} on {}{}", s->id(),
+                 quoted_printable(h.client_name()), s->creds().pid, s->creds().uid, quoted_printable(h.communicator()),
+                 h.rank(), h.world_size(), proxy->options().name, suppressed_note(left_out, "session lines"));
   return Status::Ok();
 }
 
-Status Requests::setup(ClientState& c, const pb::Request& req, pb::Reply* reply, std::vector<int>* fds) {
-  Session& s = *c.session;
-  if (req.has_create_ring()) {
-    uint32_t log2 = req.create_ring().capacity_log2();
-    if (log2 == 0) log2 = static_cast<uint32_t>(std::bit_width(state_.config().rings.capacity) - 1);
-    MK_ASSIGN_OR_RETURN(const SessionRing* ring, s.add_ring(log2, state_.epoch));
-    reply->mutable_ring()->set_ring_id(ring->id);
-    reply->mutable_ring()->set_capacity_log2(log2);
-    fds->push_back(ring->mapping.fd());
-    return Status::Ok();
-  }
+Status Requests::setup(ClientState& c, const pb::Request& req, pb::Reply* reply, std::vector<mp::UniqueFd>* fds) {
+  if (req.has_create_ring()) return create_ring(c, req.create_ring().capacity_log2(), reply, fds);
   if ((req.has_create_region() || req.has_create_flags()) && c.connect_started)
     return Status(StatusCode::kFailedPrecondition,
                   std::string(req.has_create_region() ? "create_region" : "create_flags") +
                       ": the session already connected its communicator; create every region and "
                       "the flags before connect");
-  if (req.has_create_region()) {
-    MK_ASSIGN_OR_RETURN(const Region* region,
-                        s.add_region(req.create_region().bytes(), req.create_region().remote_writable()));
-    reply->mutable_region()->set_region_id(s.num_regions() - 1);
-    reply->mutable_region()->set_bytes(region->bytes);
-    fds->push_back(region->mapping.fd());
-    return Status::Ok();
-  }
-  if (req.has_create_flags()) {
-    MK_RETURN_IF_ERROR(s.add_flags(req.create_flags().count()));
-    reply->mutable_flags()->set_count(s.num_flags());
-    fds->push_back(s.flags_fd());
-    return Status::Ok();
-  }
-  if (req.has_fetch_handle()) {
-    const pb::FetchHandle& f = req.fetch_handle();
-    if (f.rank() >= s.identity().world_size)
-      return Status(StatusCode::kInvalidArgument, "rank: " + std::to_string(f.rank()) + "; expected 0.." +
-                                                      std::to_string(s.identity().world_size - 1));
-    const ClientState* owner = nullptr;
-    for (const auto& [id, o] : clients_)
-      if (o.session->has_hello() && !o.session->ended() &&
-          o.session->identity().communicator == s.identity().communicator && o.session->identity().rank == f.rank())
-        owner = &o;
-    if (owner == nullptr)
-      return Status(StatusCode::kNotFound, "rank " + std::to_string(f.rank()) + " of communicator \"" +
-                                               s.identity().communicator + "\" has no session on this daemon");
-    auto it = owner->shared_handles.find(f.key());
-    if (it == owner->shared_handles.end())
-      return Status(StatusCode::kNotFound,
-                    "rank " + std::to_string(f.rank()) + " has not shared a handle \"" + f.key() + "\" (yet)");
-    reply->mutable_handle_fetched();
-    fds->push_back(it->second.get());
-    return Status::Ok();
-  }
+  if (req.has_create_region())
+    return create_region(c, req.create_region().bytes(), req.create_region().remote_writable(), reply, fds);
+  if (req.has_create_flags()) return create_flags(c, req.create_flags().count(), reply, fds);
+  if (req.has_fetch_handle()) return fetch_handle(c, req, reply, fds);
   if (req.has_ping()) {
     reply->mutable_pong()->set_daemon_epoch(state_.epoch);
     return Status::Ok();
   }
   return Status(StatusCode::kProtocolError, "request " + std::to_string(req.request_id()) + " carries no known body");
+}
+
+Status Requests::create_ring(ClientState& c, uint32_t log2, pb::Reply* reply, std::vector<mp::UniqueFd>* fds) {
+  Session& s = *c.session;
+  const config::DaemonConfig cfg = state_.config();
+  if (log2 == 0) log2 = static_cast<uint32_t>(std::bit_width(cfg.rings.capacity) - 1);
+  // rings.max_capacity bounds what a client may ask for (never below the default ring).
+  const uint32_t max_slots = std::max(cfg.rings.max_capacity, cfg.rings.capacity);
+  const auto max_log2 = static_cast<uint32_t>(std::bit_width(max_slots) - 1);
+  if (mp::valid_capacity_log2(log2) && log2 > max_log2)
+    return over_quota(c, Refusal::kRingCapacity,
+                      "capacity_log2: " + std::to_string(log2) + " (" + std::to_string(uint64_t{1} << log2) +
+                          " slots); at most " + std::to_string(max_log2) + " (" + std::to_string(max_slots) +
+                          " slots, rings.max_capacity)");
+  if (s.num_rings() >= s.quota().max_rings)
+    return over_quota(c, Refusal::kQuotaRings,
+                      "rings: this session already holds " + std::to_string(s.num_rings()) + "; at most " +
+                          std::to_string(s.quota().max_rings) + " (clients.quota.rings)");
+  if (!mp::valid_capacity_log2(log2))
+    return Status(StatusCode::kInvalidArgument, "capacity_log2: " + std::to_string(log2) + "; expected " +
+                                                    std::to_string(mp::kMinCapacityLog2) + ".." +
+                                                    std::to_string(max_log2));
+  const uint64_t bytes = mp::page_round_up(mp::ring_segment_bytes(log2));
+  if (s.registered_bytes() + bytes > s.quota().max_registered_bytes)
+    return over_quota(c, Refusal::kQuotaRegisteredBytes,
+                      "registered bytes: this session holds " + std::to_string(s.registered_bytes()) +
+                          " and the ring needs " + std::to_string(bytes) + "; at most " +
+                          std::to_string(s.quota().max_registered_bytes) + " (clients.quota.registered_bytes)");
+  const Holding ask{.rings = 1, .shared_memory = bytes, .descriptors = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
+  auto ring = s.add_ring(log2, state_.epoch);
+  if (!ring.ok()) {
+    give_back(c, ask);
+    return made_nothing(c, ring.status());
+  }
+  reply->mutable_ring()->set_ring_id(ring.value()->id);
+  reply->mutable_ring()->set_capacity_log2(log2);
+  fds->push_back(s.release_ring_fd(ring.value()->id));
+  return Status::Ok();
+}
+
+Status Requests::create_region(ClientState& c, uint64_t bytes, bool remote_writable, pb::Reply* reply,
+                               std::vector<mp::UniqueFd>* fds) {
+  Session& s = *c.session;
+  if (s.num_regions() >= s.quota().max_regions)
+    return over_quota(c, Refusal::kQuotaRegions,
+                      "regions: this session already holds " + std::to_string(s.num_regions()) + "; at most " +
+                          std::to_string(s.quota().max_regions) + " (clients.quota.regions)");
+  if (bytes == 0 || bytes > s.quota().max_registered_bytes)
+    return Status(StatusCode::kInvalidArgument, "region bytes: " + std::to_string(bytes) + "; expected 1.." +
+                                                    std::to_string(s.quota().max_registered_bytes));
+  const uint64_t rounded = mp::page_round_up(bytes);
+  if (s.registered_bytes() + rounded > s.quota().max_registered_bytes)
+    return over_quota(c, Refusal::kQuotaRegisteredBytes,
+                      "registered bytes: this session holds " + std::to_string(s.registered_bytes()) +
+                          " and the region needs " + std::to_string(rounded) + "; at most " +
+                          std::to_string(s.quota().max_registered_bytes) + " (clients.quota.registered_bytes)");
+  const Holding ask{.regions = 1, .shared_memory = rounded, .descriptors = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
+  auto region = s.add_region(bytes, remote_writable);
+  if (!region.ok()) {
+    give_back(c, ask);
+    return made_nothing(c, region.status());
+  }
+  const uint32_t id = s.num_regions() - 1;
+  reply->mutable_region()->set_region_id(id);
+  reply->mutable_region()->set_bytes(region.value()->bytes);
+  fds->push_back(s.release_region_fd(id));
+  return Status::Ok();
+}
+
+Status Requests::create_flags(ClientState& c, uint32_t count, pb::Reply* reply, std::vector<mp::UniqueFd>* fds) {
+  Session& s = *c.session;
+  if (s.flags() != nullptr) return Status(StatusCode::kAlreadyExists, "flags: this session already has its flag array");
+  if (count == 0 || count > s.quota().max_flags)
+    return Status(StatusCode::kInvalidArgument,
+                  "flags count: " + std::to_string(count) + "; expected 1.." + std::to_string(s.quota().max_flags));
+  const Holding ask{.shared_memory = mp::page_round_up(uint64_t{count} * sizeof(uint64_t)), .descriptors = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
+  if (Status fs = s.add_flags(count); !fs.ok()) {
+    give_back(c, ask);
+    return made_nothing(c, fs);
+  }
+  reply->mutable_flags()->set_count(s.num_flags());
+  fds->push_back(s.release_flags_fd());
+  return Status::Ok();
+}
+
+Status Requests::fetch_handle(ClientState& c, const pb::Request& req, pb::Reply* reply,
+                              std::vector<mp::UniqueFd>* fds) {
+  Session& s = *c.session;
+  const pb::FetchHandle& f = req.fetch_handle();
+  if (f.rank() >= s.identity().world_size)
+    return Status(StatusCode::kInvalidArgument, "rank: " + std::to_string(f.rank()) + "; expected 0.." +
+                                                    std::to_string(s.identity().world_size - 1));
+  const ClientState* owner = nullptr;
+  for (const auto& [id, o] : clients_)
+    if (o.session->has_hello() && !o.session->ended() &&
+        o.session->identity().communicator == s.identity().communicator && o.session->identity().rank == f.rank())
+      owner = &o;
+  if (owner == nullptr)
+    return Status(StatusCode::kNotFound, "rank " + std::to_string(f.rank()) + " of communicator \"" +
+                                             s.identity().communicator + "\" has no session on this daemon");
+  auto it = owner->shared_handles.find(f.key());
+  if (it == owner->shared_handles.end())
+    return Status(StatusCode::kNotFound,
+                  "rank " + std::to_string(f.rank()) + " has not shared a handle \"" + f.key() + "\" (yet)");
+  // A duplicate travels with the reply, so the reply stays valid if the owner leaves before the
+  // client reads it; it is counted for the fetching client until then.
+  const Holding ask{.descriptors = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
+  mp::UniqueFd dup(::fcntl(it->second.get(), F_DUPFD_CLOEXEC, 0));
+  if (!dup.valid()) {
+    const int e = errno;
+    give_back(c, ask);
+    return errno_status("duplicating the shared handle", e);
+  }
+  reply->mutable_handle_fetched();
+  fds->push_back(std::move(dup));
+  return Status::Ok();
 }
 
 Status Requests::import_region(ClientState& c, const pb::ImportRegion& r, mp::UniqueFd dmabuf, pb::Reply* reply) {
@@ -193,6 +304,19 @@ Status Requests::import_region(ClientState& c, const pb::ImportRegion& r, mp::Un
                   "import_region: GPU memory (dmabuf from \"" + info.exporter + "\", " + std::to_string(info.size) +
                       " bytes) cannot be registered by this proxy's transport: " + probe->gpu_memory_reason() +
                       "; use host regions (host staging) instead");
+  if (s.num_regions() >= s.quota().max_regions)
+    return over_quota(c, Refusal::kQuotaRegions,
+                      "regions: this session already holds " + std::to_string(s.num_regions()) + "; at most " +
+                          std::to_string(s.quota().max_regions) + " (clients.quota.regions)");
+  if (s.registered_bytes() + r.bytes() > s.quota().max_registered_bytes)
+    return over_quota(c, Refusal::kQuotaRegisteredBytes,
+                      "registered bytes: this session holds " + std::to_string(s.registered_bytes()) +
+                          " and the region needs " + std::to_string(r.bytes()) + "; at most " +
+                          std::to_string(s.quota().max_registered_bytes) + " (clients.quota.registered_bytes)");
+  // The dmabuf descriptor stays with the daemon while the session lives (GPU memory is not
+  // shared memory the daemon makes: it counts as a region and a descriptor only).
+  const Holding ask{.regions = 1, .descriptors = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
   GpuRegionSpec spec;
   spec.bytes = r.bytes();
   spec.remote_writable = r.remote_writable();
@@ -201,11 +325,15 @@ Status Requests::import_region(ClientState& c, const pb::ImportRegion& r, mp::Un
   spec.gpu_address = r.gpu_address();
   spec.cuda_device = r.cuda_device();
   spec.exporter = info.exporter;
-  MK_ASSIGN_OR_RETURN(const Region* region, s.add_gpu_region(std::move(spec)));
+  auto added = s.add_gpu_region(std::move(spec));
+  if (!added.ok()) {
+    give_back(c, ask);
+    return added.status();
+  }
   reply->mutable_region()->set_region_id(s.num_regions() - 1);
-  reply->mutable_region()->set_bytes(region->bytes);
-  spdlog::info("session {}: region {} is GPU memory on CUDA device {}: {} bytes (dmabuf from \"{}\")", s.id(),
-               s.num_regions() - 1, r.cuda_device(), r.bytes(), info.exporter);
+  reply->mutable_region()->set_bytes(added.value()->bytes);
+  spdlog::info("session {}: region {} is GPU memory on CUDA device {}: {} bytes (dmabuf from {})", s.id(),
+               s.num_regions() - 1, r.cuda_device(), r.bytes(), quoted_printable(info.exporter));
   return Status::Ok();
 }
 
@@ -213,10 +341,17 @@ Status Requests::share_handle(ClientState& c, const pb::ShareHandle& h, mp::Uniq
   const std::string& key = h.key();
   if (key.empty() || key.size() > 128)
     return Status(StatusCode::kInvalidArgument, "key: " + std::to_string(key.size()) + " bytes; expected 1..128");
-  if (c.shared_handles.size() >= kMaxHandlesPerSession && !c.shared_handles.count(key))
-    return Status(StatusCode::kResourceExhausted, "share_handle: this session already shares " +
-                                                      std::to_string(kMaxHandlesPerSession) + " handles");
-  c.shared_handles[key] = std::move(fd);
+  auto it = c.shared_handles.find(key);
+  if (it != c.shared_handles.end()) {
+    it->second = std::move(fd);  // replaces the earlier handle of that key: no new descriptor
+  } else {
+    if (c.shared_handles.size() >= kMaxHandlesPerSession)
+      return over_quota(c, Refusal::kQuotaHandles,
+                        "share_handle: this session already shares " + std::to_string(c.shared_handles.size()) +
+                            " handles; at most " + std::to_string(kMaxHandlesPerSession) + " per session");
+    MK_RETURN_IF_ERROR(take(c, Holding{.descriptors = 1}));
+    c.shared_handles.emplace(key, std::move(fd));
+  }
   reply->mutable_handle_shared();
   return Status::Ok();
 }
@@ -253,21 +388,32 @@ Status Requests::connect(ClientState& c, const pb::Request& req) {
   cr.open.command_timeout = cfg.timeouts.command;
   const std::string root = cr.root;
   const auto bound = cr.timeout;
-  MK_RETURN_IF_ERROR(connects_.start(s, req.request_id(), std::move(cr)));
+  // Connects in progress hold a worker thread each, and a connected session a network endpoint
+  // (the provider's memory): both are counted, so one client cannot take them all.
+  const Holding ask{.connects = 1, .networks = 1};
+  MK_RETURN_IF_ERROR(take(c, ask));
+  if (Status started = connects_.start(s, req.request_id(), std::move(cr)); !started.ok()) {
+    give_back(c, ask);
+    return started;
+  }
   c.connect_started = true;
-  spdlog::info("session {}: connecting communicator \"{}\" rank {}/{} through root {} ({} ms bound)", s->id(),
-               s->identity().communicator, s->identity().rank, s->identity().world_size, root, bound.count());
+  spdlog::info("session {}: connecting communicator {} rank {}/{} through root {} ({} ms bound)", s->id(),
+               quoted_printable(s->identity().communicator), s->identity().rank, s->identity().world_size,
+               quoted_printable(root), bound.count());
   return Status::Ok();
 }
 
 void Requests::connected(ClientState& c, ConnectJob& j, pb::Reply* reply) {
   const std::shared_ptr<Session>& s = c.session;
   reply->set_request_id(j.request_id);
+  // The connect is over; the endpoint stays counted while the session has it.
+  if (c.held.connects > 0) give_back(c, Holding{.connects = 1});
   if (!j.status.ok()) {
+    if (c.held.networks > 0) give_back(c, Holding{.networks = 1});
     c.connect_started = false;  // it may try again
     fill_error(reply, j.status);
-    spdlog::warn("session {}: connecting communicator \"{}\" failed: {}", s->id(), s->identity().communicator,
-                 j.status.to_string());
+    spdlog::warn("session {}: connecting communicator {} failed: {}", s->id(),
+                 quoted_printable(s->identity().communicator), printable(j.status.to_string(), 1024));
     return;
   }
   pb::Connected* cn = reply->mutable_connected();
@@ -292,8 +438,9 @@ void Requests::connected(ClientState& c, ConnectJob& j, pb::Reply* reply) {
     e->set_gpu_regions(r.gpu_regions);
     over_network += r.network ? 1 : 0;
   }
-  spdlog::info("session {}: communicator \"{}\" connected: {} ranks, {} through {}", s->id(),
-               s->identity().communicator, j.network->ranks.size(), over_network, j.network->description);
+  spdlog::info("session {}: communicator {} connected: {} ranks, {} through {}", s->id(),
+               quoted_printable(s->identity().communicator), j.network->ranks.size(), over_network,
+               j.network->description);
   s->set_network(std::move(j.network));
 }
 

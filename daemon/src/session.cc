@@ -32,8 +32,10 @@ StatusOr<const SessionRing*> Session::add_ring(uint32_t capacity_log2, uint64_t 
   ring->id = n;
   MK_ASSIGN_OR_RETURN(ring->mapping, protocol::create_sealed_segment(
                                          "mkernel-ring-" + std::to_string(id_) + "-" + std::to_string(n), bytes));
-  if (std::string err = protocol::init_ring(ring->mapping.data(), ring->mapping.size(), capacity_log2,
-                                            (id_ << 16) | n, epoch, &ring->view);
+  // The segment is a fresh memfd, zero-filled by the kernel: only the header is written, so
+  // creating a ring costs the same whatever its size and touches none of its slots' pages.
+  if (std::string err = protocol::init_ring_on_zeroed(ring->mapping.data(), ring->mapping.size(), capacity_log2,
+                                                      (id_ << 16) | n, epoch, &ring->view);
       !err.empty())
     return Status(StatusCode::kInternal, "init_ring: " + err);
   rings_[n] = std::move(ring);

@@ -111,6 +111,13 @@ class Session {
   StatusOr<const Region*> add_gpu_region(GpuRegionSpec spec);
   Status add_flags(uint32_t count);
 
+  // The descriptors of what add_ring, add_region and add_flags made, for the reply that hands
+  // them to the client; the mappings stay. Event loop only (the proxy never reads them), once
+  // each: the daemon holds no descriptor for host memory after that.
+  protocol::UniqueFd release_ring_fd(uint32_t id) { return rings_[id]->mapping.release_fd(); }
+  protocol::UniqueFd release_region_fd(uint32_t id) { return regions_[id]->mapping.release_fd(); }
+  protocol::UniqueFd release_flags_fd() { return flags_mapping_.release_fd(); }
+
   uint32_t num_rings() const { return num_rings_.load(std::memory_order_acquire); }
   const SessionRing* ring(uint32_t i) const { return rings_[i].get(); }
   // nullptr when `id` does not name a region of this session.
@@ -122,7 +129,8 @@ class Session {
   // The flag array (nullptr before create_flags) and its length.
   uint64_t* flags() const { return flags_ptr_.load(std::memory_order_acquire); }
   uint32_t num_flags() const { return num_flags_.load(std::memory_order_acquire); }
-  int flags_fd() const { return flags_mapping_.fd(); }
+  // Bytes of the flag array's segment (whole pages); 0 before add_flags.
+  uint64_t flags_bytes() const { return flags() != nullptr ? flags_mapping_.size() : 0; }
   uint64_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
 
   // ---- transports ----

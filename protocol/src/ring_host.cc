@@ -38,13 +38,8 @@ std::string check_geometry(const void* segment, size_t segment_bytes, uint32_t c
   return {};
 }
 
-}  // namespace
-
-std::string init_ring(void* segment, size_t segment_bytes, uint32_t capacity_log2,
-                      uint64_t ring_id, uint64_t epoch, RingView* out) {
-  if (std::string err = check_geometry(segment, segment_bytes, capacity_log2); !err.empty())
-    return err;
-  std::memset(segment, 0, ring_segment_bytes(capacity_log2));
+std::string write_ring_header(void* segment, uint32_t capacity_log2, uint64_t ring_id, uint64_t epoch,
+                              RingView* out) {
   auto* header = static_cast<RingHeader*>(segment);
   header->magic = kRingMagic;
   header->version = kProtocolVersion;
@@ -57,6 +52,23 @@ std::string init_ring(void* segment, size_t segment_bytes, uint32_t capacity_log
   out->slots = reinterpret_cast<CommandRecord*>(static_cast<char*>(segment) + kRingSlotsOffset);
   out->capacity_log2 = capacity_log2;
   return {};
+}
+
+}  // namespace
+
+std::string init_ring(void* segment, size_t segment_bytes, uint32_t capacity_log2,
+                      uint64_t ring_id, uint64_t epoch, RingView* out) {
+  if (std::string err = check_geometry(segment, segment_bytes, capacity_log2); !err.empty())
+    return err;
+  std::memset(segment, 0, ring_segment_bytes(capacity_log2));
+  return write_ring_header(segment, capacity_log2, ring_id, epoch, out);
+}
+
+std::string init_ring_on_zeroed(void* segment, size_t segment_bytes, uint32_t capacity_log2,
+                                uint64_t ring_id, uint64_t epoch, RingView* out) {
+  if (std::string err = check_geometry(segment, segment_bytes, capacity_log2); !err.empty())
+    return err;
+  return write_ring_header(segment, capacity_log2, ring_id, epoch, out);
 }
 
 std::string attach_ring(void* segment, size_t segment_bytes, RingView* out) {

@@ -106,7 +106,18 @@ Status SessionClient::call_for(const pb::Request& req_in, int expected_fds, pb::
   if (!sock_.valid()) return Status(StatusCode::kFailedPrecondition, "session is closed");
   pb::Request req = req_in;
   req.set_request_id(next_request_++);
-  MK_RETURN_IF_ERROR(send_message(sock_.get(), req, send_fds, options_.timeout));
+  if (Status sent = send_message(sock_.get(), req, send_fds, options_.timeout); !sent.ok()) {
+    // A daemon that refuses a connection (a limit, draining, credentials) answers at once and
+    // closes: the request may then find the socket closed, with the answer already waiting.
+    pb::Reply early;
+    if (sent.code() == StatusCode::kUnavailable &&
+        recv_message_any_fds(sock_.get(), &early, nullptr, std::chrono::milliseconds(0)).ok()) {
+      if (early.has_error()) return status_from_error(early.error());
+      if (early.has_ended())
+        return ended_ = Status(StatusCode::kFailedPrecondition, "mkerneld ended the session: " + early.ended().reason());
+    }
+    return sent;
+  }
   std::vector<UniqueFd> got;
   MK_RETURN_IF_ERROR(recv_message_any_fds(sock_.get(), reply, &got, timeout));
   if (reply->has_ended()) {

@@ -45,7 +45,13 @@ StatusOr<SharedMapping> create_sealed_segment(const std::string& name, size_t by
     return Status(StatusCode::kInvalidArgument, "segment size: 0 bytes; expected at least 1");
   const size_t size = page_round_up(bytes);
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd.valid()) return errno_status("memfd_create " + name, errno);
+  if (!fd.valid()) {
+    const int e = errno;
+    // Out of descriptors is a shortage, not an I/O fault: callers count it as such.
+    if (e == EMFILE || e == ENFILE)
+      return Status(StatusCode::kResourceExhausted, errno_status("memfd_create " + name, e).message());
+    return errno_status("memfd_create " + name, e);
+  }
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
     return errno_status("ftruncate " + name + " to " + std::to_string(size) + " bytes", errno);
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)

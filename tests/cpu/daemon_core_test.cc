@@ -66,7 +66,7 @@ TEST(DaemonCore, LoopbackChecksTheDestinationBeforeTouchingIt) {
   ASSERT_TRUE(b->add_region(4096, false).ok());  // region 1: not writable
   ASSERT_TRUE(b->add_flags(8).ok());
   std::memset(a->region(0)->data(), 0xAB, 4096);
-  auto peers = std::make_shared<const md::PeerList>(md::PeerList{a, b});
+  auto peers = std::make_shared<const md::PeerList>(md::PeerList({{0, a}, {1, b}}));
   md::LoopbackTransport& t = a->loopback();
   t.set_peers(peers);
   EXPECT_EQ(t.capabilities().addressing, net::Addressing::kRanks);
@@ -104,7 +104,7 @@ TEST(DaemonCore, LoopbackChecksTheDestinationBeforeTouchingIt) {
   EXPECT_EQ(t.poll(&done, &arrived), 0u);
   EXPECT_EQ(b->loopback().poll(&done, &arrived), 0u);
   // A rank nobody holds: refused for good (kUnavailable would mean "queue full, retry").
-  t.set_peers(std::make_shared<const md::PeerList>(md::PeerList{a, nullptr}));
+  t.set_peers(std::make_shared<const md::PeerList>(md::PeerList({{0, a}})));
   const mkernel::Status st = t.post_write(write(11, 0, 0, 0, true, 1, 1));
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_NE(st.message().find("rank 1 of communicator \"c\" is not connected to this daemon"), std::string::npos)
@@ -127,4 +127,16 @@ TEST(DaemonCore, EndingASessionStopsItsProducers) {
   EXPECT_EQ(h->error, md::kRingErrRejected);
   EXPECT_EQ(h->error_detail, 5u);
   EXPECT_EQ(h->error_pos, 9u);
+}
+
+// A communicator's table holds the ranks that have sessions, whatever world size they claim.
+TEST(DaemonCore, APeerListHoldsOnlyTheRanksThatExist) {
+  auto a = make_session(1, "big", 7, 1u << 20);
+  auto b = make_session(2, "big", 1048575, 1u << 20);
+  const md::PeerList list({{1048575, b}, {7, a}});
+  EXPECT_EQ(list.size(), 2u);
+  EXPECT_EQ(list.find(7), a.get());
+  EXPECT_EQ(list.find(1048575), b.get());
+  EXPECT_EQ(list.find(0), nullptr);
+  EXPECT_EQ(list.find(8), nullptr);
 }

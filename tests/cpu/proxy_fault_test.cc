@@ -100,7 +100,7 @@ class ProxyFaultTest : public ::testing::TestWithParam<Inner> {
     ASSERT_TRUE(b_->add_flags(kFlags).ok());
     std::mt19937_64 rng(11);
     for (uint64_t i = 0; i < kRegionBytes; ++i) a_->region(0)->data()[i] = static_cast<uint8_t>(rng());
-    peers_ = std::make_shared<const PeerList>(PeerList{a_, b_});
+    peers_ = std::make_shared<const PeerList>(PeerList({{0, a_}, {1, b_}}));
 
     auto net_a = std::make_unique<SessionNetwork>();
     net_a->ranks.resize(2);

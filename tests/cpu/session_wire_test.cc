@@ -1,14 +1,19 @@
 // Framing of setup messages: length prefix, descriptor counts, truncated control data, bounded
-// receives; sealed segments.
+// receives; sealed segments; the body limit, sends that never wait, connecting through a full
+// backlog and a refusal read after the daemon closed.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "mkernel/proto/session.pb.h"
+#include "mkernel/protocol/ring_host.h"
+#include "mkernel/protocol/session_client.h"
 #include "mkernel/protocol/session_wire.h"
 #include "mkernel/protocol/shm.h"
 
@@ -162,4 +167,167 @@ TEST(SharedSegment, SealedAgainstShrinkAndGrow) {
   auto m = mp::map_segment(std::move(plain), 0, true);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().message(), "received segment is not sealed against shrinking");
+}
+
+// ---- limits and never waiting -------------------------------------------------------------------
+
+// The documented limit is 65,536 bytes of body: one byte more is refused, naming both.
+TEST(SessionWire, BodyOneByteOverTheLimitIsRefused) {
+  Pair p;
+  // A hello whose client name makes the body exactly `bytes` long, framed by hand (the sender
+  // refuses to frame more than the limit).
+  const auto packet = [](size_t bytes) {
+    pb::Request r;
+    for (size_t name = bytes - 16; name <= bytes; ++name) {
+      r.mutable_hello()->set_client_name(std::string(name, 'n'));
+      if (r.ByteSizeLong() == bytes) break;
+    }
+    EXPECT_EQ(r.ByteSizeLong(), bytes);
+    const std::string body = r.SerializeAsString();
+    std::string s(4, '\0');
+    for (int i = 0; i < 4; ++i) s[static_cast<size_t>(i)] = static_cast<char>((body.size() >> (8 * i)) & 0xFF);
+    return s + body;
+  };
+  for (const size_t bytes : {mp::kMaxMessageBytes, mp::kMaxMessageBytes + 1}) {
+    const std::string s = packet(bytes);
+    ASSERT_EQ(::send(p.a.get(), s.data(), s.size(), 0), static_cast<ssize_t>(s.size()));
+    pb::Request got;
+    const mkernel::Status st = mp::recv_message(p.b.get(), &got, 0, nullptr, 1s);
+    if (bytes == mp::kMaxMessageBytes) {
+      EXPECT_TRUE(st.ok()) << st.to_string();
+    } else {
+      EXPECT_EQ(st.code(), StatusCode::kProtocolError);
+      EXPECT_EQ(st.message(), "message body of 65537 bytes; expected at most 65536");
+    }
+  }
+}
+
+// try_send_packet never waits: it says "full" instead.
+TEST(SessionWire, TrySendSaysFullInsteadOfWaiting) {
+  Pair p;
+  std::string packet;
+  ASSERT_TRUE(mp::frame_message(ping(1), &packet).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  int sent = 0;
+  for (;; ++sent) {
+    auto r = mp::try_send_packet(p.a.get(), packet, {});
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.value()) break;
+    ASSERT_LT(sent, 1000000) << "the socket never filled";
+  }
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  p.b.reset();
+  auto closed = mp::try_send_packet(p.a.get(), packet, {});
+  EXPECT_EQ(closed.status().code(), StatusCode::kUnavailable);
+}
+
+namespace {
+
+// A SOCK_SEQPACKET listener at a fresh path, with a backlog of `backlog`.
+struct Listener {
+  std::string dir, path;
+  mp::UniqueFd fd;
+  explicit Listener(int backlog) {
+    char tmpl[] = "/tmp/mkwire-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    path = dir + "/s.sock";
+    fd = mp::UniqueFd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd.get(), backlog), 0);
+  }
+  ~Listener() {
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());
+  }
+};
+
+}  // namespace
+
+// A full listen backlog answers connect() with EAGAIN: the client retries within its bound and
+// gets in once the daemon accepts; it fails with a clear message when the bound expires.
+TEST(SessionWire, ConnectRetriesAFullBacklogWithinItsBound) {
+  Listener l(0);
+  // Fill the backlog: connections nobody accepts.
+  std::vector<mp::UniqueFd> queued;
+  for (int i = 0; i < 8; ++i) {
+    mp::UniqueFd c(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, l.path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::connect(c.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ASSERT_EQ(errno, EAGAIN) << std::strerror(errno);
+      break;
+    }
+    queued.push_back(std::move(c));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto refused = mp::connect_unix(l.path, 300ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("listen backlog stayed full for 300 ms"), std::string::npos)
+      << refused.status().to_string();
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 1500ms);
+
+  // The daemon accepts after 200 ms: the retrying client gets in.
+  std::thread acceptor([&] {
+    std::this_thread::sleep_for(200ms);
+    for (size_t i = 0; i <= queued.size(); ++i) mp::UniqueFd(::accept4(l.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  });
+  auto in = mp::connect_unix(l.path, 3000ms);
+  acceptor.join();
+  EXPECT_TRUE(in.ok()) << in.status().to_string();
+}
+
+// A daemon that refuses a connection answers at once and closes; the client's hello then finds
+// the socket closed, and reports the daemon's answer, not "peer closed".
+TEST(SessionWire, ClientReportsARefusalSentBeforeItsHello) {
+  Listener l(16);
+  mkernel::Status result;
+  std::thread client([&] {
+    mp::SessionClient::Options o;
+    o.socket_path = l.path;
+    o.timeout = 2s;
+    auto c = mp::SessionClient::connect(o);
+    result = c.ok() ? mkernel::Status::Ok() : c.status();
+  });
+  {
+    mp::UniqueFd c(::accept4(l.fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    pb::Reply refusal;
+    refusal.mutable_error()->set_code(static_cast<uint32_t>(StatusCode::kResourceExhausted));
+    refusal.mutable_error()->set_message("sessions: uid 1000 already holds 256; at most 256 (clients.per_uid.sessions)");
+    EXPECT_TRUE(mp::send_message(c.get(), refusal, {}, 1s).ok());
+  }  // closed, whether or not the hello was read
+  client.join();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.code(), StatusCode::kResourceExhausted) << result.to_string();
+  EXPECT_NE(result.message().find("(clients.per_uid.sessions)"), std::string::npos) << result.to_string();
+}
+
+// Creating a ring on a fresh segment writes its header only: its cost and the memory it makes
+// resident do not grow with its capacity (a 2^20-slot ring used to write 64 MiB at creation).
+TEST(SharedSegment, AFreshRingTouchesOnlyItsHeader) {
+  const uint32_t log2 = 20;
+  auto seg = mp::create_sealed_segment("ring-test", mp::ring_segment_bytes(log2));
+  ASSERT_TRUE(seg.ok()) << seg.status().to_string();
+  mp::RingView view;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(mp::init_ring_on_zeroed(seg->data(), seg->size(), log2, 7, 99, &view), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5ms);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((seg->size() + page - 1) / page);
+  ASSERT_EQ(::mincore(seg->data(), seg->size(), resident.data()), 0);
+  size_t pages = 0;
+  for (unsigned char r : resident) pages += r & 1;
+  EXPECT_LE(pages, 1u) << "resident pages of a fresh 64 MiB ring";
+  mp::RingView attached;
+  ASSERT_EQ(mp::attach_ring(seg->data(), seg->size(), &attached), "");
+  EXPECT_EQ(attached.capacity_log2, log2);
+  EXPECT_EQ(attached.header->epoch, 99u);
+  EXPECT_EQ(attached.slots[12345].commit, 0u) << "the kernel's zeros are the empty slots";
 }

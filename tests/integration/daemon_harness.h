@@ -3,7 +3,9 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -27,10 +29,19 @@ namespace mkt {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
+// How a child runs: as another user (uid/gid, when >= 0) and with a descriptor limit (soft and
+// hard, when > 0), so tests can play an attacker of another uid or a daemon under the limit a
+// unit gives it.
+struct SpawnAs {
+  int uid = -1;
+  int gid = -1;
+  uint64_t nofile = 0;
+};
+
 // Runs `argv` with stdout+stderr to `log` and `env` ("NAME=value") added to the environment;
 // returns the pid.
 inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log,
-                   const std::vector<std::string>& env = {}) {
+                   const std::vector<std::string>& env = {}, const SpawnAs& as = {}) {
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -46,6 +57,12 @@ inline pid_t spawn(const std::vector<std::string>& argv, const std::string& log,
       ::dup2(fd, 1);
       ::dup2(fd, 2);
     }
+    if (as.nofile > 0) {
+      rlimit rl{as.nofile, as.nofile};
+      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(126);
+    }
+    if (as.gid >= 0 && ::setgid(static_cast<gid_t>(as.gid)) != 0) ::_exit(126);
+    if (as.uid >= 0 && (::setgroups(0, nullptr), ::setuid(static_cast<uid_t>(as.uid)) != 0)) ::_exit(126);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -103,11 +120,11 @@ class DaemonProcess {
   pid_t pid() const { return pid_; }
 
   // Starts mkerneld and waits (bounded) until both sockets answer.
-  bool start(std::vector<std::string> extra = {}, std::vector<std::string> env = {}) {
+  bool start(std::vector<std::string> extra = {}, std::vector<std::string> env = {}, const SpawnAs& as = {}) {
     fs::create_directories(dir_);
     std::vector<std::string> argv = {MKERNELD_PATH, "--foreground", "--runtime-dir", dir_};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    pid_ = spawn(argv, log_path(), env);
+    pid_ = spawn(argv, log_path(), env, as);
     const auto deadline = std::chrono::steady_clock::now() + 15s;
     while (std::chrono::steady_clock::now() < deadline) {
       if (wait_pid(pid_, 0ms) >= 0) {

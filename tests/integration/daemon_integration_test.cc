@@ -575,7 +575,8 @@ TEST_F(DaemonTest, JsonLogLinesParseWhateverMessagesHold) {
   }
   std::this_thread::sleep_for(200ms);
   daemon_->stop();
-  EXPECT_GE(mkt::count_matching_lines(daemon_->log_path(), "say \\\"hi\\\" \\\\ then\\ttab"), 1u)
+  // Escaped twice: for the log (log_text.h), then for JSON.
+  EXPECT_GE(mkt::count_matching_lines(daemon_->log_path(), R"(say \\\"hi\\\" \\\\ then\\ttab)"), 1u)
       << "the client name, escaped, in " << daemon_->log_path();
   const auto [code, out] = mkt::run_capture(
       {"/usr/bin/python3", "-c",
@@ -606,13 +607,13 @@ TEST_F(DaemonTest, InvalidReloadKeepsTheRunningConfigAndTheDaemonServing) {
   EXPECT_FALSE(rr.applied());
   EXPECT_NE(rr.error().find("levle"), std::string::npos) << rr.error();
   EXPECT_NE(rr.error().find("capacity"), std::string::npos) << rr.error();
-  { std::ofstream(cfg) << "logging:\n  level: debug\nnode:\n  runtime_dir: /tmp/elsewhere\n"; }
+  { std::ofstream(cfg) << "logging:\n  level: debug\nrings:\n  capacity: 8192\n"; }
   auto c3 = mkt::ctx();
   ASSERT_TRUE(daemon_->admin()->Reload(c3.get(), rq, &rr).ok());
   EXPECT_TRUE(rr.applied()) << rr.error();
   EXPECT_EQ(rr.config_generation(), 1u);
   ASSERT_EQ(rr.needs_restart_size(), 1);
-  EXPECT_EQ(rr.needs_restart(0), "node.runtime_dir");
+  EXPECT_EQ(rr.needs_restart(0), "rings.capacity");
   EXPECT_TRUE(a.client->ping().ok());
 }
 
@@ -628,4 +629,47 @@ TEST(DaemonCli, CheckConfigGivesTheVerdict) {
   EXPECT_NE(bad_out.find("rings.capacity"), std::string::npos) << bad_out;
   EXPECT_NE(bad_out.find("1000"), std::string::npos) << bad_out;
   std::filesystem::remove_all(dir);
+}
+
+// A client can have sessions made and rejected by the proxy thousands of times a second; the
+// proxy's line for each is limited to 100 a second (proxy.h note 8), the rest counted in the
+// next line, so the log cannot be flooded this way.
+TEST_F(DaemonTest, SessionsAProxyEndsAreLoggedAtMostAHundredASecond) {
+  ASSERT_TRUE(daemon_->start());
+  // A session whose ring carries garbage with a valid commit word, until the proxy ended it.
+  const auto rejected = [&](const std::string& comm) {
+    Peer h = join(*daemon_, comm, 0, 1, 4096);
+    if (!h.ring) return false;
+    mp::CommandRecord& slot = h.ring->view.slots[0];
+    std::memset(&slot, 0x5A, offsetof(mp::CommandRecord, commit));
+    std::atomic_ref<uint32_t>(slot.commit).store(mp::commit_word(0, h.ring->view.capacity_log2),
+                                                 std::memory_order_release);
+    const auto deadline = std::chrono::steady_clock::now() + 2s;
+    while (std::chrono::steady_clock::now() < deadline && h.client->check_alive(20ms).ok()) {
+    }
+    return true;
+  };
+  std::atomic<int> ended{0};
+  std::vector<std::thread> churners;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < 2; ++k)
+    churners.emplace_back([&, k] {
+      for (int i = 0; std::chrono::steady_clock::now() - t0 < 2s; ++i) {
+        if (!rejected("churn" + std::to_string(k) + "-" + std::to_string(i))) return;
+        ++ended;
+      }
+    });
+  for (auto& t : churners) t.join();
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0).count();
+  // One more, a second later: its line says how many of the last second's were left out.
+  std::this_thread::sleep_for(1100ms);
+  ASSERT_TRUE(rejected("last")) << "the daemon still serves";
+  const size_t lines = mkt::count_matching_lines(daemon_->log_path(), ") ended: ");
+  std::printf("[proxy-ended sessions] %d in %lld s, %zu lines\n", ended.load() + 1, static_cast<long long>(seconds),
+              lines);
+  EXPECT_GT(ended.load(), 0);
+  EXPECT_LE(lines, static_cast<size_t>(100 * (seconds + 2))) << ended.load() << " sessions ended";
+  if (static_cast<size_t>(ended.load()) + 1 > lines) {
+    EXPECT_GE(mkt::count_matching_lines(daemon_->log_path(), "ended sessions not logged"), 1u);
+  }
 }

@@ -458,7 +458,7 @@ TEST(ConfigFile, MissingFileIsAnError) {
 
 TEST(ConfigFile, DirectoryIsAnError) {
   const LoadResult r = load_config_file("/");
-  EXPECT_EQ(messages(r), "/: not a regular file");
+  EXPECT_EQ(messages(r), "/: not a regular file (a directory); expected a YAML file");
 }
 
 TEST(ConfigFile, MessagesArePrefixedWithThePathGiven) {
@@ -515,7 +515,16 @@ TEST(ConfigDefaults, ProductionValues) {
   EXPECT_EQ(c.clients.max_per_gpu, 64u);
   EXPECT_EQ(c.clients.quota.rings, 16u);
   EXPECT_EQ(c.clients.quota.registered_bytes, uint64_t{256} << 30);
-  EXPECT_EQ(c.clients.quota.inflight_commands, 65536u);
+  EXPECT_EQ(c.clients.quota.inflight_commands, 4096u);
+  EXPECT_EQ(c.clients.quota.regions, 256u);
+  EXPECT_EQ(c.rings.max_capacity, 65536u);
+  EXPECT_EQ(c.clients.max_sessions, 1024u);
+  EXPECT_EQ(c.clients.max_descriptors, 8192u);
+  EXPECT_EQ(c.clients.max_shared_memory, uint64_t{256} << 30);
+  EXPECT_EQ(c.clients.max_queued_replies, 64u);
+  EXPECT_EQ(c.clients.max_networks, 64u);
+  EXPECT_EQ(c.clients.per_uid, (ShareQuota{256, 32, 1024, 8192, uint64_t{128} << 30, 4096, 32}));
+  EXPECT_EQ(c.clients.per_process, (ShareQuota{64, 16, 256, 2048, uint64_t{64} << 30, 1024, 8}));
   EXPECT_EQ(c.timeouts.handshake, 5s);
   EXPECT_EQ(c.timeouts.rendezvous, 120s);
   EXPECT_EQ(c.timeouts.connect, 30s);
@@ -743,7 +752,8 @@ rings:
 
 TEST(GoodConfig, RingLimitsMatchTheProtocol) {
   const auto capacity = [](uint32_t log2) {
-    return "rings:\n  capacity: " + std::to_string(uint64_t{1} << log2) + "\n";
+    const std::string slots = std::to_string(uint64_t{1} << log2);
+    return "rings:\n  capacity: " + slots + "\n  max_capacity: " + slots + "\n";
   };
   EXPECT_TRUE(load_config_string(capacity(protocol::kMinCapacityLog2), "r").ok());
   EXPECT_TRUE(load_config_string(capacity(protocol::kMaxCapacityLog2), "r").ok());
@@ -891,7 +901,16 @@ DaemonConfig unusual_config() {
   o7.batch = BatchConfig{1};
   c.overrides = {o0, o7};
   c.rings.capacity = 2;
-  c.clients = {4096, {1024, (uint64_t{3} << 40) + (uint64_t{5} << 20), 1}};
+  c.rings.max_capacity = 1u << 20;
+  c.clients.max_per_gpu = 4096;
+  c.clients.max_sessions = 65536;
+  c.clients.max_descriptors = 16;
+  c.clients.max_shared_memory = uint64_t{1} << 50;
+  c.clients.max_queued_replies = 1;
+  c.clients.quota = {1024, 65536, (uint64_t{3} << 40) + (uint64_t{5} << 20), 1};
+  c.clients.max_networks = 65536;
+  c.clients.per_uid = {1, 4096, 1, 1u << 20, uint64_t{1} << 20, 1u << 20, 1};
+  c.clients.per_process = {65536, 1, 1u << 20, 1, (uint64_t{7} << 30) + 4096, 1, 65536};
   c.timeouts = {1ms, 3600000ms, 2ms, 3ms, 4ms};
   c.client_socket = {"/tmp/a\\b.sock", "mkernel", 0600, {0, 1000}, {4294967294u}};
   c.grpc.listen = {ListenAddress{ListenKind::kUnix, "admin.sock", "", 0},

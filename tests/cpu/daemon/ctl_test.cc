@@ -152,6 +152,37 @@ TEST_F(CtlTest, StatusAndClientsText) {
   EXPECT_NE(c.out.find("1/4"), std::string::npos) << c.out;
 }
 
+// Refusals by reason and what clients hold: `status` lists the refusals that happened, `stats`
+// every reason, and JSON carries both.
+TEST_F(CtlTest, RefusalsAndUsageInStatusAndStats) {
+  RunResult quiet = ctl("status");
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.out;
+  EXPECT_NE(quiet.out.find("refusals            none\n"), std::string::npos) << quiet.out;
+  control_.set_refusals("malformed", 7);
+  control_.set_refusals("clients.per_uid.sessions", 3);
+  RunResult s = ctl("status");
+  ASSERT_EQ(s.exit_code, 0) << s.out;
+  EXPECT_NE(s.out.find("malformed 7, clients.per_uid.sessions 3"), std::string::npos) << s.out;
+  EXPECT_EQ(s.out.find("hello_refused"), std::string::npos) << "only those that happened: " << s.out;
+  EXPECT_NE(s.out.find("2 / 1024"), std::string::npos) << "client sessions against the limit: " << s.out;
+  EXPECT_NE(s.out.find("5 / 8192"), std::string::npos) << "client descriptors against the budget: " << s.out;
+  RunResult t = ctl("stats");
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  EXPECT_NE(t.out.find("REFUSED"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("hello_refused"), std::string::npos) << "every reason, zeros too: " << t.out;
+  EXPECT_NE(t.out.find("clients.per_uid.sessions"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("limit 9216"), std::string::npos) << "the process's descriptor limit: " << t.out;
+  RunResult j = ctl("--format json stats");
+  ASSERT_EQ(j.exit_code, 0) << j.out;
+  ::mkernel::admin::v1::Stats stats;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(j.out, &stats).ok()) << j.out;
+  uint64_t malformed = 0;
+  for (const auto& r : stats.refusals())
+    if (r.reason() == "malformed") malformed = r.count();
+  EXPECT_EQ(malformed, 7u) << j.out;
+  EXPECT_EQ(stats.usage().descriptor_budget(), 8192u) << j.out;
+}
+
 // A daemon whose config names the admin socket admin.sock (the config's default) is found
 // through --runtime-dir as well.
 TEST(CtlSocketNames, ConfigDefaultNameIsFound) {

@@ -97,7 +97,7 @@ TEST_F(MetricsTest, NamesLabelsAndValues) {
       << body;
 
   // Every mkerneld_ sample uses only labels from the fixed sets.
-  const std::set<std::string> allowed{"gpu", "nic", "outcome", "le"};
+  const std::set<std::string> allowed{"gpu", "nic", "outcome", "le", "reason"};
   const std::regex label_re(R"(([a-z_]+)=")");
   std::istringstream in(body);
   std::string line;

@@ -52,7 +52,25 @@ class FakeControl final : public DaemonControl {
     s.client_socket = "/tmp/fake/mkerneld.sock";
     s.sessions = 2;
     for (const auto& p : proxies_) s.proxies.push_back(p.name);
+    s.refusals = refusals_locked();
+    s.usage = usage_;
     return s;
+  }
+
+  std::vector<RefusalCount> refusals() const override {
+    std::lock_guard lock(mu_);
+    return refusals_locked();
+  }
+
+  ResourceUsage usage() const override {
+    std::lock_guard lock(mu_);
+    return usage_;
+  }
+
+  // A refusal count the test sets (others are 0).
+  void set_refusals(const std::string& reason, uint64_t count) {
+    std::lock_guard lock(mu_);
+    refusal_counts_[reason] = count;
   }
 
   std::vector<ProxyStats> stats() const override {
@@ -147,7 +165,22 @@ class FakeControl final : public DaemonControl {
     return true;
   }
 
+  void count_out_of_descriptors(const Status& why) override {
+    std::lock_guard lock(mu_);
+    ++out_of_descriptors_;
+    last_shortage_ = why.message();
+  }
+
   // Test controls.
+  // Accepts reported to count_out_of_descriptors, and the last one's text.
+  uint64_t out_of_descriptors() const {
+    std::lock_guard lock(mu_);
+    return out_of_descriptors_;
+  }
+  std::string last_shortage() const {
+    std::lock_guard lock(mu_);
+    return last_shortage_;
+  }
   void set_ok_commands(uint32_t gpu, uint64_t n) {
     std::lock_guard lock(mu_);
     proxies_[gpu].by_outcome[0] = n;
@@ -163,7 +196,24 @@ class FakeControl final : public DaemonControl {
     return it == stalled_until_.end() || Clock::now() >= it->second;
   }
 
+  // The daemon's reasons, in its order (refusals.h), with the counts the test set.
+  std::vector<RefusalCount> refusals_locked() const {
+    std::vector<RefusalCount> out;
+    for (const char* reason : {"malformed", "hello_refused", "out_of_descriptors", "clients.per_uid.sessions"}) {
+      auto it = refusal_counts_.find(reason);
+      out.push_back({reason, it != refusal_counts_.end() ? it->second : 0});
+    }
+    return out;
+  }
+
   mutable std::mutex mu_;
+  std::map<std::string, uint64_t> refusal_counts_;
+  uint64_t out_of_descriptors_ = 0;
+  std::string last_shortage_;
+  ResourceUsage usage_{.sessions = 2, .max_sessions = 1024, .client_descriptors = 5, .descriptor_budget = 8192,
+                       .open_descriptors = 40, .descriptor_limit = 9216, .shared_memory = 3 << 20,
+                       .max_shared_memory = uint64_t{256} << 30, .rings = 2, .regions = 3,
+                       .resident_bytes = 30 << 20};
   std::vector<ProxyStats> proxies_;
   bool draining_ = false;
   uint64_t generation_ = 0;
@@ -172,12 +222,15 @@ class FakeControl final : public DaemonControl {
 
 }  // namespace mkernel::daemon::testing
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 namespace mkernel::daemon::testing {
 
@@ -212,5 +265,46 @@ inline RunResult run_command(const std::string& command) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+// The process's open descriptors.
+inline size_t open_descriptors() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// Runs the process out of descriptors, and restores the soft limit and closes the fillers
+// whatever happens in the test.
+struct Exhaustion {
+  rlimit saved{};
+  std::vector<int> fillers;
+  Exhaustion() { ::getrlimit(RLIMIT_NOFILE, &saved); }
+  // Lowers the soft limit just above what is open and fills it up, leaving `spare` free. False
+  // when the limit could not be lowered.
+  bool fill(size_t spare) {
+    rlimit low = saved;
+    low.rlim_cur = open_descriptors() + 16;
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0) return false;
+    for (;;) {
+      const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) break;
+      fillers.push_back(fd);
+    }
+    for (size_t i = 0; i < spare && !fillers.empty(); ++i) {
+      ::close(fillers.back());
+      fillers.pop_back();
+    }
+    return true;
+  }
+  void release() {
+    for (int fd : fillers) ::close(fd);
+    fillers.clear();
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+  }
+  ~Exhaustion() { release(); }
+};
 
 }  // namespace mkernel::daemon::testing

@@ -123,21 +123,58 @@ struct GpuOverride {
 
 struct RingConfig {
   uint32_t capacity = 4096;  // slots per command ring; a power of two in 2..2^20
+  // The largest ring a client may ask for (a power of two, at least `capacity`): ring memory is
+  // the client's command slots (64 bytes each) plus a 512-byte header.
+  uint32_t max_capacity = 65536;
   bool operator==(const RingConfig&) const = default;
 };
 
+// What one client session may hold.
 struct ClientQuota {
-  uint32_t rings = 16;                             // command rings one client may hold
-  uint64_t registered_bytes = uint64_t{256} << 30;  // memory one client may register
-  uint32_t inflight_commands = 65536;              // commands of one client taken, not done
+  uint32_t rings = 16;                             // command rings one session may hold
+  uint32_t regions = 256;                          // regions (host or GPU memory) of one session
+  uint64_t registered_bytes = uint64_t{256} << 30;  // memory one session may register
+  uint32_t inflight_commands = 4096;               // commands of one session taken, not done
   bool operator==(const ClientQuota&) const = default;
 };
 
+// What the sessions of one user (uid), or of one client process (pid), may hold together, so
+// that one client cannot take the slots, descriptors or memory the others need.
+struct ShareQuota {
+  uint32_t sessions = 0;          // connections, counted from accept (before the hello)
+  uint32_t sessions_per_gpu = 0;  // sessions bound to one GPU
+  uint32_t rings = 0;
+  uint32_t regions = 0;
+  uint64_t shared_memory = 0;     // memory the daemon makes for them: rings, host regions, flags
+  uint32_t descriptors = 0;       // descriptors the daemon holds for them (see docs/operations.md)
+  uint32_t networks = 0;          // sessions with a network endpoint (connected across daemons)
+  bool operator==(const ShareQuota&) const = default;
+};
+
 struct ClientsConfig {
-  uint32_t max_per_gpu = 64;  // client sessions bound to one GPU at a time
-  ClientQuota quota;
+  uint32_t max_per_gpu = 64;                               // sessions bound to one GPU at a time
+  uint32_t max_sessions = 1024;                            // sessions on the node, from accept
+  uint32_t max_descriptors = 8192;                         // descriptors held for all clients
+  uint64_t max_shared_memory = uint64_t{256} << 30;        // shared memory made for all clients
+  uint32_t max_queued_replies = 64;                        // replies waiting for one slow reader
+  // Sessions with a network endpoint on the node: an endpoint holds what its provider allocates
+  // (about 67 MiB with libfabric's tcp;ofi_rxm), so they are counted apart.
+  uint32_t max_networks = 64;
+  ClientQuota quota;                                       // one session
+  ShareQuota per_uid{256, 32, 1024, 8192, uint64_t{128} << 30, 4096, 32};
+  ShareQuota per_process{64, 16, 256, 2048, uint64_t{64} << 30, 1024, 8};
   bool operator==(const ClientsConfig&) const = default;
 };
+
+// Descriptors the daemon keeps for itself, outside every client budget: the admin, health,
+// metrics and peer listeners and their connections, gRPC's and the transports' own, the
+// config file on reload. The process needs RLIMIT_NOFILE >= clients.max_descriptors + this.
+inline constexpr uint32_t kReservedDescriptors = 1024;
+// The reserve under a descriptor limit: kReservedDescriptors, or a quarter of a limit below
+// 4 * kReservedDescriptors (so a small limit still leaves clients three quarters).
+inline constexpr uint64_t reserved_descriptors(uint64_t limit) {
+  return limit / 4 < kReservedDescriptors ? limit / 4 : kReservedDescriptors;
+}
 
 struct TimeoutConfig {
   std::chrono::milliseconds handshake{5000};     // a new client's hello on the socket

@@ -43,6 +43,12 @@ struct RingView {
 std::string init_ring(void* segment, size_t segment_bytes, uint32_t capacity_log2,
                       uint64_t ring_id, uint64_t epoch, RingView* out);
 
+// As init_ring for a segment already known to be all zeros (a fresh memfd or anonymous
+// mapping): writes the header only, so the cost does not grow with the capacity and the slots'
+// pages are not touched (they are allocated when producers first write them).
+std::string init_ring_on_zeroed(void* segment, size_t segment_bytes, uint32_t capacity_log2,
+                                uint64_t ring_id, uint64_t epoch, RingView* out);
+
 // Checks the identity line of a ring someone else created and returns a view of it. The
 // capacity is checked against the segment's real size, which the caller takes from the
 // descriptor, never from the header alone.

@@ -28,6 +28,9 @@ class SharedMapping {
   void* data() const { return addr_; }
   size_t size() const { return bytes_; }
   int fd() const { return fd_.get(); }
+  // Hands the descriptor over and keeps the mapping: a mapping outlives its descriptor, so the
+  // daemon closes a segment's descriptor once the client has its copy and holds none for it.
+  UniqueFd release_fd() { return std::move(fd_); }
 
  private:
   void unmap();
@@ -37,7 +40,7 @@ class SharedMapping {
 };
 
 // Creates a zero-filled memfd segment of `bytes` (rounded up to whole pages), seals it and maps
-// it read-write.
+// it read-write. kResourceExhausted when the process (or the system) has no descriptor left.
 StatusOr<SharedMapping> create_sealed_segment(const std::string& name, size_t bytes);
 
 // Maps a segment received from a peer. `expected_bytes` of 0 accepts any size; otherwise the
