@@ -172,6 +172,95 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   }
 }
 
+// Bounded wait (gpu scope) until *counter >= value: the fix-up's wait for the partials of the
+// other participants of a tile. Reported like a pipeline wait (the step has no flag array).
+__device__ __forceinline__ bool wait_count_gpu(const uint32_t* counter, uint32_t value, const WaitContext& w,
+                                               uint32_t detail, uint64_t where) {
+  if (sync::ld_acquire_gpu(counter) >= value) return true;
+  const uint64_t start = sync::globaltimer_ns();
+  uint32_t backoff_ns = 32;
+  for (uint32_t polls = 1;; ++polls) {
+    __nanosleep(backoff_ns);
+    if (backoff_ns < 256) backoff_ns *= 2;
+    if (sync::ld_acquire_gpu(counter) >= value) return true;
+    if (polls % kCheckEvery == 0) {
+      if (failure_seen(w, where)) return false;
+      if (sync::globaltimer_ns() - start > w.timeout_ns) {
+        report(w, kDevicePipelineTimeout, detail, where);
+        return false;
+      }
+    }
+  }
+}
+
+enum FixupResult : uint32_t {
+  kFixupStored = 0,  // this participant stored its partial; another one finishes the tile
+  kFixupLast = 1,    // this participant holds the sum of all partials: run the epilogue
+  kFixupFailed = 2,  // the wait for the other partials failed (reported); stop
+};
+
+// The fix-up of a tile covered by several units (tile_scheduler.cuh, notes 3 and 4), run by the
+// 256 consumer threads of a CTA after the main loop of their part of the tile. Partials are kept
+// in fragment order (each thread's float4s contiguous across the 256 threads), and a thread
+// whose rows all lie past m (small-m shapes) moves nothing. words[0] carries the arrival
+// decision from thread 0 to the others, words[1] the outcome of its wait; each is read between
+// two barriers that thread 0 passes before writing it again.
+template <class T>
+__device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
+                                             const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
+                                             float (&acc)[T::kBlockN / 2], uint32_t ctid, volatile uint32_t* words) {
+  constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
+  const uint32_t parts = sched.participants(item.tile);
+  uint32_t* counters = p.split_counters + (sched.counter(item.tile) * T::kClusterM + cta_rank) * 2;
+  auto slot_ptr = [&](uint32_t v) {
+    return p.split_workspace + (static_cast<uint64_t>(sched.slot(v, item.tile)) * T::kClusterM + cta_rank) * kTileFloats;
+  };
+  const bool live = m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
+  if (ctid == 0) {
+    const uint32_t ticket = atomicAdd(&counters[0], 1u);
+    const bool last = ticket == parts - 1;
+    if (last) atomicExch(&counters[0], 0u);  // every participant has arrived: zero for the next launch
+    words[0] = last ? 1u : 0u;
+  }
+  ptx::named_barrier_sync(1, 256);
+  if (words[0] == 0) {
+    float* mine = slot_ptr(item.unit);
+    if (live) {
+#pragma unroll
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      }
+    }
+    __threadfence();
+    ptx::named_barrier_sync(1, 256);
+    if (ctid == 0) atomicAdd(&counters[1], 1u);
+    return kFixupStored;
+  }
+  if (ctid == 0) {
+    const bool ok = wait_count_gpu(&counters[1], parts - 1, p.wait, sched.counter(item.tile),
+                                   where_tag(kStepGemmPipeline, blockIdx.x));
+    if (ok) atomicExch(&counters[1], 0u);
+    words[1] = ok ? 1u : 0u;
+  }
+  ptx::named_barrier_sync(1, 256);
+  if (words[1] == 0) return kFixupFailed;
+  __threadfence();
+  const uint32_t first = sched.first_unit(item.tile);
+  for (uint32_t v = first; v < first + parts && live; ++v) {
+    if (v == item.unit) continue;
+    const float* other = slot_ptr(v);
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) {
+      const float4 x = ptx::ld_global_cg_v4_f32(other + (i * 256 + ctid) * 4);
+      acc[4 * i] += x.x;
+      acc[4 * i + 1] += x.y;
+      acc[4 * i + 2] += x.z;
+      acc[4 * i + 3] += x.w;
+    }
+  }
+  return kFixupLast;
+}
+
 }  // namespace detail
 
 template <class T, class Role>
@@ -225,9 +314,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncthreads();
   }
 
-  const TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
-                                          p.raster,       p.group,        p.m_group_offset};
-  const uint32_t num_units = sched.num_units();
+  TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
+                                    p.raster,       p.group,        p.m_group_offset};
+  sched.num_k_blocks = p.num_k_blocks;
+  sched.dp_tiles = p.dp_tiles;
+  sched.sk_units = p.sk_units;
+  sched.sk_per_tile = p.sk_per_tile;
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
@@ -240,8 +332,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       bool aborted = false;
       const uint64_t ready_value =
           p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
-      for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
-        const TileCoord tc = sched.get(unit, cta_rank);
+      WorkCursor cursor = sched.begin(cluster_idx);
+      WorkItem item;
+      while (!aborted && sched.next(cursor, num_clusters, item)) {
+        const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
         // Which copy of A this tile reads: the locally held rows (never waited for) when the
         // tile lies inside them, else the (gathered) A once its rows are flagged ready.
         const uint32_t row0 = tc.m_block * T::kBlockM;
@@ -252,9 +346,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
         const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
-        const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
-        const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
-        for (uint32_t kb = kb_begin; kb < kb_end || aborted; ++kb) {
+        for (uint32_t kb = item.k_begin; kb < item.k_end || aborted; ++kb) {
           if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
             report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
@@ -300,10 +392,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     uint32_t stage = 0, phase = 0;
     bool aborted = false;
 
-    for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
-      const TileCoord tc = sched.get(unit, cta_rank);
-      const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
-      const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
+    WorkCursor cursor = sched.begin(cluster_idx);
+    WorkItem item;
+    while (!aborted && sched.next(cursor, num_clusters, item)) {
+      const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
+      const uint32_t kb_begin = item.k_begin;
+      const uint32_t kb_end = item.k_end;
 
       // -- main loop: one k-block of wgmma in flight, the stage before it released --
       uint32_t prev_stage = 0;
@@ -346,46 +440,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
       }
 
-      // -- split-K: publish partials; the tile's last split sums them and runs the epilogue --
+      // -- stream-K / split-K fix-up (tile_scheduler.cuh, notes 3 and 4): the last participant
+      //    to arrive sums the others' partials and runs the epilogue --
       const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
-      if (p.num_splits > 1) {
+      const uint32_t parts = sched.participants(item.tile);
+      if (parts > 1) {
         if (tc.m_block >= p.num_m_blocks) continue;  // padding tile of a cluster: nothing to do
-        constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
-        float* ws_tile = p.split_workspace + static_cast<uint64_t>(tile_idx) * p.num_splits * kTileFloats;
-        float* mine = ws_tile + tc.split * kTileFloats;
-        // Fragment order (each thread's float4s contiguous across the 256 threads); a thread
-        // whose rows are all past m (small-m decode shapes) moves nothing.
-        const bool live = tc.m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
-        if (live) {
-#pragma unroll
-          for (int i = 0; i < T::kBlockN / 8; ++i) {
-            ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1],
-                                  acc[4 * i + 2], acc[4 * i + 3]);
-          }
+        const detail::FixupResult f = detail::fixup<T>(p, sched, item, tc.m_block, cta_rank, acc, ctid, split_last);
+        if (f == detail::kFixupFailed) {
+          aborted = true;
+          break;
         }
-        __threadfence();
-        ptx::named_barrier_sync(1, 256);
-        if (ctid == 0) {
-          const uint32_t arrived = atomicAdd(&p.split_counters[tile_idx], 1u);
-          const bool last = arrived == p.num_splits - 1;
-          if (last) atomicExch(&p.split_counters[tile_idx], 0u);
-          *split_last = last ? 1u : 0u;
-        }
-        ptx::named_barrier_sync(1, 256);
-        if (*split_last == 0) continue;
-        __threadfence();
-        for (uint32_t s = 0; s < p.num_splits && live; ++s) {
-          if (s == tc.split) continue;
-          const float* other = ws_tile + s * kTileFloats;
-#pragma unroll
-          for (int i = 0; i < T::kBlockN / 8; ++i) {
-            const float4 v = ptx::ld_global_cg_v4_f32(other + (i * 256 + ctid) * 4);
-            acc[4 * i] += v.x;
-            acc[4 * i + 1] += v.y;
-            acc[4 * i + 2] += v.z;
-            acc[4 * i + 3] += v.w;
-          }
-        }
+        if (f == detail::kFixupStored) continue;  // the last participant finishes the tile
       }
 
       // -- epilogue --
@@ -412,8 +478,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
-    // Outstanding TMA stores must finish reading shared memory before the block exits.
-    if (signals) ptx::bulk_wait_group_all();
+    // Outstanding TMA stores must finish reading shared memory before the block exits (their
+    // writes to global memory complete with the grid).
+    if (signals) ptx::bulk_wait_group_read<0>();
   }
 
   // A CTA must not exit while its cluster peer may still multicast into its shared memory or

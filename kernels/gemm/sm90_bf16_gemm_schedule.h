@@ -1,0 +1,253 @@
+// sm90_bf16_gemm_schedule.h: how the persistent GEMM cuts a problem into work (tile width,
+// cluster size, data-parallel tiles, stream-K or split-K units), chosen by a small cost model.
+// Plain C++ (no CUDA): the host launcher uses it, and so do the CPU schedule test and the
+// model's evaluation over random shapes (gemm_schedule_test --model).
+//
+// The rule (docs/kernels.md, "No cliffs"): for every candidate the model predicts the time of
+// the busiest cluster and the time to move the operands through DRAM once; the candidate with
+// the lowest prediction wins. Candidates:
+//   tile width    128 or 256 columns (BLOCK_M is 128): a narrow tile wastes less of a last
+//                 column of tiles, a wide one loads less per flop;
+//   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
+//                 tile of zeros, which the model counts);
+//   decomposition data-parallel (whole tiles in waves), or data-parallel waves followed by a
+//                 stream-K region of the last one or two waves' tiles whose k iterations are
+//                 spread evenly over U units (U <= the clusters; fewer when there is little
+//                 work, since each split tile costs a fix-up through the workspace).
+// An explicit num_splits in the configuration gives uniform split-K instead (1 = none); an
+// explicit block_n / cluster_m / stream_k / sk_units narrows the candidates.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/tile_scheduler.cuh"
+
+namespace mkernel::kernels {
+
+// Costs of the model, in microseconds and bytes per microsecond. The values are for an H200
+// running this kernel (docs/kernels.md says where each comes from); only their ratios matter for
+// the choice, the absolute prediction is for reporting.
+struct GemmCostModel {
+  double launch_us = 6.0;          // launch, prologue, first loads, last store (same for all)
+  double iter_us_n256 = 0.76;      // one 128 x 256 x 64 k block of one CTA, compute-bound
+  double iter_us_n128 = 0.41;      // one 128 x 128 x 64 k block
+  double tile_us_n256 = 1.0;       // epilogue and pipeline refill per finished 128 x 256 tile
+  double tile_us_n128 = 0.6;
+  double cluster1_penalty = 1.01;  // cluster 1 loads the weight tile twice (L2 traffic)
+  double partial_bytes_per_us = 100e3;  // one CTA storing or reading an fp32 partial tile
+  double dram_bytes_per_us = 3.3e6;     // operands streamed once, as this kernel achieves it
+  double cta_bytes_per_us = 60e3;       // what one CTA alone can stream
+};
+
+// What the caller fixed (0 / -1: free) and what the device offers.
+struct GemmScheduleRequest {
+  int64_t m = 0, n = 0, k = 0;
+  int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
+  int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
+  int block_n = 0;          // 128 or 256, 0 = choose
+  int cluster_m = 0;        // 1 or 2, 0 = choose
+  int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
+  int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
+  int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
+};
+
+struct GemmSchedule {
+  int block_n = 256;
+  int cluster_m = 1;
+  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m)
+  uint32_t m_blocks = 0, n_blocks = 0, k_blocks = 0;
+  uint32_t tiles = 0;        // cluster tiles (m groups x n blocks)
+  uint32_t dp_tiles = 0;     // whole tiles, in waves
+  uint32_t sk_units = 0;     // units over the k iterations of the other tiles
+  uint32_t sk_per_tile = 0;  // 0: stream-K; s: split-K with s units per tile
+  double predicted_us = 0;
+  // Model terms of the chosen candidate, for reports: busiest cluster and DRAM floor.
+  double busiest_us = 0, dram_us = 0;
+
+  uint32_t sk_tiles() const { return tiles - dp_tiles; }
+  uint32_t num_slots() const { return sk_per_tile != 0 ? sk_units : 2 * sk_units; }
+  // Workspace: two counters per CTA of a split tile (256-byte aligned), then one fp32 partial
+  // tile per slot and CTA (tile_scheduler.cuh, notes 3 and 4).
+  size_t counter_bytes() const {
+    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * 2 * sizeof(uint32_t);
+    return (b + 255) / 256 * 256;
+  }
+  size_t workspace_bytes() const {
+    if (sk_units == 0) return 0;
+    return counter_bytes() + static_cast<size_t>(num_slots()) * cluster_m * 128 * block_n * sizeof(float);
+  }
+  std::string describe() const {
+    std::string s;
+    if (sk_units == 0) {
+      s = "dp";
+    } else if (sk_per_tile != 0) {
+      s = "splitk" + std::to_string(sk_per_tile);
+    } else {
+      s = "sk" + std::to_string(sk_units) + "/" + std::to_string(sk_tiles()) + "t";
+    }
+    return s;
+  }
+};
+
+namespace schedule_detail {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Predicted time of one decomposition of one tile shape (see the header comment). The work of
+// every cluster is walked exactly as the kernel walks it (tile_scheduler.cuh): each work item
+// costs its k blocks, plus the epilogue of a finished tile, or the store of a partial tile; the
+// participant holding a split tile's first k block is charged the reads of the other partials
+// (it is usually the last to arrive, since that block is at the end of its unit).
+inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, GemmSchedule* s) {
+  const bool wide = s->block_n == 256;
+  const double it = (wide ? cm.iter_us_n256 : cm.iter_us_n128) * (s->cluster_m == 1 && s->m_blocks >= 2 ? cm.cluster1_penalty : 1.0);
+  const double tile = wide ? cm.tile_us_n256 : cm.tile_us_n128;
+  const double rows = static_cast<double>(std::min<int64_t>(m, 128));
+  const double partial = rows * s->block_n * 4 / cm.partial_bytes_per_us;
+  const uint32_t G = static_cast<uint32_t>(s->num_clusters);
+  const uint32_t groups = s->tiles / s->n_blocks;
+  TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
+  ts.num_k_blocks = s->k_blocks;
+  ts.dp_tiles = s->dp_tiles;
+  ts.sk_units = s->sk_units;
+  ts.sk_per_tile = s->sk_per_tile;
+  double busiest = 0;
+  const double whole = s->k_blocks * it + tile;
+  // Clusters 0 .. G-1: data-parallel tiles c, c + G, ...; then units c, c + G, ...
+  // Only the first min(G, ...) clusters differ, and unit costs depend on the unit, so walk all.
+  for (uint32_t c = 0; c < G; ++c) {
+    const uint32_t dp = s->dp_tiles > c ? (s->dp_tiles - c + G - 1) / G : 0;
+    double t = dp * whole;
+    if (c < s->sk_units) {
+      WorkCursor cur{s->dp_tiles, c, ts.unit_begin(c), ts.unit_begin(c + 1)};
+      WorkItem w;
+      while (ts.next(cur, G, w)) {
+        t += (w.k_end - w.k_begin) * it;
+        const uint32_t parts = ts.participants(w.tile);
+        if (parts == 1) {
+          t += tile;
+        } else if (w.unit == ts.first_unit(w.tile)) {
+          t += tile + (parts - 1) * partial;
+        } else {
+          t += partial;
+        }
+      }
+    }
+    busiest = std::max(busiest, t);
+    if (c + 1 >= s->sk_units) {
+      // The rest of the clusters have no units and no more data-parallel tiles than this one.
+      break;
+    }
+  }
+  // DRAM: every operand once, at most what the active CTAs can stream.
+  const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, s->sk_units));
+  const double dm = static_cast<double>(m), dn = static_cast<double>(n), dk = static_cast<double>(k);
+  const double bytes = 2.0 * (dm * dk + dn * dk + dm * dn);
+  const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * s->cluster_m) * cm.cta_bytes_per_us);
+  s->busiest_us = busiest;
+  s->dram_us = bytes / bw;
+  s->predicted_us = cm.launch_us + std::max(s->busiest_us, s->dram_us);
+}
+
+}  // namespace schedule_detail
+
+// The decision rule (see the header comment). Always returns a valid schedule for m, n, k >= 1
+// and at least one allowed cluster size with blocks.
+inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const GemmCostModel& cm = GemmCostModel{}) {
+  using schedule_detail::ceil_div;
+  GemmSchedule best;
+  bool have = false;
+  auto consider = [&](GemmSchedule s) {
+    schedule_detail::predict(cm, r.m, r.n, r.k, &s);
+    // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
+    if (!have || s.predicted_us < best.predicted_us * 0.99) {
+      best = s;
+      have = true;
+    }
+  };
+  const int64_t m_blocks = ceil_div(r.m, 128);
+  const int64_t k_blocks = ceil_div(r.k, 64);
+  for (int cl : {2, 1}) {
+    if (r.cluster_m != 0 && r.cluster_m != cl) continue;
+    const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
+    if (blocks < cl) continue;
+    if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
+    for (int bn : {256, 128}) {
+      if (r.block_n != 0 && r.block_n != bn) continue;
+      GemmSchedule base;
+      base.block_n = bn;
+      base.cluster_m = cl;
+      base.m_blocks = static_cast<uint32_t>(m_blocks);
+      base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
+      base.k_blocks = static_cast<uint32_t>(k_blocks);
+      base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_blocks);
+      const int64_t G = blocks / cl;
+      const int64_t T = base.tiles;
+      // Clusters launched: never more than there is work for.
+      auto with_clusters = [&](GemmSchedule s, int64_t wanted) {
+        s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(G, wanted)));
+        return s;
+      };
+      if (r.num_splits > 0 && r.stream_k != 1) {
+        // Explicit uniform split-K (1 = data-parallel).
+        GemmSchedule s = base;
+        const int64_t splits = std::min<int64_t>(r.num_splits, k_blocks);
+        if (splits <= 1) {
+          s.dp_tiles = s.tiles;
+          consider(with_clusters(s, T));
+        } else {
+          s.dp_tiles = 0;
+          s.sk_per_tile = static_cast<uint32_t>(splits);
+          s.sk_units = static_cast<uint32_t>(T * splits);
+          consider(with_clusters(s, T * splits));
+        }
+        continue;
+      }
+      if (r.stream_k != 1) {
+        GemmSchedule s = base;
+        s.dp_tiles = s.tiles;
+        consider(with_clusters(s, T));
+      }
+      // Uniform split-K when the tiles fill less than half of the clusters: s units per tile,
+      // one round, no unit crossing a tile.
+      if (r.stream_k != 1 && r.sk_units == 0 && 2 * T <= G) {
+        for (int64_t splits = std::min<int64_t>(G / T, k_blocks); splits >= 2; splits = splits * 2 / 3) {
+          GemmSchedule s = base;
+          s.dp_tiles = 0;
+          s.sk_per_tile = static_cast<uint32_t>(splits);
+          s.sk_units = static_cast<uint32_t>(T * splits);
+          consider(with_clusters(s, T * splits));
+        }
+      }
+      if (r.stream_k == 0) continue;
+      // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves).
+      const int64_t full_waves = T / G;
+      for (int64_t dp_waves : {full_waves, full_waves - 1}) {
+        if (dp_waves < 0) continue;
+        const int64_t sk_tiles = T - dp_waves * G;
+        if (sk_tiles <= 0) continue;
+        const int64_t iters = sk_tiles * k_blocks;
+        auto add_units = [&](int64_t units) {
+          units = std::min<int64_t>({units, G, iters});
+          if (units < 1) return;
+          GemmSchedule s = base;
+          s.dp_tiles = static_cast<uint32_t>(dp_waves * G);
+          s.sk_units = static_cast<uint32_t>(units);
+          s.sk_per_tile = 0;
+          consider(with_clusters(s, dp_waves > 0 ? G : units));
+        };
+        if (r.sk_units > 0) {
+          add_units(r.sk_units);
+        } else {
+          for (int64_t div : {1, 2, 4, 8}) add_units(ceil_div(G, div));
+        }
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace mkernel::kernels
