@@ -60,7 +60,9 @@ enum DeviceStep : uint32_t {
   kStepNetworkSend = 5,    // pushing a shard chunk to a rail peer; index: peer rank
   kStepNetworkArrival = 6, // waiting for a shard chunk from the network; index: node * 65536 + chunk
   kStepForward = 7,        // spreading a shard received from the network; index: shard
-  kNumDeviceSteps = 8,
+  kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
+  kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
+  kNumDeviceSteps = 10,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -100,6 +102,8 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepNetworkSend: return "sending to rail peer rank";
     case kStepNetworkArrival: return "waiting for network node*65536+chunk";
     case kStepForward: return "forwarding shard";
+    case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
+    case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
     default: return "step";
   }
 }

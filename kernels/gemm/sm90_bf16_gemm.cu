@@ -125,6 +125,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   if (c->num_splits < 0) return fail(GemmError::kInvalidConfig, "num_splits must be at least 1 (or 0 to choose)");
   if (c->stream_k < -1 || c->stream_k > 1) return fail(GemmError::kInvalidConfig, "stream_k must be -1, 0 or 1");
   if (c->sk_units < 0) return fail(GemmError::kInvalidConfig, "sk_units must not be negative");
+  if (c->dp_tiles < -1) return fail(GemmError::kInvalidConfig, "dp_tiles must be -1 (choose) or at least 0");
   if (c->num_role_blocks < 0 || c->num_gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "block counts must not be negative");
 
   // GEMM blocks per cluster size: all that fit beside the role blocks (rounded to whole
@@ -150,12 +151,14 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
   req.sk_units = c->sk_units;
+  req.dp_tiles = c->dp_tiles;
   *sched = choose_gemm_schedule(req);
   c->block_n = sched->block_n;
   c->cluster_m = sched->cluster_m;
   c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
   c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
   c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
+  c->dp_tiles = c->stream_k ? static_cast<int>(sched->dp_tiles) : -1;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
   c->num_gemm_blocks = sched->num_clusters * c->cluster_m;
   return {};

@@ -48,6 +48,15 @@ namespace mkernel::kernels {
 // (the grid never exceeds what fits), but GEMM blocks wait on readiness flags, so a role must
 // never wait for a GEMM block's progress before raising a flag a GEMM block may wait on. Roles
 // report failures through p.wait (status word) and return; they never trap.
+// A role may also own the epilogue (kHasEpilogue, optional; see detail::role_epilogue):
+//   EpilogueState                   per-thread state of the consumer threads, across tiles
+//   epilogue<T>(p, st, acc, m_block, n_block, ctid)
+//       called by the 256 consumer threads of a GEMM block for every finished tile (after the
+//       split-K fix-up, never for a cluster's padding tile) instead of the engine's store; acc is
+//       the thread's fp32 fragment (wgmma layout, ctid = consumer thread 0..255). It may wait
+//       (bounded) on flags of other ranks, under the contract above.
+//   epilogue_end(p, st, ctid)
+//       called by the same threads once after their last tile.
 struct NoRole {
   static constexpr bool kHasBlockExit = false;
   __device__ static void run(const GemmParams&, uint32_t /*role_block*/, uint32_t /*num_role_blocks*/) {}
@@ -83,6 +92,25 @@ struct Sm90GemmTraits {
 };
 
 namespace detail {
+
+// Whether Role owns the epilogue, and its per-thread state (an empty one when it does not).
+struct NoEpilogueState {};
+template <class Role>
+constexpr bool role_epilogue() {
+  if constexpr (requires { Role::kHasEpilogue; }) {
+    return Role::kHasEpilogue;
+  } else {
+    return false;
+  }
+}
+template <class Role, bool = role_epilogue<Role>()>
+struct RoleEpilogueState {
+  using type = NoEpilogueState;
+};
+template <class Role>
+struct RoleEpilogueState<Role, true> {
+  using type = typename Role::EpilogueState;
+};
 
 // Waits (bounded) until rows [row0, row_end) of A are flagged ready (GemmParams: readiness).
 // The flags covering consecutive rows have consecutive indices, so the tile waits for one run
@@ -391,6 +419,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     float acc[T::kBlockN / 2];
     uint32_t stage = 0, phase = 0;
     bool aborted = false;
+    [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
 
     WorkCursor cursor = sched.begin(cluster_idx);
     WorkItem item;
@@ -455,7 +484,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       // -- epilogue --
-      if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
+      if constexpr (detail::role_epilogue<Role>()) {
+        if (tc.m_block < p.num_m_blocks)
+          Role::template epilogue<T>(p, epi_state, acc, tc.m_block, tc.n_block, ctid);
+        continue;  // the role raises whatever flags its tiles need
+      } else if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
         const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64 + warp_in_wg * 16 + lane / 4;
         const uint32_t col0 = tc.n_block * T::kBlockN + 2 * (lane % 4);
         detail::store_tile<T>(p, acc, row0, col0);
@@ -478,6 +511,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
+    if constexpr (detail::role_epilogue<Role>()) Role::epilogue_end(p, epi_state, ctid);
     // Outstanding TMA stores must finish reading shared memory before the block exits (their
     // writes to global memory complete with the grid).
     if (signals) ptx::bulk_wait_group_read<0>();

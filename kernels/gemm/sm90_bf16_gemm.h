@@ -61,6 +61,9 @@ struct GemmConfig {
   int num_role_blocks = 0;  // extra blocks that run the launch's role function
   int stream_k = -1;        // stream-K for the last waves' tiles: 0 never, 1 always, -1 choose
   int sk_units = 0;         // stream-K units (at most the clusters); 0 = choose
+  int dp_tiles = -1;        // stream-K: cluster tiles computed whole before the stream-K region;
+                            // -1 = choose (a plan's resolved config names it, so planning again
+                            // with that config gives the same schedule and workspace)
 };
 
 struct GemmHooks {

@@ -52,6 +52,7 @@ struct GemmScheduleRequest {
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
+  int dp_tiles = -1;        // >= 0 (with stream-K): tiles computed whole first, -1 = choose
 };
 
 struct GemmSchedule {
@@ -223,21 +224,25 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         }
       }
       if (r.stream_k == 0) continue;
-      // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves).
+      // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves), or
+      // after the data-parallel tiles the caller named.
       const int64_t full_waves = T / G;
-      for (int64_t dp_waves : {full_waves, full_waves - 1}) {
-        if (dp_waves < 0) continue;
-        const int64_t sk_tiles = T - dp_waves * G;
+      int64_t dp_options[2] = {full_waves * G, (full_waves - 1) * G};
+      if (r.dp_tiles >= 0) dp_options[0] = dp_options[1] = r.dp_tiles;
+      for (int o = 0; o < (r.dp_tiles >= 0 ? 1 : 2); ++o) {
+        const int64_t dp = dp_options[o];
+        if (dp < 0) continue;
+        const int64_t sk_tiles = T - dp;
         if (sk_tiles <= 0) continue;
         const int64_t iters = sk_tiles * k_blocks;
         auto add_units = [&](int64_t units) {
           units = std::min<int64_t>({units, G, iters});
           if (units < 1) return;
           GemmSchedule s = base;
-          s.dp_tiles = static_cast<uint32_t>(dp_waves * G);
+          s.dp_tiles = static_cast<uint32_t>(dp);
           s.sk_units = static_cast<uint32_t>(units);
           s.sk_per_tile = 0;
-          consider(with_clusters(s, dp_waves > 0 ? G : units));
+          consider(with_clusters(s, std::max(dp, units)));
         };
         if (r.sk_units > 0) {
           add_units(r.sk_units);
@@ -246,6 +251,14 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         }
       }
     }
+  }
+  if (!have && r.stream_k == 1) {
+    // Nothing left for stream-K (the named data-parallel tiles cover the problem).
+    GemmScheduleRequest dp = r;
+    dp.stream_k = 0;
+    dp.sk_units = 0;
+    dp.dp_tiles = -1;
+    return choose_gemm_schedule(dp, cm);
   }
   return best;
 }

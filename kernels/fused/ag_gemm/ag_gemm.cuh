@@ -64,7 +64,7 @@ struct Ctx {
     const uint32_t rows = c + 1 < a.chunks ? a.chunk_rows : a.m_local - (a.chunks - 1) * a.chunk_rows;
     return uint64_t{rows} * row_bytes();
   }
-  __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return shard * a.chunks + c; }
+  __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return a.layout.nvl_op_flags() + shard * a.chunks + c; }
   // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them.
   __device__ bool straddled(uint32_t c) const {
     const uint64_t lo = uint64_t{a.rank} * a.m_local, hi = lo + a.m_local;
@@ -76,9 +76,9 @@ struct Ctx {
     }
     return false;
   }
-  __device__ uint32_t done_flag(uint32_t peer) const { return a.layout.world() * a.chunks + peer; }
-  __device__ uint32_t arrival_flag(uint32_t node, uint32_t c) const { return node * a.chunks + c; }
-  __device__ uint32_t slot_free_flag(uint32_t node) const { return a.layout.nodes * a.chunks + node; }
+  __device__ uint32_t done_flag(uint32_t peer) const { return a.layout.done_flag(peer); }
+  __device__ uint32_t arrival_flag(uint32_t node, uint32_t c) const { return a.layout.net_op_flags() + node * a.chunks + c; }
+  __device__ uint32_t slot_free_flag(uint32_t node) const { return a.layout.slot_free_flag(node); }
 };
 
 // Thread 0 waits for what a step needs (bounded). False: the error is recorded, the block stops.
@@ -237,7 +237,8 @@ struct AgGemmRole {
       if (shard == a.rank) continue;
       const uint64_t where = where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk);
       __syncthreads();
-      if (threadIdx.x == 0) ok = wait_geq(a.ready + i, x.launch, w, i, where);
+      const uint32_t f = x.ready_flag(shard, chunk);
+      if (threadIdx.x == 0) ok = wait_geq(a.ready + f, x.launch, w, f, where);
       __syncthreads();
       if (!ok) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
@@ -264,13 +265,13 @@ struct AgGemmRole {
     // Node peers may write into this rank's gathered buffer again.
     for (uint32_t i = 1; i < a.layout.gpus; ++i) {
       const uint32_t peer = a.layout.node_peer(a.rank, i);
-      sync::st_relaxed_sys(nvl_fused_flag(c, peer, a.layout.world() * a.chunks + a.rank), launch);
+      sync::st_relaxed_sys(nvl_fused_flag(c, peer, a.layout.done_flag(a.rank)), launch);
     }
     // Rail peers may write into this rank's workspace slots again.
     const uint32_t node = a.layout.node_of(a.rank);
     for (uint32_t i = 1; i < a.layout.nodes; ++i) {
       const uint32_t to = a.layout.rail_peer(a.rank, a.layout.send_node(node, i));
-      if (!signal(c, to, fused_flag_index(c, a.layout.nodes * a.chunks + node), where_tag(kStepPeerFree, to))) break;
+      if (!signal(c, to, fused_flag_index(c, a.layout.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
     }
     // A failure of this rank (the GEMM's waits report without telling anyone) ends the peers'
     // waits now rather than at their bound.

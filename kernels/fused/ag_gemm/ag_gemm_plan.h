@@ -16,13 +16,14 @@
 //     once per destination GPU.
 //  3. Flags (all carry launch numbers, comm.cuh note 2), with one writer each:
 //       NVLink fused-op flags of a rank:
-//         ready(s, c)    = s * chunks + c            chunk c of shard s is in its gathered buffer
-//         done(p)        = world * chunks + p        node peer p finished its previous fused launch
+//         done(p)        = p                         node peer p finished its previous fused launch
 //                                                    (so its gathered buffer may be written again)
+//         ready(s, c)    = world + s * chunks + c    chunk c of shard s is in its gathered buffer
 //       Fused-op flags of the flag array (raised by the proxy on arrival):
-//         arrival(n, c)  = n * chunks + c            chunk c from node n is in workspace slot n
-//         slot_free(n)   = nodes * chunks + n        node n's rail peer finished its previous
+//         slot_free(n)   = n                         node n's rail peer finished its previous
 //                                                    fused launch (its slots may be written again)
+//         arrival(n, c)  = nodes + n * chunks + c    chunk c from node n is in workspace slot n
+//     done() and slot_free() sit where every fused op keeps them (layout.h), whatever the shape.
 //     The GEMM waits on ready(); the communication steps wait on ready() (to forward), arrival()
 //     (to receive), done() and slot_free() of the previous launch (before overwriting).
 //  4. Order. Steps are listed so that no step waits for one listed after it on the same rank, and
@@ -74,13 +75,13 @@ struct AgGeometry {
   uint64_t row_bytes() const { return uint64_t{k} * 2; }
   uint64_t shard_bytes() const { return uint64_t{m_local} * row_bytes(); }
 
-  // Flag indices (note 3).
-  uint32_t ready_flag(uint32_t shard, uint32_t chunk) const { return shard * chunks() + chunk; }
-  uint32_t done_flag(uint32_t peer) const { return layout.world() * chunks() + peer; }
-  uint32_t arrival_flag(uint32_t node, uint32_t chunk) const { return node * chunks() + chunk; }
-  uint32_t slot_free_flag(uint32_t node) const { return layout.nodes * chunks() + node; }
-  uint32_t nvl_flags_needed() const { return layout.world() * chunks() + layout.world(); }
-  uint32_t net_flags_needed() const { return layout.nodes > 1 ? layout.nodes * chunks() + layout.nodes : 0; }
+  // Flag indices (note 3; done() and slot_free() are the places every fused op shares, layout.h).
+  uint32_t ready_flag(uint32_t shard, uint32_t chunk) const { return layout.nvl_op_flags() + shard * chunks() + chunk; }
+  uint32_t done_flag(uint32_t peer) const { return layout.done_flag(peer); }
+  uint32_t arrival_flag(uint32_t node, uint32_t chunk) const { return layout.net_op_flags() + node * chunks() + chunk; }
+  uint32_t slot_free_flag(uint32_t node) const { return layout.slot_free_flag(node); }
+  uint32_t nvl_flags_needed() const { return layout.nvl_op_flags() + layout.world() * chunks(); }
+  uint32_t net_flags_needed() const { return layout.nodes > 1 ? layout.net_op_flags() + layout.nodes * chunks() : 0; }
 
   // Workspace: the gathered activation in the NVLink buffer; one slot per node in the network
   // workspace when the ranks span nodes.

@@ -34,6 +34,19 @@ struct FusedLayout {
   MK_KERNEL_HD constexpr uint32_t send_node(uint32_t node, uint32_t i) const { return (node + nodes - i % nodes) % nodes; }
   // The i-th node a rank receives from, i = 1 .. nodes-1: node + 1, node + 2, ... wrapping.
   MK_KERNEL_HD constexpr uint32_t recv_node(uint32_t node, uint32_t i) const { return (node + i) % nodes; }
+
+  // Flags every fused op shares, at places that depend on the layout only, so a launch may
+  // follow a launch of another op or of another shape on the same communicator
+  // (launch_state.cuh note 1):
+  //   NVLink fused-op flags [0, world): done(p), node peer p finished its previous fused launch
+  //     (so its NVLink buffer may be written again);
+  //   the flag array's fused-op flags [0, nodes): slot_free(n), node n's rail peer finished its
+  //     previous fused launch (so its network workspace may be written again).
+  // Each op's own flags follow them (nvl_op_flags / net_op_flags).
+  MK_KERNEL_HD constexpr uint32_t done_flag(uint32_t peer) const { return peer; }
+  MK_KERNEL_HD constexpr uint32_t slot_free_flag(uint32_t node) const { return node; }
+  MK_KERNEL_HD constexpr uint32_t nvl_op_flags() const { return world(); }
+  MK_KERNEL_HD constexpr uint32_t net_op_flags() const { return nodes; }
 };
 
 }  // namespace mkernel::kernels

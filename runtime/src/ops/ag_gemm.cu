@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "agree.h"
+#include "op_common.h"
 #include "fused/ag_gemm/ag_gemm.h"
 #include "mkernel/runtime/ops.h"
 
@@ -10,61 +11,8 @@ namespace mkernel::rt {
 
 namespace mk = mkernel::kernels;
 
-namespace {
-
-// Nodes x GPUs from where the daemons put the ranks (ops.h note 2).
-StatusOr<mk::FusedLayout> layout_of(const Communicator& comm) {
-  const uint32_t R = comm.size(), nodes = comm.num_nodes();
-  if (nodes == 0 || R % nodes != 0)
-    return Status(StatusCode::kFailedPrecondition, "the communicator's " + std::to_string(R) + " ranks are on " +
-                                                       std::to_string(nodes) +
-                                                       " nodes; fused ops need the same number of GPUs on every node");
-  const mk::FusedLayout l{nodes, R / nodes};
-  for (uint32_t r = 0; r < R; ++r) {
-    if (comm.node_of(r) != l.node_of(r))
-      return Status(StatusCode::kFailedPrecondition,
-                    "rank " + std::to_string(r) + " is on node " + std::to_string(comm.node_of(r)) + ", expected node " +
-                        std::to_string(l.node_of(r)) + ": fused ops need ranks numbered node-major (" +
-                        std::to_string(l.gpus) + " consecutive ranks per node)");
-  }
-  // Ranks that share a node name must share this daemon (NVLink), and those that do not, not.
-  for (uint32_t r = 0; r < R; ++r) {
-    if (r == comm.rank()) continue;
-    const bool same_node = comm.node_of(r) == comm.node_of(comm.rank());
-    if (same_node == comm.through_network(r))
-      return Status(StatusCode::kFailedPrecondition,
-                    "rank " + std::to_string(r) + (same_node ? " reports this node's name but is reached through the "
-                                                               "network (two daemons with one node name? give each "
-                                                               "daemon its own node.name; or network_for_local is set)"
-                                                             : " is on another node but on this daemon"));
-  }
-  for (uint32_t i = 1; i < l.gpus; ++i) {
-    const uint32_t p = l.node_peer(comm.rank(), i);
-    if (!comm.nvlink_mapped(p))
-      return Status(StatusCode::kFailedPrecondition,
-                    "rank " + std::to_string(p) + " is on this node but its NVLink buffer is not mapped here "
-                    "(Options::nvlink_bytes must be set on every rank)");
-  }
-  if (!comm.nvlink_mapped(comm.rank()))
-    return Status(StatusCode::kFailedPrecondition,
-                  "fused ops keep their workspace in the NVLink buffer: set Options::nvlink_bytes (see "
-                  "all_gather_gemm_nvlink_bytes)");
-  return l;
-}
-
-Status from_gemm(const mk::GemmResult& r, const std::string& what) {
-  if (r.ok()) return Status::Ok();
-  StatusCode code = StatusCode::kInvalidArgument;
-  switch (r.code) {
-    case mk::GemmError::kWorkspaceTooSmall: code = StatusCode::kResourceExhausted; break;
-    case mk::GemmError::kUnsupportedDevice: code = StatusCode::kFailedPrecondition; break;
-    case mk::GemmError::kCudaError: code = StatusCode::kDeviceError; break;
-    default: break;
-  }
-  return Status(code, what + ": " + r.message);
-}
-
-}  // namespace
+using ops_detail::from_gemm;
+using ops_detail::layout_of;
 
 uint64_t all_gather_gemm_nvlink_bytes(uint32_t world, uint64_t m_local, uint64_t k) {
   return uint64_t{world} * m_local * k * 2;
@@ -90,17 +38,7 @@ StatusOr<std::unique_ptr<AllGatherGemm>> AllGatherGemm::create(Communicator& com
   if (n_local == 0 || n_local % 8 != 0 || n_local > 0x7FFFFFFFu)
     return Status(StatusCode::kInvalidArgument, what + ": n_local = " + std::to_string(n_local) +
                                                     "; expected a positive multiple of 8 (16-byte rows for TMA)");
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev))
-    return Status(StatusCode::kDeviceError, what + ": cannot read the current device's compute capability");
-  if (dev != comm.cuda_device())
-    return Status(StatusCode::kFailedPrecondition, what + ": the current CUDA device is " + std::to_string(dev) +
-                                                       ", the communicator's is " + std::to_string(comm.cuda_device()));
-  if (major != 9 || minor != 0)
-    return Status(StatusCode::kFailedPrecondition, what + ": needs a Hopper GPU (compute capability 9.0, sm_90a); "
-                                                          "device " + std::to_string(dev) + " is " +
-                                                          std::to_string(major) + "." + std::to_string(minor));
+  MK_RETURN_IF_ERROR(ops_detail::check_device(comm, what));
   MK_ASSIGN_OR_RETURN(mk::FusedLayout layout, layout_of(comm));
   const uint32_t chunk_rows =
       config.chunk_rows != 0 ? config.chunk_rows : mk::ag_default_chunk_rows(static_cast<uint32_t>(m_local));
@@ -135,30 +73,12 @@ StatusOr<std::unique_ptr<AllGatherGemm>> AllGatherGemm::create(Communicator& com
 
 Status AllGatherGemm::launch(const void* a, const void* w, void* c, void* gathered_out, cudaStream_t stream) {
   const std::string what = "all_gather_gemm";
-  struct {
-    const char* name;
-    const void* p;
-    bool optional;
-  } ptrs[] = {{"a", a, false}, {"w", w, false}, {"c", c, false}, {"gathered_out", gathered_out, true}};
   // The same pointers as the last call were checked then (a training loop passes the same
   // buffers every step; the check costs a driver call per pointer).
   const bool same = a == checked_[0] && w == checked_[1] && c == checked_[2] && gathered_out == checked_[3];
-  for (const auto& p : ptrs) {
-    if (same) break;
-    if (p.p == nullptr && p.optional) continue;
-    if (p.p == nullptr || reinterpret_cast<uintptr_t>(p.p) % 16 != 0)
-      return Status(StatusCode::kInvalidArgument, what + ": pointer " + p.name + " is " +
-                                                      (p.p == nullptr ? "null" : "not 16-byte aligned") +
-                                                      "; expected 16-byte aligned device memory");
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, p.p) != cudaSuccess || attr.type != cudaMemoryTypeDevice ||
-        attr.device != comm_->cuda_device()) {
-      (void)cudaGetLastError();
-      return Status(StatusCode::kInvalidArgument, what + ": pointer " + p.name +
-                                                      " is not device memory of this rank's GPU (device " +
-                                                      std::to_string(comm_->cuda_device()) + ")");
-    }
-  }
+  if (!same)
+    MK_RETURN_IF_ERROR(ops_detail::check_pointers(
+        *comm_, what, {{"a", a, false}, {"w", w, false}, {"c", c, false}, {"gathered_out", gathered_out, true}}));
   checked_[0] = a;
   checked_[1] = w;
   checked_[2] = c;

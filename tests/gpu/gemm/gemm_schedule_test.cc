@@ -160,6 +160,26 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   } else {
     replay<1>(r, s, rng);
   }
+  // Planning again with the resolved configuration (what a fused op does with a plan's config)
+  // gives the same schedule, so the workspace sized by the first plan fits the second.
+  mk::GemmScheduleRequest again;
+  again.m = r.m;
+  again.n = r.n;
+  again.k = r.k;
+  (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
+  again.block_n = s.block_n;
+  again.cluster_m = s.cluster_m;
+  const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
+  again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
+  again.stream_k = sk ? 1 : 0;
+  again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
+  again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
+  const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
+  if (s2.block_n != s.block_n || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+      s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
+      s2.workspace_bytes() != s.workspace_bytes()) {
+    fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
+  }
 }
 
 // The rule before stream-K (commit 10b72b3), for the model comparison.
@@ -279,6 +299,7 @@ int main(int argc, char** argv) {
     else if (mode < 25) r.stream_k = 0;
     else if (mode < 35) r.stream_k = 1;
     if (pick(rng) < 15) r.sk_units = 1 + pick(rng);
+    if (pick(rng) < 5) r.dp_tiles = pick(rng) * 3;
     check(r, rng);
     ++cases;
   }

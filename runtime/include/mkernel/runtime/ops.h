@@ -4,6 +4,12 @@
 //     rank r holds A_r [m_local, k] (its rows of the activation) and W_r [n_local, k] (its weight
 //     shard, nn.Linear layout); it gets C_r = AllGather(A) @ W_r^T, [M, n_local], M = R * m_local,
 //     and, when asked, the gathered A [M, k] (for the backward pass).
+//   GEMM+ReduceScatter (tensor-parallel row-linear layer over R ranks):
+//     rank r holds A_r [M, k_local] and W_r [n, k_local] (its share of the reduction dimension);
+//     it gets rows r * m_local ... (r + 1) * m_local - 1 of sum over q of A_q @ W_q^T, [m_local, n],
+//     M = R * m_local (M must be a multiple of R, as for a reduce-scatter of equal parts). Partial
+//     sums meet in fp32 in a fixed order and are rounded to bf16 once: deterministic, bit for bit
+//     from run to run (docs/kernels.md, GEMM+ReduceScatter).
 //
 // Design notes
 //  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
@@ -37,6 +43,7 @@
 
 namespace mkernel::kernels {
 class AgGemmPlan;
+class GemmRsPlan;
 }
 
 namespace mkernel::rt {
@@ -88,5 +95,42 @@ class AllGatherGemm {
 // One call: plans the shape on its first use (collectively, note 1, on `stream`) and launches.
 Status all_gather_gemm(Communicator& comm, const void* a, const void* w, void* c, void* gathered_out,
                        uint64_t m_local, uint64_t n_local, uint64_t k, cudaStream_t stream);
+
+// The tile width and cluster size of GEMM+ReduceScatter; zeros mean "the engine's choice".
+struct GemmReduceScatterConfig {
+  int gemm_blocks = 0;  // blocks that compute tiles (0: every SM); every block also moves its tiles
+  int block_n = 0;      // GEMM tile width 128 or 256
+  int cluster_m = 0;    // 1 or 2
+};
+
+// Options::nvlink_bytes and Options::network_workspace_bytes a GEMM+ReduceScatter of this size
+// needs (for the default tile width; the plan says what it needs when it differs).
+uint64_t gemm_reduce_scatter_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n);
+uint64_t gemm_reduce_scatter_network_bytes(uint32_t nodes, uint64_t m_local, uint64_t n);
+
+class GemmReduceScatter {
+ public:
+  // Collective (note 1): every rank with the same m_local, n and k (its k_local).
+  static StatusOr<std::unique_ptr<GemmReduceScatter>> create(Communicator& comm, uint64_t m_local, uint64_t n,
+                                                             uint64_t k, const GemmReduceScatterConfig& config = {},
+                                                             cudaStream_t stream = nullptr);
+  ~GemmReduceScatter();
+
+  // Enqueues begin_launch and the fused kernel on `stream`: a [M, k], w [n, k], c [m_local, n];
+  // bf16, row-major, packed, 16-byte aligned, device memory of this rank's GPU.
+  Status launch(const void* a, const void* w, void* c, cudaStream_t stream);
+
+  std::string describe() const;
+
+ private:
+  GemmReduceScatter() = default;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<kernels::GemmRsPlan> plan_;
+  const void* checked_[3] = {};
+};
+
+// One call: plans the shape on its first use (collectively, on `stream`) and launches.
+Status gemm_reduce_scatter(Communicator& comm, const void* a, const void* w, void* c, uint64_t m_local, uint64_t n,
+                           uint64_t k, cudaStream_t stream);
 
 }  // namespace mkernel::rt

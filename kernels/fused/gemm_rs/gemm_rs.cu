@@ -1,0 +1,166 @@
+// gemm_rs.cu: host side of the fused GEMM+ReduceScatter (gemm_rs.h): checks, the order of tiles,
+// the GEMM configuration, and the launch of the engine with the reduce-scatter epilogue.
+#include "fused/gemm_rs/gemm_rs.h"
+
+#include <algorithm>
+
+#include "fused/gemm_rs/gemm_rs.cuh"
+#include "gemm/sm90_bf16_gemm_dispatch.h"
+#include "gemm/sm90_bf16_gemm_launch.cuh"
+
+namespace mkernel::kernels {
+
+namespace {
+
+GemmResult fail(GemmError code, std::string message) { return GemmResult{code, std::move(message)}; }
+
+GemmResult cuda_fail(const char* what, cudaError_t e) {
+  return fail(GemmError::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <int kBlockN, int kClusterM>
+using RsTraits = Sm90GemmTraits<kBlockN, detail::gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore>;
+
+GemmResult launch_with_role(const GemmPlan& plan, cudaStream_t stream) {
+  const GemmConfig& c = plan.config;
+  if (c.block_n == 256) {
+    return c.cluster_m == 2 ? launch_sm90_bf16_gemm<RsTraits<256, 2>, GemmRsRole>(plan, stream)
+                            : launch_sm90_bf16_gemm<RsTraits<256, 1>, GemmRsRole>(plan, stream);
+  }
+  return c.cluster_m == 2 ? launch_sm90_bf16_gemm<RsTraits<128, 2>, GemmRsRole>(plan, stream)
+                          : launch_sm90_bf16_gemm<RsTraits<128, 1>, GemmRsRole>(plan, stream);
+}
+
+}  // namespace
+
+GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>* out) {
+  const DeviceComm& c = s.comm;
+  if (s.layout.world() != c.world_size)
+    return fail(GemmError::kInvalidConfig, "layout: " + std::to_string(s.layout.nodes) + " x " +
+                                               std::to_string(s.layout.gpus) + " ranks, but the communicator has " +
+                                               std::to_string(c.world_size));
+  if (s.k == 0 || s.k % 8 != 0)
+    return fail(GemmError::kInvalidK, "k = " + std::to_string(s.k) +
+                                          " is not supported: it must be a positive multiple of 8 (TMA rows)");
+  if (s.config.gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "gemm_blocks must not be negative");
+  if (s.config.block_n != 0 && s.config.block_n != 128 && s.config.block_n != 256)
+    return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(s.config.block_n) + "; expected 0, 128 or 256");
+  RsGeometry probe{s.layout, c.rank, s.m_local, s.n, 256};
+  if (std::string e = rs_check_geometry(probe); !e.empty()) return fail(GemmError::kInvalidConfig, e);
+
+  std::unique_ptr<GemmRsPlan> p(new GemmRsPlan());
+  p->setup_ = s;
+  uint8_t* own = nullptr;
+  if (c.nvl != nullptr) {
+    if (cudaError_t e = cudaMemcpy(&own, c.nvl + c.rank, sizeof(own), cudaMemcpyDeviceToHost); e != cudaSuccess)
+      return cuda_fail("reading the NVLink peer table", e);
+  }
+  if (s.layout.gpus > 1 && own == nullptr)
+    return fail(GemmError::kInvalidConfig, "this rank's NVLink buffer is not mapped (the node has " +
+                                               std::to_string(s.layout.gpus) + " ranks; Options::nvlink_bytes)");
+
+  // The GEMM over the whole of M. The operands' pointers come with each launch (gemm_rebind);
+  // the plan is made with an aligned stand-in. First the engine's choices, then the order.
+  static const uint64_t stand_in_storage[2] = {};
+  const void* stand_in = own != nullptr ? static_cast<const void*>(own) : static_cast<const void*>(stand_in_storage);
+  GemmArgs g;
+  g.a = stand_in;
+  g.w = stand_in;
+  g.d = const_cast<void*>(stand_in);
+  g.m = static_cast<int64_t>(probe.m_total());
+  g.n = s.n;
+  g.k = s.k;
+  g.config.block_n = s.config.block_n;
+  g.config.cluster_m = s.config.cluster_m;
+  g.config.num_gemm_blocks = s.config.gemm_blocks;
+  g.wait = s.wait;
+  // Split-K where the engine picks it (few tiles: small M), with the plan's own scratch; the
+  // order changes only the raster group and rotation, never the split.
+  if (const size_t ws = gemm_workspace_bytes(g); ws > 0) {
+    if (cudaError_t e = cudaMalloc(&p->split_workspace_, ws); e != cudaSuccess)
+      return cuda_fail("cudaMalloc (split-K workspace)", e);
+    if (cudaError_t e = cudaMemset(p->split_workspace_, 0, ws); e != cudaSuccess) return cuda_fail("cudaMemset", e);
+    g.workspace = p->split_workspace_;
+    g.workspace_bytes = ws;
+  }
+  GemmPlan first;
+  if (GemmResult r = gemm_plan(g, &first); !r.ok()) return r;
+  RsGeometry geo{s.layout, c.rank, s.m_local, s.n, static_cast<uint32_t>(first.config.block_n)};
+  const RsOrder order = rs_order(geo, static_cast<uint32_t>(first.config.cluster_m), static_cast<uint32_t>(first.config.group));
+  g.config = first.config;
+  g.config.group = static_cast<int>(order.group);
+  g.hooks.first_m_block = order.first_m_block;
+  p->geo_ = geo;
+  p->order_ = order;
+
+  // The workspace.
+  if (s.layout.gpus > 1) {
+    if (c.nvl_bytes < geo.nvl_bytes_needed())
+      return fail(GemmError::kWorkspaceTooSmall,
+                  "the communicator's NVLink buffer holds " + std::to_string(c.nvl_bytes) +
+                      " bytes; the node peers' partial tiles need " + std::to_string(geo.nvl_bytes_needed()) +
+                      " (Options::nvlink_bytes; gemm_reduce_scatter_nvlink_bytes)");
+    if (c.nvl_fused_flags < geo.nvl_flags_needed())
+      return fail(GemmError::kWorkspaceTooSmall, "the NVLink buffer has " + std::to_string(c.nvl_fused_flags) +
+                                                     " fused-op flags; this plan needs " +
+                                                     std::to_string(geo.nvl_flags_needed()) + " (Options::fused_flags)");
+  }
+  if (uint64_t{c.num_fused_flags} < uint64_t{c.world_size} * kAgreeWords + geo.net_flags_needed())
+    return fail(GemmError::kWorkspaceTooSmall,
+                "the flag array has " + std::to_string(c.num_fused_flags) + " fused-op flags; this plan needs " +
+                    std::to_string(geo.net_flags_needed()) + " plus " + std::to_string(kAgreeWords) +
+                    " per rank for the agreement (Options::fused_flags)");
+  if (s.layout.nodes > 1) {
+    if (c.network_workspace == kNoBuffer || c.buffer_bytes[c.network_workspace] < geo.net_bytes_needed())
+      return fail(GemmError::kWorkspaceTooSmall,
+                  "ranks span " + std::to_string(s.layout.nodes) + " nodes: the network workspace must hold " +
+                      std::to_string(geo.net_bytes_needed()) + " bytes (a receive and a send slot per node); it holds " +
+                      std::to_string(c.network_workspace == kNoBuffer ? 0 : c.buffer_bytes[c.network_workspace]) +
+                      " (Options::network_workspace_bytes)");
+  }
+
+  if (GemmResult r = gemm_plan(g, &p->gemm_); !r.ok()) return r;
+  if (p->gemm_.config.block_n != first.config.block_n || p->gemm_.config.cluster_m != first.config.cluster_m)
+    return fail(GemmError::kInvalidConfig, "the GEMM configuration changed between planning passes");
+
+  GemmRsRoleArgs ra;
+  ra.comm = c;
+  ra.geo = geo;
+  ra.ldc = s.n;
+  ra.staging = own;
+  ra.nvl_flags = own != nullptr ? reinterpret_cast<uint64_t*>(
+                                      own + NvlLayout{c.nvl_bytes, c.nvl_num_flags, c.nvl_fused_flags}.fused_flags_offset())
+                                : nullptr;
+  ra.net = s.layout.nodes > 1 ? c.buffers[c.network_workspace] : nullptr;
+  if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(GemmRsRoleArgs)); e != cudaSuccess)
+    return cuda_fail("cudaMalloc (role arguments)", e);
+  if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
+    return cuda_fail("cudaMemcpy (role arguments)", e);
+  p->gemm_.params.role_args = p->role_args_;
+  *out = std::move(p);
+  return {};
+}
+
+GemmRsPlan::~GemmRsPlan() {
+  if (role_args_ != nullptr) (void)cudaFree(role_args_);
+  if (split_workspace_ != nullptr) (void)cudaFree(split_workspace_);
+}
+
+GemmResult GemmRsPlan::launch(const void* a, const void* w, void* c, cudaStream_t stream) {
+  if (c == nullptr || reinterpret_cast<uintptr_t>(c) % 16 != 0)
+    return fail(GemmError::kInvalidPointer, "pointer c (this rank's rows of the result) is null or not 16-byte aligned");
+  // The engine's own output map is unused (the role stores); it is encoded over c, never written.
+  GemmResult r = gemm_rebind(&gemm_, a, w, c, nullptr);
+  if (!r.ok()) return r;
+  gemm_.params.role_ptrs[0] = c;
+  return launch_with_role(gemm_, stream);
+}
+
+std::string GemmRsPlan::describe() const {
+  const FusedLayout& l = setup_.layout;
+  return "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
+         ") m_local=" + std::to_string(geo_.m_local) + " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
+         (order_.rotated ? " rotated" : " identical") + " gemm " + gemm_config_string(gemm_);
+}
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,291 @@
+// gemm_rs.cuh: the device code of GEMM+ReduceScatter (host side: gemm_rs.h / gemm_rs.cu; the
+// plan and its design notes: gemm_rs_plan.h).
+//
+// One persistent kernel per rank: the GEMM engine (gemm/sm90_bf16_gemm.cuh) over the rank's
+// partial P_r [M, n], with this role owning the epilogue. No block is set aside for
+// communication: each finished tile moves from the consumers' registers, in fragment order,
+// straight into the memory of whoever needs it (plan note 2):
+//   (a) node peers whose bands have rows in the tile: the raw partial into their NVLink staging,
+//       then their staged() flag;
+//   (b) other nodes' bands of this rank's rail: the node sum into the network send slot, then a
+//       put through the proxy into the rail peer's receive slot, raising its arrival() flag;
+//   (c) the own band: node sum plus the other nodes' sums, rounded once, into C_r.
+// Every block counts itself out at the end (block_exit); the last one tells the node peers (done)
+// and rail peers (slot_free) that this rank's buffers may be written again.
+#pragma once
+
+#include <cstdint>
+
+#include "common/comm.cuh"
+#include "common/ptx.cuh"
+#include "fused/common/launch_state.cuh"
+#include "fused/gemm_rs/gemm_rs_plan.h"
+#include "gemm/sm90_bf16_gemm_params.h"
+
+namespace mkernel::kernels {
+
+// Prepared once per plan in device memory (GemmParams::role_args). Per launch:
+//   role_ptrs[0]  C_r [m_local, ldc] bf16, the rank's rows of the reduced result
+struct GemmRsRoleArgs {
+  DeviceComm comm;
+  RsGeometry geo;
+  uint32_t ldc = 0;
+  uint8_t* staging = nullptr;     // this rank's NVLink staging (the start of its NVLink buffer)
+  uint64_t* nvl_flags = nullptr;  // this rank's NVLink fused-op flags
+  uint8_t* net = nullptr;         // this rank's network workspace (nodes > 1), else null
+};
+
+#if defined(__CUDACC__)
+
+namespace rs_detail {
+
+// A uniform answer for the 256 consumer threads of a GEMM block (named barrier 1, which the
+// engine's consumers use only for such block-wide steps): true when any thread says true.
+__device__ __forceinline__ bool consumers_any(bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, 1, 256, p;\n selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(out)
+      : "r"(pred ? 1u : 0u)
+      : "memory");
+  return out != 0;
+}
+
+// The thread's fragment as bf16, 16 bytes per vector: vector i of consumer thread t at byte
+// (i * 256 + t) * 16 of the tile (plan note 1).
+template <int kBlockN>
+__device__ __forceinline__ void store_fragment(uint8_t* tile, const float (&acc)[kBlockN / 2], uint32_t ctid) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 16; ++i) {
+    const uint32_t w0 = ptx::pack_bf16x2(acc[8 * i], acc[8 * i + 1]);
+    const uint32_t w1 = ptx::pack_bf16x2(acc[8 * i + 2], acc[8 * i + 3]);
+    const uint32_t w2 = ptx::pack_bf16x2(acc[8 * i + 4], acc[8 * i + 5]);
+    const uint32_t w3 = ptx::pack_bf16x2(acc[8 * i + 6], acc[8 * i + 7]);
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(tile + (static_cast<uint64_t>(i) * 256 + ctid) * 16), "r"(w0),
+                 "r"(w1), "r"(w2), "r"(w3)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void add_bf16x2(float& lo, float& hi, uint32_t w) {
+  lo += __uint_as_float(w << 16);
+  hi += __uint_as_float(w & 0xFFFF0000u);
+}
+
+// acc += a fragment stored by store_fragment. kVolatile: memory others write behind the GPU's
+// caches (the network workspace, mapped host memory); else L2-coherent loads (NVLink staging).
+template <int kBlockN, bool kVolatile>
+__device__ __forceinline__ void add_fragment(float (&acc)[kBlockN / 2], const uint8_t* tile, uint32_t ctid) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 16; ++i) {
+    uint32_t w0, w1, w2, w3;
+    const uint8_t* at = tile + (static_cast<uint64_t>(i) * 256 + ctid) * 16;
+    if constexpr (kVolatile) {
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                   : "l"(at)
+                   : "memory");
+    } else {
+      asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                   : "l"(at)
+                   : "memory");
+    }
+    add_bf16x2(acc[8 * i], acc[8 * i + 1], w0);
+    add_bf16x2(acc[8 * i + 2], acc[8 * i + 3], w1);
+    add_bf16x2(acc[8 * i + 4], acc[8 * i + 5], w2);
+    add_bf16x2(acc[8 * i + 6], acc[8 * i + 7], w3);
+  }
+}
+
+// The rows of band `band` of tile (mb, nb), rounded once, into C (row-major, pitch ldc): thread
+// ctid holds rows row0 + 8h of the wgmma fragment and column pairs 8j + 2 (lane % 4).
+template <int kBlockN>
+__device__ __forceinline__ void store_band_rows(const RsGeometry& g, uint16_t* c, uint32_t ldc, uint32_t band,
+                                                const float (&acc)[kBlockN / 2], uint32_t mb, uint32_t nb,
+                                                uint32_t ctid) {
+  const uint32_t lane = ctid % 32, warp = ctid / 32;  // warp 0..7: 16 rows each
+  const uint64_t band_lo = uint64_t{band} * g.m_local, band_hi = band_lo + g.m_local;
+  const uint64_t row_base = uint64_t{mb} * kRsBlockM + warp * 16 + lane / 4;
+  const uint32_t col_base = nb * kBlockN + 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint64_t row = row_base + 8 * h;
+    if (row < band_lo || row >= band_hi) continue;
+    uint16_t* out = c + (row - band_lo) * ldc;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const uint32_t col = col_base + 8 * j;
+      if (col < g.n) ptx::st_global_b32(out + col, ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+    }
+  }
+}
+
+}  // namespace rs_detail
+
+struct GemmRsRole {
+  static constexpr bool kHasBlockExit = true;
+  static constexpr bool kHasEpilogue = true;
+
+  struct EpilogueState {
+    uint64_t launch = 0, prev = 0;
+    bool started = false;
+    bool failed = false;
+    uint64_t peers_free = 0;  // node peers (by local index, below 64) known free this launch
+    uint64_t nodes_free = 0;  // rail peers (by node, below 64) known free this launch
+  };
+
+  __device__ static void run(const GemmParams&, uint32_t, uint32_t) {}  // no communication blocks
+
+  __device__ static void epilogue_end(const GemmParams&, EpilogueState&, uint32_t) {}
+
+  template <class T>
+  __device__ static void epilogue(const GemmParams& p, EpilogueState& st, float (&acc)[T::kBlockN / 2], uint32_t mb,
+                                  uint32_t nb, uint32_t ctid) {
+    constexpr int kBN = T::kBlockN;
+    const auto& a = *static_cast<const GemmRsRoleArgs*>(p.role_args);
+    const DeviceComm& c = a.comm;
+    const RsGeometry& g = a.geo;
+    const FusedLayout& L = g.layout;
+    if (!st.started) {
+      st.started = true;
+      st.launch = launch_number(c);
+      st.prev = previous_fused_launch(c);
+    }
+    if (st.failed) return;
+    const WaitContext w = wait_context(c);
+    const uint32_t r = g.rank, node = L.node_of(r), local = L.local_of(r), world = L.world();
+    const uint64_t tile_bytes = g.tile_bytes();
+    const uint32_t tile = mb * g.num_n_blocks() + nb;
+    const bool leader = ctid == 0;
+
+    // (a) The raw partial to every node peer with rows of its rail in the tile.
+    for (uint32_t i = 1; i < L.gpus; ++i) {
+      const uint32_t peer = L.node_peer(r, i), pl = L.local_of(peer);
+      if (g.rail_band_in(mb, pl) >= world) continue;
+      const bool known_free = pl < 64 && ((st.peers_free >> pl) & 1) != 0;
+      if (!known_free) {
+        bool bad = false;
+        if (leader) {
+          const uint32_t f = L.done_flag(peer);
+          bad = !wait_geq(a.nvl_flags + f, st.prev, w, f, where_tag(kStepPeerFree, peer));
+        }
+        if (rs_detail::consumers_any(bad)) {
+          st.failed = true;
+          return;
+        }
+        if (pl < 64) st.peers_free |= uint64_t{1} << pl;
+      }
+      const uint32_t slot = g.stage_slot(pl, local), pos = g.stage_position(mb, nb, pl);
+      uint8_t* dst = nvl_ptr(c, peer) + (uint64_t{slot} * g.stage_tiles() + pos) * tile_bytes;
+      rs_detail::store_fragment<kBN>(dst, acc, ctid);
+      ptx::named_barrier_sync(1, 256);
+      if (leader) raise_flag(nvl_fused_flag(c, peer, g.staged_flag(slot, pos)), st.launch);
+    }
+    if (g.rail_band_in(mb, local) >= world) return;
+
+    // The node sum: own partial, then the node peers' in increasing local index (plan note 3).
+    const uint32_t pos = g.stage_position(mb, nb, local);
+    if (L.gpus > 1) {
+      bool bad = false;
+      if (leader) {
+        for (uint32_t s = 0; s < L.gpus && !bad; ++s) {
+          if (s == local) continue;
+          const uint32_t f = g.staged_flag(g.stage_slot(local, s), pos);
+          bad = !wait_geq(a.nvl_flags + f, st.launch, w, f,
+                          where_tag(kStepPartialTile, (uint64_t{L.rank_of(node, s)} << 32) | tile));
+        }
+      }
+      if (rs_detail::consumers_any(bad)) {
+        st.failed = true;
+        return;
+      }
+      for (uint32_t s = 0; s < L.gpus; ++s) {
+        if (s == local) continue;
+        const uint32_t slot = g.stage_slot(local, s);
+        rs_detail::add_fragment<kBN, false>(acc, a.staging + (uint64_t{slot} * g.stage_tiles() + pos) * tile_bytes, ctid);
+      }
+    }
+
+    // (b) The node sum to the rail peer of every other node with a band in the tile.
+    for (uint32_t b = g.first_band(mb); b <= g.last_band(mb); ++b) {
+      if (L.local_of(b) != local || L.node_of(b) == node) continue;
+      const uint32_t to_node = L.node_of(b);
+      const bool known_free = to_node < 64 && ((st.nodes_free >> to_node) & 1) != 0;
+      if (!known_free) {
+        bool bad = false;
+        if (leader) {
+          const uint32_t f = fused_flag_index(c, L.slot_free_flag(to_node));
+          bad = !wait_geq(c.flags + f, st.prev, w, f, where_tag(kStepPeerFree, b));
+        }
+        if (rs_detail::consumers_any(bad)) {
+          st.failed = true;
+          return;
+        }
+        if (to_node < 64) st.nodes_free |= uint64_t{1} << to_node;
+      }
+      const uint32_t idx = g.slot_index(b, mb, nb);
+      const uint64_t src_off = g.send_slot_offset(to_node) + uint64_t{idx} * tile_bytes;
+      rs_detail::store_fragment<kBN>(a.net + src_off, acc, ctid);
+      ptx::named_barrier_sync(1, 256);
+      bool bad = false;
+      if (leader) {
+        sync::fence_acq_rel_sys();
+        bad = !put_signal(c, b, c.network_workspace, src_off, c.network_workspace,
+                          g.recv_slot_offset(node) + uint64_t{idx} * tile_bytes, tile_bytes,
+                          fused_flag_index(c, g.arrival_flag(node, idx)), where_tag(kStepNetworkSend, b));
+      }
+      if (rs_detail::consumers_any(bad)) {
+        st.failed = true;
+        return;
+      }
+    }
+
+    // (c) The own band: plus the other nodes' sums in increasing node index, rounded once.
+    if (r < g.first_band(mb) || r > g.last_band(mb)) return;
+    const uint32_t idx = g.slot_index(r, mb, nb);
+    if (L.nodes > 1) {
+      bool bad = false;
+      if (leader) {
+        for (uint32_t from = 0; from < L.nodes && !bad; ++from) {
+          if (from == node) continue;
+          const uint32_t f = fused_flag_index(c, g.arrival_flag(from, idx));
+          bad = !wait_geq(c.flags + f, st.launch, w, f, where_tag(kStepNodeSum, (uint64_t{from} << 32) | tile));
+        }
+      }
+      if (rs_detail::consumers_any(bad)) {
+        st.failed = true;
+        return;
+      }
+      for (uint32_t from = 0; from < L.nodes; ++from) {
+        if (from == node) continue;
+        rs_detail::add_fragment<kBN, true>(acc, a.net + g.recv_slot_offset(from) + uint64_t{idx} * tile_bytes, ctid);
+      }
+    }
+    rs_detail::store_band_rows<kBN>(g, static_cast<uint16_t*>(const_cast<void*>(p.role_ptrs[0])), a.ldc, r, acc, mb,
+                                    nb, ctid);
+  }
+
+  // Thread 0 of every block after its work; the last block ends the launch (launch_state.cuh).
+  __device__ static void block_exit(const GemmParams& p) {
+    const auto& a = *static_cast<const GemmRsRoleArgs*>(p.role_args);
+    const DeviceComm& c = a.comm;
+    const FusedLayout& L = a.geo.layout;
+    if (!count_block_exit(c)) return;
+    const uint64_t launch = launch_number(c);
+    record_fused_launch(c, launch);
+    sync::fence_acq_rel_sys();
+    for (uint32_t i = 1; i < L.gpus; ++i)
+      sync::st_relaxed_sys(nvl_fused_flag(c, L.node_peer(a.geo.rank, i), L.done_flag(a.geo.rank)), launch);
+    const uint32_t node = L.node_of(a.geo.rank);
+    for (uint32_t i = 1; i < L.nodes; ++i) {
+      const uint32_t to = L.rail_peer(a.geo.rank, L.send_node(node, i));
+      if (!signal(c, to, fused_flag_index(c, L.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
+    }
+    if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+  }
+};
+
+#endif  // __CUDACC__
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,155 @@
+// The GEMM+ReduceScatter plan (kernels/fused/gemm_rs/gemm_rs_plan.h), replayed on the CPU for
+// every layout up to 8 nodes x 8 GPUs and odd ones, with the engine's scheduler (several cluster
+// counts, clusters of 1 and 2, both orders), several launches in a row and random interleavings:
+// every rank's rows hold every rank's partial exactly once, of the right launch; nothing is
+// overwritten before it was read; each node sum crosses the network once per destination node;
+// nobody waits on a flag nobody raises (no deadlock). Broken plans prove the checks can fail.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "fused/gemm_rs/gemm_rs_plan.h"
+
+namespace mk = mkernel::kernels;
+
+namespace {
+
+std::string layout_name(const mk::FusedLayout& l) { return std::to_string(l.nodes) + "x" + std::to_string(l.gpus); }
+
+// Tiles of the band of `rank` (one count per m block overlapping it, times the n blocks).
+uint64_t band_tiles(const mk::RsGeometry& g, uint32_t rank) { return uint64_t{g.band_mb_count(rank)} * g.num_n_blocks(); }
+
+TEST(GemmRsPlan, EveryLayoutUpTo8x8) {
+  for (uint32_t nodes = 1; nodes <= 8; ++nodes)
+    for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
+      const mk::FusedLayout l{nodes, gpus};
+      // 256 rows per rank (rotated order on one node), 200 (tiles shared by two bands: the
+      // identical order).
+      for (uint32_t m_local : {256u, 200u}) {
+        mk::RsReplayOptions o;
+        o.launches = 2;
+        o.clusters = 3;
+        o.n = 384;  // two n blocks of 256, the second partial
+        o.seed = nodes * 131 + gpus * 7 + m_local;
+        const mk::RsReplayReport r = mk::rs_replay(l, m_local, o);
+        EXPECT_EQ(r.error, "") << layout_name(l) << " m_local " << m_local;
+        const mk::RsGeometry g{l, 0, m_local, o.n, o.block_n};
+        uint64_t own = 0, sends = 0;
+        for (uint32_t b = 0; b < l.world(); ++b) {
+          own += band_tiles(g, b);
+          sends += band_tiles(g, b) * (nodes - 1);  // every other node sends each tile of the band once
+        }
+        EXPECT_EQ(r.tiles_finished, own * o.launches) << layout_name(l);
+        EXPECT_EQ(r.network_tile_sends, sends * o.launches) << layout_name(l);
+        if (nodes > 1) {
+          EXPECT_EQ(r.max_sends_per_tile_node, 1u) << layout_name(l);
+        }
+      }
+    }
+}
+
+TEST(GemmRsPlan, OddShapesClustersAndSchedules) {
+  struct Case {
+    mk::FusedLayout l;
+    uint32_t m_local;
+    uint32_t cluster_m, clusters, group, block_n, n;
+  };
+  for (const Case& c : {Case{{3, 2}, 1, 1, 2, 8, 128, 8}, Case{{1, 5}, 77, 1, 4, 8, 256, 264},
+                        Case{{1, 2}, 4096, 2, 66, 8, 256, 1024}, Case{{1, 4}, 384, 2, 5, 8, 128, 256},
+                        Case{{1, 3}, 1280, 2, 7, 4, 256, 512}, Case{{2, 3}, 129, 2, 3, 8, 256, 512},
+                        Case{{5, 1}, 1000, 1, 4, 8, 128, 136}, Case{{4, 2}, 64, 2, 2, 8, 256, 256},
+                        Case{{2, 8}, 8, 1, 3, 8, 256, 256}, Case{{7, 3}, 333, 2, 5, 3, 128, 200}}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      mk::RsReplayOptions o;
+      o.launches = 3;
+      o.cluster_m = c.cluster_m;
+      o.clusters = c.clusters;
+      o.group = c.group;
+      o.block_n = c.block_n;
+      o.n = c.n;
+      o.seed = seed;
+      const mk::RsReplayReport r = mk::rs_replay(c.l, c.m_local, o);
+      EXPECT_EQ(r.error, "") << layout_name(c.l) << " m_local " << c.m_local << " seed " << seed;
+    }
+  }
+}
+
+// The order: rotated only on one node with bands of whole cluster tiles, the raster's group
+// dividing the bands' groups; the same group on every rank; each rank starts after its own band.
+TEST(GemmRsPlan, Order) {
+  const mk::RsGeometry g{{1, 4}, 1, 1024, 4096, 256};
+  const mk::RsOrder o = mk::rs_order(g, 2, 8);
+  EXPECT_TRUE(o.rotated);
+  EXPECT_EQ(o.first_m_block, 16u);  // band 2 starts at row 2048
+  EXPECT_EQ(uint64_t{3} * (1024 / 256) % o.group, 0u);
+  EXPECT_EQ(o.group, 4u);
+  EXPECT_FALSE(mk::rs_order(mk::RsGeometry{{1, 4}, 1, 1000, 4096, 256}, 1, 8).rotated);  // shared tiles
+  EXPECT_FALSE(mk::rs_order(mk::RsGeometry{{1, 4}, 1, 128, 4096, 256}, 2, 8).rotated);   // half a cluster
+  EXPECT_FALSE(mk::rs_order(mk::RsGeometry{{2, 2}, 1, 1024, 4096, 256}, 1, 8).rotated);  // two nodes
+  EXPECT_EQ(mk::rs_order(mk::RsGeometry{{1, 2}, 1, 4096, 4096, 256}, 2, 8).first_m_block, 0u);  // wraps
+  // Three ranks, 5 groups per band: boundary 10, so the group is 5.
+  EXPECT_EQ(mk::rs_order(mk::RsGeometry{{1, 3}, 0, 1280, 4096, 256}, 2, 8).group, 5u);
+}
+
+// Index arithmetic: positions of a rail's tiles are distinct and inside the staging; slot
+// indices inside a slot.
+TEST(GemmRsPlan, StagingPositionsAreDistinct) {
+  for (const mk::FusedLayout l : {mk::FusedLayout{2, 3}, mk::FusedLayout{3, 2}, mk::FusedLayout{1, 8}})
+    for (uint32_t m_local : {1u, 100u, 128u, 300u}) {
+      const mk::RsGeometry g{l, 0, m_local, 520, 256};
+      for (uint32_t rail = 0; rail < l.gpus; ++rail) {
+        std::set<uint32_t> seen;
+        for (uint32_t mb = 0; mb < g.num_m_blocks(); ++mb) {
+          if (g.rail_band_in(mb, rail) >= l.world()) continue;
+          for (uint32_t nb = 0; nb < g.num_n_blocks(); ++nb) {
+            const uint32_t p = g.stage_position(mb, nb, rail);
+            EXPECT_LT(p, g.stage_tiles());
+            EXPECT_TRUE(seen.insert(p).second) << layout_name(l) << " m_local " << m_local << " rail " << rail;
+          }
+        }
+      }
+      for (uint32_t b = 0; b < l.world(); ++b)
+        for (uint32_t mb = g.band_mb_begin(b); mb < g.band_mb_end(b); ++mb)
+          EXPECT_LT(g.slot_index(b, mb, g.num_n_blocks() - 1), g.slot_tiles());
+    }
+}
+
+TEST(GemmRsPlan, TheReplayCatchesBrokenPlans) {
+  struct Case {
+    mk::RsPlanFault fault;
+    mk::FusedLayout l;
+    uint32_t m_local;
+    const char* expect;
+  };
+  for (const Case& c : {Case{mk::RsPlanFault::kDropPush, {1, 2}, 256, "deadlock"},
+                        Case{mk::RsPlanFault::kDropPush, {2, 2}, 200, "deadlock"},
+                        Case{mk::RsPlanFault::kSendTwice, {2, 2}, 256, "times"},
+                        Case{mk::RsPlanFault::kNoPeerFreeWait, {1, 3}, 256, "before it was read"},
+                        Case{mk::RsPlanFault::kNoPeerFreeWait, {4, 1}, 256, "received node sum"},
+                        Case{mk::RsPlanFault::kNoPeerFreeWait, {2, 2}, 200, "received node sum"},
+                        Case{mk::RsPlanFault::kNoPeerFreeWait, {3, 1}, 100, "received node sum"}}) {
+    bool caught = false;
+    for (uint64_t seed = 1; seed <= 200 && !caught; ++seed) {
+      mk::RsReplayOptions o;
+      o.launches = 3;
+      o.clusters = 2;
+      o.n = 256;
+      o.fault = c.fault;
+      o.seed = seed;
+      const mk::RsReplayReport r = mk::rs_replay(c.l, c.m_local, o);
+      caught = r.error.find(c.expect) != std::string::npos;
+    }
+    EXPECT_TRUE(caught) << "fault " << static_cast<int>(c.fault) << " on " << layout_name(c.l);
+  }
+}
+
+TEST(GemmRsPlan, GeometryErrorsNameTheField) {
+  EXPECT_NE(mk::rs_check_geometry({{1, 2}, 0, 0, 256, 256}).find("m_local"), std::string::npos);
+  EXPECT_NE(mk::rs_check_geometry({{1, 2}, 0, 64, 12, 256}).find("n: 12"), std::string::npos);
+  EXPECT_NE(mk::rs_check_geometry({{1, 2}, 2, 64, 256, 256}).find("rank: 2"), std::string::npos);
+  EXPECT_NE(mk::rs_check_geometry({{1, 2}, 0, 64, 256, 64}).find("block_n: 64"), std::string::npos);
+  EXPECT_EQ(mk::rs_check_geometry({{1, 2}, 0, 64, 256, 128}), "");
+}
+
+}  // namespace
