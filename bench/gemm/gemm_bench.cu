@@ -9,8 +9,8 @@
 // [256, 32768] (tests/gpu/gemm/gemm_random_family.h); the seed is printed and recorded with
 // every row, and the five worst ratios are printed last.
 // --variants also times, in the same interleaved rounds, the configuration of the rule before
-// stream-K ("old"), the rule without stream-K ("nosk") and the rule with the other tile width
-// ("bn") and the other cluster size ("cl"): the data that calibrates the cost model.
+// stream-K ("old"), whole tiles only ("dp"), stream-K forced ("sk"), and the rule with the other
+// tile width ("bn") and the other cluster size ("cl"): the data that calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -642,9 +642,15 @@ int main(int argc, char** argv) {
         vs.emplace_back("old", c);
       }
       {
-        mk::GemmConfig c;
+        mk::GemmConfig c;  // whole tiles only
         c.stream_k = 0;
-        vs.emplace_back("nosk", c);
+        c.num_splits = 1;
+        vs.emplace_back("dp", c);
+      }
+      {
+        mk::GemmConfig c;  // stream-K wherever it can be used
+        c.stream_k = 1;
+        vs.emplace_back("sk", c);
       }
       {
         mk::GemmConfig c;

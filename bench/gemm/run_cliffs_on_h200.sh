@@ -29,7 +29,7 @@ fi
 stamp "gemm_schedule_test"
 "$BIN/gemm_schedule_test" > "$OUT/schedule.log" 2>&1; echo "schedule test exit $?" | tee -a "$OUT/summary.txt"
 stamp "gemm_gpu_test"
-timeout 240 "$BIN/gemm_gpu_test" > "$OUT/test.log" 2>&1; echo "gpu test exit $?" | tee -a "$OUT/summary.txt"
+timeout "${TEST_TIMEOUT:-240}" "$BIN/gemm_gpu_test" > "$OUT/test.log" 2>&1; echo "gpu test exit $?" | tee -a "$OUT/summary.txt"
 grep -E "FAIL|passed|FAILED|random family" "$OUT/test.log" | head -20 | tee -a "$OUT/summary.txt"
 first=1
 for seed in $SEEDS; do

@@ -22,12 +22,16 @@
 //     Data-parallel only: dp_tiles == num_tiles, sk_units == 0.
 //  3. Fix-up. A tile whose k range is covered by P > 1 units ("participants", consecutive unit
 //     numbers) is summed by whichever participant arrives last: each participant, after its
-//     main loop, takes a ticket (atomic add on the tile's arrival counter); the others store
-//     their fp32 partial tile into a slot of the workspace and then count themselves on the
-//     tile's written counter; the last waits (bounded) until P - 1 partials are written, adds
-//     them and runs the epilogue; it resets both counters, so they are zero between launches.
-//     Nobody but the last arriver ever waits, and it waits only for participants that already
-//     arrived (they are storing), so the scheme cannot deadlock whatever the unit order.
+//     main loop, stores its fp32 partial tile into a slot of the workspace and then takes a
+//     ticket (acquire-release add on the tile's arrival counter); the one with ticket P - 1 adds
+//     the other P - 1 partials and runs the epilogue, and resets the counter, so counters are
+//     zero between launches. Nobody waits for anybody, so the scheme cannot deadlock whatever
+//     the unit order; and since every cluster visits its tiles in increasing schedule order
+//     (data-parallel tiles, then its units in order, each unit's tiles in order), an epilogue
+//     that itself waits on other ranks' tiles (a fused role) sees the same order argument as
+//     with whole tiles. (Tried first: take the ticket before storing, so the last participant
+//     stores nothing; its wait for the others' stores put two more round trips through memory
+//     on the critical path, which small problems felt: docs/kernels.md.)
 //  4. Slots. A unit touches at most two partial tiles: its first item (it may start inside a
 //     tile) and its last item (it may end inside one). Slot of unit v in tile t: v * 2 + 0 if v
 //     starts inside t (its first item), else v * 2 + 1 (t is its last item). With split-K a unit

@@ -200,79 +200,53 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   }
 }
 
-// Bounded wait (gpu scope) until *counter >= value: the fix-up's wait for the partials of the
-// other participants of a tile. Reported like a pipeline wait (the step has no flag array).
-__device__ __forceinline__ bool wait_count_gpu(const uint32_t* counter, uint32_t value, const WaitContext& w,
-                                               uint32_t detail, uint64_t where) {
-  if (sync::ld_acquire_gpu(counter) >= value) return true;
-  const uint64_t start = sync::globaltimer_ns();
-  uint32_t backoff_ns = 32;
-  for (uint32_t polls = 1;; ++polls) {
-    __nanosleep(backoff_ns);
-    if (backoff_ns < 256) backoff_ns *= 2;
-    if (sync::ld_acquire_gpu(counter) >= value) return true;
-    if (polls % kCheckEvery == 0) {
-      if (failure_seen(w, where)) return false;
-      if (sync::globaltimer_ns() - start > w.timeout_ns) {
-        report(w, kDevicePipelineTimeout, detail, where);
-        return false;
-      }
-    }
-  }
+// Atomic add with acquire-release semantics at gpu scope: releases what this thread (and, through
+// the barrier before it, its block) stored, and acquires what earlier adders released.
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 enum FixupResult : uint32_t {
   kFixupStored = 0,  // this participant stored its partial; another one finishes the tile
   kFixupLast = 1,    // this participant holds the sum of all partials: run the epilogue
-  kFixupFailed = 2,  // the wait for the other partials failed (reported); stop
 };
 
 // The fix-up of a tile covered by several units (tile_scheduler.cuh, notes 3 and 4), run by the
-// 256 consumer threads of a CTA after the main loop of their part of the tile. Partials are kept
-// in fragment order (each thread's float4s contiguous across the 256 threads), and a thread
-// whose rows all lie past m (small-m shapes) moves nothing. words[0] carries the arrival
-// decision from thread 0 to the others, words[1] the outcome of its wait; each is read between
-// two barriers that thread 0 passes before writing it again.
+// 256 consumer threads of a CTA after the main loop of their part of the tile: store the fp32
+// partial, then take a ticket; the participant with the last ticket adds the others' partials.
+// Nobody waits. Partials are kept in fragment order (each thread's float4s contiguous across the
+// 256 threads); a thread whose rows all lie past m (small-m shapes) moves nothing. The ticket is
+// taken by thread 0 after a barrier (its acquire-release add covers the block's stores) and
+// handed to the others in words[0], which they read between two barriers that thread 0 passes
+// before writing it again.
 template <class T>
 __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
                                              const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
                                              float (&acc)[T::kBlockN / 2], uint32_t ctid, volatile uint32_t* words) {
   constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
   const uint32_t parts = sched.participants(item.tile);
-  uint32_t* counters = p.split_counters + (sched.counter(item.tile) * T::kClusterM + cta_rank) * 2;
+  uint32_t* counter = p.split_counters + sched.counter(item.tile) * T::kClusterM + cta_rank;
   auto slot_ptr = [&](uint32_t v) {
     return p.split_workspace + (static_cast<uint64_t>(sched.slot(v, item.tile)) * T::kClusterM + cta_rank) * kTileFloats;
   };
   const bool live = m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
+  if (live) {
+    float* mine = slot_ptr(item.unit);
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) {
+      ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    }
+  }
+  ptx::named_barrier_sync(1, 256);
   if (ctid == 0) {
-    const uint32_t ticket = atomicAdd(&counters[0], 1u);
-    const bool last = ticket == parts - 1;
-    if (last) atomicExch(&counters[0], 0u);  // every participant has arrived: zero for the next launch
+    const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
+    if (last) *counter = 0;  // every participant has arrived: zero for the next launch
     words[0] = last ? 1u : 0u;
   }
   ptx::named_barrier_sync(1, 256);
-  if (words[0] == 0) {
-    float* mine = slot_ptr(item.unit);
-    if (live) {
-#pragma unroll
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
-        ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-      }
-    }
-    __threadfence();
-    ptx::named_barrier_sync(1, 256);
-    if (ctid == 0) atomicAdd(&counters[1], 1u);
-    return kFixupStored;
-  }
-  if (ctid == 0) {
-    const bool ok = wait_count_gpu(&counters[1], parts - 1, p.wait, sched.counter(item.tile),
-                                   where_tag(kStepGemmPipeline, blockIdx.x));
-    if (ok) atomicExch(&counters[1], 0u);
-    words[1] = ok ? 1u : 0u;
-  }
-  ptx::named_barrier_sync(1, 256);
-  if (words[1] == 0) return kFixupFailed;
-  __threadfence();
+  if (words[0] == 0) return kFixupStored;
   const uint32_t first = sched.first_unit(item.tile);
   for (uint32_t v = first; v < first + parts && live; ++v) {
     if (v == item.unit) continue;
@@ -356,6 +330,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       if (p.local_rows_end > p.local_rows_begin) ptx::prefetch_tensor_map(&tma_a_local);
+      if constexpr (T::kEpilogue == kEpilogueStore && !detail::role_epilogue<Role>()) ptx::prefetch_tensor_map(&tma_d);
       uint32_t stage = 0, phase = 0;
       bool aborted = false;
       const uint64_t ready_value =
@@ -428,7 +403,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t kb_begin = item.k_begin;
       const uint32_t kb_end = item.k_end;
 
-      // -- main loop: one k-block of wgmma in flight, the stage before it released --
+      // -- main loop: one k-block of wgmma in flight, the stage before it released. A consumer
+      //    whose 64 rows all lie past m (small m, or the last m block) issues no MMA: it only
+      //    follows the stages and hands them back, and its fragment is zero --
+      const bool rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
       uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
         if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns)) {
@@ -440,19 +418,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           aborted = true;
           break;
         }
-        const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                             cw * (T::kABytes / 2));
-        const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
-        ptx::wgmma_fence();
+        if (rows_live) {
+          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
+                                                               cw * (T::kABytes / 2));
+          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
+          ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-          ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
-                                        ptx::advance_desc(desc_b, kk * 32),
-                                        (kb > kb_begin || kk > 0) ? 1u : 0u);
+          for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+            ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
+                                          ptx::advance_desc(desc_b, kk * 32),
+                                          (kb > kb_begin || kk > 0) ? 1u : 0u);
+          }
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<1>();
+          if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+        } else if (signals) {
+          detail::release_stage<T>(&empty_bar[stage]);
         }
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<1>();
-        if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
         prev_stage = stage;
         if (++stage == T::kStages) {
           stage = 0;
@@ -461,10 +443,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       ptx::wgmma_wait<0>();
       if (aborted) break;
-      if (kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+      if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
 #pragma unroll
       for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[i]);
-      if (kb_end <= kb_begin) {
+      if (kb_end <= kb_begin || !rows_live) {
 #pragma unroll
         for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
       }
@@ -475,12 +457,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       const uint32_t parts = sched.participants(item.tile);
       if (parts > 1) {
         if (tc.m_block >= p.num_m_blocks) continue;  // padding tile of a cluster: nothing to do
-        const detail::FixupResult f = detail::fixup<T>(p, sched, item, tc.m_block, cta_rank, acc, ctid, split_last);
-        if (f == detail::kFixupFailed) {
-          aborted = true;
-          break;
+        if (detail::fixup<T>(p, sched, item, tc.m_block, cta_rank, acc, ctid, split_last) == detail::kFixupStored) {
+          continue;  // the last participant finishes the tile
         }
-        if (f == detail::kFixupStored) continue;  // the last participant finishes the tile
       }
 
       // -- epilogue --

@@ -27,19 +27,28 @@
 
 namespace mkernel::kernels {
 
-// Costs of the model, in microseconds and bytes per microsecond. The values are for an H200
-// running this kernel (docs/kernels.md says where each comes from); only their ratios matter for
-// the choice, the absolute prediction is for reporting.
+// Costs of the model, in microseconds and bytes per microsecond, fitted to one H200 run of this
+// kernel (docs/kernels.md, "No cliffs": 64 random shapes and the benchmark's list, each timed in
+// five configurations). Only their ratios matter for the choice; the absolute prediction is
+// for reports.
 struct GemmCostModel {
-  double launch_us = 6.0;          // launch, prologue, first loads, last store (same for all)
-  double iter_us_n256 = 0.76;      // one 128 x 256 x 64 k block of one CTA, compute-bound
-  double iter_us_n128 = 0.41;      // one 128 x 128 x 64 k block
-  double tile_us_n256 = 1.0;       // epilogue and pipeline refill per finished 128 x 256 tile
-  double tile_us_n128 = 0.6;
-  double cluster1_penalty = 1.01;  // cluster 1 loads the weight tile twice (L2 traffic)
-  double partial_bytes_per_us = 100e3;  // one CTA storing or reading an fp32 partial tile
-  double dram_bytes_per_us = 3.3e6;     // operands streamed once, as this kernel achieves it
-  double cta_bytes_per_us = 60e3;       // what one CTA alone can stream
+  double launch_us = 8.8;          // launch, prologue, first loads, last store, as event-timed
+  // One 64-deep k block of one CTA when every SM is busy, per tile width and cluster size. The
+  // measured rates follow the bytes each CTA pulls from L2 per flop (A tile + its share of the
+  // weight tile), not the tensor cores: a 128-wide tile or a cluster of one costs 15-60% more.
+  double iter_us_n256_c2 = 0.835;
+  double iter_us_n256_c1 = 1.02;
+  double iter_us_n128_c2 = 0.535;
+  double iter_us_n128_c1 = 0.69;
+  // Fewer busy SMs run faster each (shared L2 bandwidth and power): the k block costs
+  // (1 - concurrency * (1 - busy SMs / all SMs)) of the above.
+  double concurrency = 0.69;
+  double tile_us_n256 = 1.0;       // epilogue and pipeline refill per finished tile
+  double tile_us_n128 = 0.35;
+  double partial_bytes_per_us = 90e3;  // one CTA storing or reading an fp32 partial tile
+  double partial_latency_us = 0.65;    // and the round trips through memory around it
+  double dram_bytes_per_us = 3.4e6;    // operands streamed once
+  double cta_bytes_per_us = 40e3;      // what one CTA alone can stream (decode: the weight)
 };
 
 // What the caller fixed (0 / -1: free) and what the device offers.
@@ -53,6 +62,7 @@ struct GemmScheduleRequest {
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
   int dp_tiles = -1;        // >= 0 (with stream-K): tiles computed whole first, -1 = choose
+  int num_sms = 132;        // the device's SMs (the model's "all SMs busy")
 };
 
 struct GemmSchedule {
@@ -70,10 +80,10 @@ struct GemmSchedule {
 
   uint32_t sk_tiles() const { return tiles - dp_tiles; }
   uint32_t num_slots() const { return sk_per_tile != 0 ? sk_units : 2 * sk_units; }
-  // Workspace: two counters per CTA of a split tile (256-byte aligned), then one fp32 partial
-  // tile per slot and CTA (tile_scheduler.cuh, notes 3 and 4).
+  // Workspace: one arrival counter per CTA of a split tile (256-byte aligned), then one fp32
+  // partial tile per slot and CTA (tile_scheduler.cuh, notes 3 and 4).
   size_t counter_bytes() const {
-    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * 2 * sizeof(uint32_t);
+    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * sizeof(uint32_t);
     return (b + 255) / 256 * 256;
   }
   size_t workspace_bytes() const {
@@ -102,13 +112,18 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // costs its k blocks, plus the epilogue of a finished tile, or the store of a partial tile; the
 // participant holding a split tile's first k block is charged the reads of the other partials
 // (it is usually the last to arrive, since that block is at the end of its unit).
-inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, GemmSchedule* s) {
+inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
   const bool wide = s->block_n == 256;
-  const double it = (wide ? cm.iter_us_n256 : cm.iter_us_n128) * (s->cluster_m == 1 && s->m_blocks >= 2 ? cm.cluster1_penalty : 1.0);
+  const uint32_t G = static_cast<uint32_t>(s->num_clusters);
+  const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
+  const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
+  double it = wide ? (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1)
+                   : (s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1);
+  it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
+  if (m <= 64) it *= 0.5;  // one consumer warpgroup holds every row: the other issues no MMA
   const double tile = wide ? cm.tile_us_n256 : cm.tile_us_n128;
   const double rows = static_cast<double>(std::min<int64_t>(m, 128));
-  const double partial = rows * s->block_n * 4 / cm.partial_bytes_per_us;
-  const uint32_t G = static_cast<uint32_t>(s->num_clusters);
+  const double partial = rows * s->block_n * 4 / cm.partial_bytes_per_us + cm.partial_latency_us;
   const uint32_t groups = s->tiles / s->n_blocks;
   TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
   ts.num_k_blocks = s->k_blocks;
@@ -117,34 +132,32 @@ inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, Ge
   ts.sk_per_tile = s->sk_per_tile;
   double busiest = 0;
   const double whole = s->k_blocks * it + tile;
-  // Clusters 0 .. G-1: data-parallel tiles c, c + G, ...; then units c, c + G, ...
-  // Only the first min(G, ...) clusters differ, and unit costs depend on the unit, so walk all.
+  // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
+  // a split tile stores its partial; the one holding the tile's first k block is charged the
+  // reads of the others and the epilogue (it is usually the last to arrive: that block ends its
+  // unit).
   for (uint32_t c = 0; c < G; ++c) {
     const uint32_t dp = s->dp_tiles > c ? (s->dp_tiles - c + G - 1) / G : 0;
     double t = dp * whole;
-    if (c < s->sk_units) {
-      WorkCursor cur{s->dp_tiles, c, ts.unit_begin(c), ts.unit_begin(c + 1)};
+    for (uint32_t u = c; u < s->sk_units; u += G) {
+      WorkCursor cur{s->dp_tiles, u, ts.unit_begin(u), ts.unit_begin(u + 1)};
       WorkItem w;
-      while (ts.next(cur, G, w)) {
+      while (cur.unit == u && ts.next(cur, G, w)) {
+        if (w.unit != u) break;
         t += (w.k_end - w.k_begin) * it;
         const uint32_t parts = ts.participants(w.tile);
         if (parts == 1) {
           t += tile;
-        } else if (w.unit == ts.first_unit(w.tile)) {
-          t += tile + (parts - 1) * partial;
         } else {
           t += partial;
+          if (w.unit == ts.first_unit(w.tile)) t += tile + (parts - 1) * partial;
         }
       }
     }
     busiest = std::max(busiest, t);
-    if (c + 1 >= s->sk_units) {
-      // The rest of the clusters have no units and no more data-parallel tiles than this one.
-      break;
-    }
+    if (c + 1 >= s->sk_units) break;  // later clusters: no units, no more whole tiles than this one
   }
   // DRAM: every operand once, at most what the active CTAs can stream.
-  const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, s->sk_units));
   const double dm = static_cast<double>(m), dn = static_cast<double>(n), dk = static_cast<double>(k);
   const double bytes = 2.0 * (dm * dk + dn * dk + dm * dn);
   const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * s->cluster_m) * cm.cta_bytes_per_us);
@@ -162,7 +175,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   GemmSchedule best;
   bool have = false;
   auto consider = [&](GemmSchedule s) {
-    schedule_detail::predict(cm, r.m, r.n, r.k, &s);
+    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s);
     // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
     if (!have || s.predicted_us < best.predicted_us * 0.99) {
       best = s;
@@ -227,7 +240,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
       // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves), or
       // after the data-parallel tiles the caller named.
       const int64_t full_waves = T / G;
-      int64_t dp_options[2] = {full_waves * G, (full_waves - 1) * G};
+      int64_t dp_options[2] = {(full_waves - 1) * G, full_waves * G};
       if (r.dp_tiles >= 0) dp_options[0] = dp_options[1] = r.dp_tiles;
       for (int o = 0; o < (r.dp_tiles >= 0 ? 1 : 2); ++o) {
         const int64_t dp = dp_options[o];

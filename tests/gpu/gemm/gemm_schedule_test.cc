@@ -117,29 +117,27 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
       if (!inserted) return fail(name + ": slot " + std::to_string(sl) + " shared by tiles " + std::to_string(pos->second) +
                                  " and " + std::to_string(t));
     }
-    // The arrival protocol, in a random order: the last to arrive reads the others' slots.
+    // The arrival protocol, in a random order: every participant stores its partial, then
+    // takes a ticket; the last ticket reads the others' slots, which must all be stored.
     std::vector<uint32_t> order = units;
     std::shuffle(order.begin(), order.end(), rng);
-    uint32_t arrived = 0, written = 0;
+    uint32_t arrived = 0;
     std::vector<bool> stored(parts, false);
     for (uint32_t v : order) {
-      const uint32_t ticket = arrived++;
-      if (ticket == parts - 1) {
-        if (written != parts - 1) return fail(name + ": last participant would wait forever");
+      stored[v - first] = true;
+      if (arrived++ == parts - 1) {
         for (uint32_t u = first; u < first + parts; ++u) {
-          if (u != v && !stored[u - first]) return fail(name + ": last participant reads a partial never stored");
+          if (!stored[u - first]) return fail(name + ": last participant reads a partial never stored");
         }
-      } else {
-        stored[v - first] = true;
-        ++written;
       }
     }
+    if (arrived != parts) return fail(name + ": arrivals");
   }
   const size_t ws = s.workspace_bytes();
   if (s.sk_units > 0) {
     const size_t need = s.counter_bytes() + (max_slot + 1) * kClusterM * 128 * s.block_n * sizeof(float);
     if (ws < need) return fail(name + ": workspace too small");
-    if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * 2 * sizeof(uint32_t))
+    if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * sizeof(uint32_t))
       return fail(name + ": counters too small");
   } else if (ws != 0) {
     return fail(name + ": workspace for a data-parallel schedule");
@@ -205,7 +203,7 @@ mk::GemmSchedule old_rule(int64_t m, int64_t n, int64_t k) {
     s.dp_tiles = s.tiles;
     s.num_clusters = static_cast<int>(std::min<int64_t>(G, s.tiles));
   }
-  mk::schedule_detail::predict(mk::GemmCostModel{}, m, n, k, &s);
+  mk::schedule_detail::predict(mk::GemmCostModel{}, m, n, k, 132, &s);
   return s;
 }
 
@@ -213,7 +211,7 @@ int model(uint64_t seed, int count) {
   const mk::GemmCostModel cm;
   // Ideal: the useful flops at the model's best per-SM rate on all 132 SMs, or the operands
   // once through DRAM, plus the launch.
-  const double flop_per_us = 2.0 * 128 * 256 * 64 / cm.iter_us_n256 * 132;
+  const double flop_per_us = 2.0 * 128 * 256 * 64 / cm.iter_us_n256_c2 * 132;
   std::map<std::string, int> choices;
   std::vector<double> eff_new, eff_old, gain;
   const auto shapes = gemm_test::random_family(seed, count);
