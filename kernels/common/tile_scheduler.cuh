@@ -21,21 +21,19 @@
 //         t * s .. t * s + s - 1), never crossing a tile boundary.
 //     Data-parallel only: dp_tiles == num_tiles, sk_units == 0.
 //  3. Fix-up. A tile whose k range is covered by P > 1 units ("participants", consecutive unit
-//     numbers) is summed by whichever participant arrives last: each participant, after its
-//     main loop, stores its fp32 partial tile into a slot of the workspace and then takes a
-//     ticket (acquire-release add on the tile's arrival counter); the one with ticket P - 1 adds
-//     the other P - 1 partials and runs the epilogue, and resets the counter, so counters are
-//     zero between launches. Nobody waits for anybody, so the scheme cannot deadlock whatever
-//     the unit order; and since every cluster visits its tiles in increasing schedule order
-//     (data-parallel tiles, then its units in order, each unit's tiles in order), an epilogue
-//     that itself waits on other ranks' tiles (a fused role) sees the same order argument as
-//     with whole tiles. (Tried first: take the ticket before storing, so the last participant
-//     stores nothing; its wait for the others' stores put two more round trips through memory
-//     on the critical path, which small problems felt: docs/kernels.md.)
-//  4. Slots. A unit touches at most two partial tiles: its first item (it may start inside a
-//     tile) and its last item (it may end inside one). Slot of unit v in tile t: v * 2 + 0 if v
-//     starts inside t (its first item), else v * 2 + 1 (t is its last item). With split-K a unit
-//     never crosses a tile, so one slot per unit.
+//     numbers) is finished by whichever participant arrives last: each participant, after its
+//     main loop, adds its fp32 partial tile into the tile's accumulator in the workspace
+//     (vector reductions in L2) and then takes a ticket (acquire-release add on the tile's
+//     arrival counter); the one with ticket P - 1 reads the sum, zeroes the accumulator and the
+//     counter for the next launch, and runs the epilogue. Nobody waits for anybody, so the
+//     scheme cannot deadlock whatever the unit order, and its cost does not grow with P. Since
+//     every cluster visits its tiles in increasing schedule order (data-parallel tiles, then its
+//     units in order, each unit's tiles in order), an epilogue that itself waits on other
+//     ranks' tiles (a fused role) sees the same order argument as with whole tiles. The order
+//     of the additions varies from run to run, so split tiles are not bitwise reproducible
+//     (rounding differences of fp32 sums only).
+//  4. Workspace. Split tiles are the tiles of the stream-K region (index tile - dp_tiles); each
+//     has one counter and one fp32 accumulator tile per CTA of its cluster.
 //  5. Compatibility. get(unit, cta_rank) keeps the earlier uniform split-K numbering (unit =
 //     tile * num_splits + split) for code that walks units itself.
 #pragma once
@@ -207,15 +205,7 @@ struct TileScheduler {
     const uint32_t t0 = (tile - dp_tiles) * num_k_blocks;
     return unit_of(t0 + num_k_blocks - 1) - unit_of(t0) + 1;
   }
-  MKERNEL_HOST_DEVICE uint32_t slots_per_unit() const { return sk_per_tile != 0 ? 1u : 2u; }
-  MKERNEL_HOST_DEVICE uint32_t num_slots() const { return sk_units * slots_per_unit(); }
-  // Slot of unit v's partial of tile `tile` (v must be one of its participants).
-  MKERNEL_HOST_DEVICE uint32_t slot(uint32_t v, uint32_t tile) const {
-    if (sk_per_tile != 0) return v;
-    const bool first_item = unit_begin(v) >= (tile - dp_tiles) * num_k_blocks;
-    return v * 2 + (first_item ? 0u : 1u);
-  }
-  // Counter pair of a stream-K tile (index into the workspace's counters, in pairs).
+  // Index of a split tile's counter and accumulator (per CTA of the cluster: * kClusterM + rank).
   MKERNEL_HOST_DEVICE uint32_t counter(uint32_t tile) const { return tile - dp_tiles; }
 };
 

@@ -209,16 +209,24 @@ __device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v
 }
 
 enum FixupResult : uint32_t {
-  kFixupStored = 0,  // this participant stored its partial; another one finishes the tile
+  kFixupStored = 0,  // this participant added its partial; another one finishes the tile
   kFixupLast = 1,    // this participant holds the sum of all partials: run the epilogue
 };
 
+// Adds four floats into global memory (no return value; sm_90 vector reduction).
+__device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 // The fix-up of a tile covered by several units (tile_scheduler.cuh, notes 3 and 4), run by the
-// 256 consumer threads of a CTA after the main loop of their part of the tile: store the fp32
-// partial, then take a ticket; the participant with the last ticket adds the others' partials.
-// Nobody waits. Partials are kept in fragment order (each thread's float4s contiguous across the
-// 256 threads); a thread whose rows all lie past m (small-m shapes) moves nothing. The ticket is
-// taken by thread 0 after a barrier (its acquire-release add covers the block's stores) and
+// 256 consumer threads of a CTA after the main loop of their part of the tile: add the fp32
+// partial into the tile's accumulator in the workspace, then take a ticket; the participant
+// with the last ticket reads the sum, zeroes the accumulator for the next launch and runs the
+// epilogue. Nobody waits, and the cost does not grow with the number of participants. The
+// accumulator is kept in fragment order (each thread's float4s contiguous across the 256
+// threads); a thread whose rows all lie past m (small-m shapes) moves nothing. The ticket is
+// taken by thread 0 after a barrier (its acquire-release add covers the block's additions) and
 // handed to the others in words[0], which they read between two barriers that thread 0 passes
 // before writing it again.
 template <class T>
@@ -227,16 +235,14 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
                                              float (&acc)[T::kBlockN / 2], uint32_t ctid, volatile uint32_t* words) {
   constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
   const uint32_t parts = sched.participants(item.tile);
-  uint32_t* counter = p.split_counters + sched.counter(item.tile) * T::kClusterM + cta_rank;
-  auto slot_ptr = [&](uint32_t v) {
-    return p.split_workspace + (static_cast<uint64_t>(sched.slot(v, item.tile)) * T::kClusterM + cta_rank) * kTileFloats;
-  };
+  const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
+  uint32_t* counter = p.split_counters + index;
+  float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
   const bool live = m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
   if (live) {
-    float* mine = slot_ptr(item.unit);
 #pragma unroll
     for (int i = 0; i < T::kBlockN / 8; ++i) {
-      ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      red_add_v4_f32(sum + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
     }
   }
   ptx::named_barrier_sync(1, 256);
@@ -247,18 +253,17 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   }
   ptx::named_barrier_sync(1, 256);
   if (words[0] == 0) return kFixupStored;
-  const uint32_t first = sched.first_unit(item.tile);
-  for (uint32_t v = first; v < first + parts && live; ++v) {
-    if (v == item.unit) continue;
-    const float* other = slot_ptr(v);
+  if (live) {
 #pragma unroll
     for (int i = 0; i < T::kBlockN / 8; ++i) {
-      const float4 x = ptx::ld_global_cg_v4_f32(other + (i * 256 + ctid) * 4);
-      acc[4 * i] += x.x;
-      acc[4 * i + 1] += x.y;
-      acc[4 * i + 2] += x.z;
-      acc[4 * i + 3] += x.w;
+      const float4 x = ptx::ld_global_cg_v4_f32(sum + (i * 256 + ctid) * 4);
+      acc[4 * i] = x.x;
+      acc[4 * i + 1] = x.y;
+      acc[4 * i + 2] = x.z;
+      acc[4 * i + 3] = x.w;
     }
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(sum + (i * 256 + ctid) * 4, 0.f, 0.f, 0.f, 0.f);
   }
   return kFixupLast;
 }
@@ -349,7 +354,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
         const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
-        for (uint32_t kb = item.k_begin; kb < item.k_end || aborted; ++kb) {
+        // With a single m block (small m: the weight is streamed once) whole tiles start their k
+        // loop at a different place per cluster, so the SMs do not all read the same columns of
+        // the weight at the same time (they would crowd the same DRAM channels). With more m
+        // blocks the tiles in flight share A's k slices in L2, so they keep the same order.
+        const uint32_t len = item.k_end - item.k_begin;
+        const uint32_t rot = (p.num_m_blocks == 1 && item.unit == WorkItem::kWholeTile)
+                                 ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
+                                 : 0u;
+        for (uint32_t i = 0; i < len || aborted; ++i) {
+          uint32_t kb = i + rot;
+          kb = item.k_begin + (kb >= len ? kb - len : kb);
           if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
             report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
@@ -452,7 +467,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       // -- stream-K / split-K fix-up (tile_scheduler.cuh, notes 3 and 4): the last participant
-      //    to arrive sums the others' partials and runs the epilogue --
+      //    to arrive takes the sum of all partials and runs the epilogue --
       const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
       const uint32_t parts = sched.participants(item.tile);
       if (parts > 1) {

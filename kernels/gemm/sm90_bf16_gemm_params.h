@@ -35,9 +35,10 @@ struct GemmParams {
   uint32_t sk_units;
   uint32_t sk_per_tile;
 
-  // Fix-up of tiles covered by several units: fp32 partial tiles (slots) and two counters per
-  // CTA of each such tile (zero before the first launch; the last participant of a tile resets
-  // them, so they stay zero between launches).
+  // Fix-up of tiles covered by several units (tile_scheduler.cuh, notes 3 and 4): one fp32
+  // accumulator tile and one arrival counter per CTA of each stream-K tile (zero before the
+  // first launch; the last participant of a tile zeroes both, so they stay zero between
+  // launches).
   float* split_workspace;
   uint32_t* split_counters;
 

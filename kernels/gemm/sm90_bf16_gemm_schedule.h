@@ -27,28 +27,34 @@
 
 namespace mkernel::kernels {
 
-// Costs of the model, in microseconds and bytes per microsecond, fitted to one H200 run of this
-// kernel (docs/kernels.md, "No cliffs": 64 random shapes and the benchmark's list, each timed in
-// five configurations). Only their ratios matter for the choice; the absolute prediction is
-// for reports.
-struct GemmCostModel {
-  double launch_us = 8.8;          // launch, prologue, first loads, last store, as event-timed
-  // One 64-deep k block of one CTA when every SM is busy, per tile width and cluster size. The
-  // measured rates follow the bytes each CTA pulls from L2 per flop (A tile + its share of the
-  // weight tile), not the tensor cores: a 128-wide tile or a cluster of one costs 15-60% more.
-  double iter_us_n256_c2 = 0.835;
-  double iter_us_n256_c1 = 1.02;
-  double iter_us_n128_c2 = 0.535;
-  double iter_us_n128_c1 = 0.69;
-  // Fewer busy SMs run faster each (shared L2 bandwidth and power): the k block costs
+// Costs of the model, in microseconds and bytes per microsecond, fitted to two H200 runs of this
+// kernel (docs/kernels.md, "No cliffs": 256 random shapes and the benchmark's list, each timed
+// in five or six configurations), one set for m <= 64 (the weight stream; one consumer
+// warpgroup holds every row and the other issues no MMA) and one for larger m; rms error of the
+// predicted time 10% and 12%. Only their ratios matter for the choice; the absolute prediction
+// is for reports.
+struct GemmCostRegime {
+  double launch_us;  // launch, prologue, first loads, last store, as event-timed
+  // One 64-deep k block of one CTA when every SM is busy, per tile width and cluster size. For
+  // larger m the rates follow the bytes each CTA pulls from L2 per flop (A tile + its share of
+  // the weight tile) more than the tensor cores: 128-wide tiles and clusters of one cost more.
+  double iter_us_n256_c2, iter_us_n256_c1, iter_us_n128_c2, iter_us_n128_c1;
+  // Fewer busy SMs run faster each (shared L2 and DRAM bandwidth, power): a k block costs
   // (1 - concurrency * (1 - busy SMs / all SMs)) of the above.
-  double concurrency = 0.69;
-  double tile_us_n256 = 1.0;       // epilogue and pipeline refill per finished tile
-  double tile_us_n128 = 0.35;
-  double partial_bytes_per_us = 90e3;  // one CTA storing or reading an fp32 partial tile
-  double partial_latency_us = 0.65;    // and the round trips through memory around it
-  double dram_bytes_per_us = 3.4e6;    // operands streamed once
-  double cta_bytes_per_us = 40e3;      // what one CTA alone can stream (decode: the weight)
+  double concurrency;
+  double tile_us_n256, tile_us_n128;  // epilogue and pipeline refill per finished tile
+  // Fix-up of a split tile: every participant adds its fp32 partial into the tile's
+  // accumulator (reductions in L2) and takes a ticket; the last also reads the sum and zeroes it.
+  double fixup_latency_us;      // the round trips through memory around the ticket
+  double sum_latency_us;        // the last participant's read of the sum
+  double partial_bytes_per_us;  // one CTA adding, reading or zeroing a partial tile
+  double dram_bytes_per_us;     // operands streamed once, as this kernel achieves it
+  double cta_bytes_per_us;      // what one CTA alone can stream
+};
+
+struct GemmCostModel {
+  GemmCostRegime small_m{5.9, 1.22, 1.22, 0.75, 0.75, 0.67, 0.9, 0.0, 2.9, 0.6, 100e3, 3.58e6, 68e3};
+  GemmCostRegime general{7.3, 0.835, 0.91, 0.535, 0.56, 0.44, 0.76, 0.02, 3.2, 0.5, 70e3, 2.67e6, 94e3};
 };
 
 // What the caller fixed (0 / -1: free) and what the device offers.
@@ -79,16 +85,15 @@ struct GemmSchedule {
   double busiest_us = 0, dram_us = 0;
 
   uint32_t sk_tiles() const { return tiles - dp_tiles; }
-  uint32_t num_slots() const { return sk_per_tile != 0 ? sk_units : 2 * sk_units; }
-  // Workspace: one arrival counter per CTA of a split tile (256-byte aligned), then one fp32
-  // partial tile per slot and CTA (tile_scheduler.cuh, notes 3 and 4).
+  // Workspace: one arrival counter per CTA of a stream-K tile (256-byte aligned), then one fp32
+  // accumulator tile per CTA of a stream-K tile (tile_scheduler.cuh, notes 3 and 4).
   size_t counter_bytes() const {
     const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * sizeof(uint32_t);
     return (b + 255) / 256 * 256;
   }
   size_t workspace_bytes() const {
     if (sk_units == 0) return 0;
-    return counter_bytes() + static_cast<size_t>(num_slots()) * cluster_m * 128 * block_n * sizeof(float);
+    return counter_bytes() + static_cast<size_t>(sk_tiles()) * cluster_m * 128 * block_n * sizeof(float);
   }
   std::string describe() const {
     std::string s;
@@ -112,7 +117,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // costs its k blocks, plus the epilogue of a finished tile, or the store of a partial tile; the
 // participant holding a split tile's first k block is charged the reads of the other partials
 // (it is usually the last to arrive, since that block is at the end of its unit).
-inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
+inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
+  const GemmCostRegime& cm = m <= 64 ? model.small_m : model.general;
   const bool wide = s->block_n == 256;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
@@ -120,10 +126,10 @@ inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, in
   double it = wide ? (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1)
                    : (s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1);
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
-  if (m <= 64) it *= 0.5;  // one consumer warpgroup holds every row: the other issues no MMA
   const double tile = wide ? cm.tile_us_n256 : cm.tile_us_n128;
-  const double rows = static_cast<double>(std::min<int64_t>(m, 128));
-  const double partial = rows * s->block_n * 4 / cm.partial_bytes_per_us + cm.partial_latency_us;
+  const double partial_bytes = static_cast<double>(std::min<int64_t>(m, 128)) * s->block_n * 4;
+  const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
+  const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
   const uint32_t groups = s->tiles / s->n_blocks;
   TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
   ts.num_k_blocks = s->k_blocks;
@@ -133,9 +139,8 @@ inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, in
   double busiest = 0;
   const double whole = s->k_blocks * it + tile;
   // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
-  // a split tile stores its partial; the one holding the tile's first k block is charged the
-  // reads of the others and the epilogue (it is usually the last to arrive: that block ends its
-  // unit).
+  // a split tile adds its partial; the one holding the tile's first k block is charged taking
+  // the sum and the epilogue (it is usually the last to arrive: that block ends its unit).
   for (uint32_t c = 0; c < G; ++c) {
     const uint32_t dp = s->dp_tiles > c ? (s->dp_tiles - c + G - 1) / G : 0;
     double t = dp * whole;
@@ -149,8 +154,8 @@ inline void predict(const GemmCostModel& cm, int64_t m, int64_t n, int64_t k, in
         if (parts == 1) {
           t += tile;
         } else {
-          t += partial;
-          if (w.unit == ts.first_unit(w.tile)) t += tile + (parts - 1) * partial;
+          t += add_partial;
+          if (w.unit == ts.first_unit(w.tile)) t += tile + take_sum;
         }
       }
     }
