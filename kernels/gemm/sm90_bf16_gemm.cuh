@@ -14,6 +14,10 @@
 // With kClusterM == 2 the two CTAs of a cluster work on vertically adjacent tiles with the same
 // weight tile: each loads half of it and multicasts it to both, halving weight traffic into
 // shared memory; a stage is free again only when the consumers of both CTAs released it.
+// Work: whole tiles in waves, then stream-K or split-K units over the k blocks of the remaining
+// tiles (common/tile_scheduler.cuh); a tile shared by several units is finished by the last of
+// them to arrive, through an fp32 accumulator in the workspace (detail::fixup). The choice of
+// tile width, cluster size and decomposition is the host's (gemm/sm90_bf16_gemm_schedule.h).
 //
 // Hooks for fused kernels (all off by default, see GemmParams): a bounded wait on an input
 // readiness flag before a tile's loads, a role split (blocks past num_gemm_blocks run
@@ -506,9 +510,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if constexpr (detail::role_epilogue<Role>()) Role::epilogue_end(p, epi_state, ctid);
-    // Outstanding TMA stores must finish reading shared memory before the block exits (their
-    // writes to global memory complete with the grid).
-    if (signals) ptx::bulk_wait_group_read<0>();
+    // Outstanding TMA stores must finish reading shared memory before the block exits; their
+    // writes to global memory complete with the grid. A role that acts on the block's end
+    // (block_exit, its own epilogue) gets them complete.
+    if constexpr (detail::role_epilogue<Role>() || Role::kHasBlockExit) {
+      if (signals) ptx::bulk_wait_group_all();
+    } else {
+      if (signals) ptx::bulk_wait_group_read<0>();
+    }
   }
 
   // A CTA must not exit while its cluster peer may still multicast into its shared memory or
