@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# run_on_gpu_machine.sh: the AllGather+GEMM benchmark on the GPU machine, one call: ours beside
-# NCCL + cuBLAS and PyTorch's fused op (NVLink), the block-split and copy variants, and with
-# --nodes two nodes emulated through the proxies; all appended to $OUT/ag_gemm.jsonl, tables last.
+# run_on_gpu_machine.sh: the fused-op benchmarks on the GPU machine, one call: AllGather+GEMM,
+# GEMM+ReduceScatter and GEMM+AllReduce, ours beside NCCL + cuBLAS and PyTorch's fused ops (NVLink;
+# none for AllReduce), AllGather+GEMM's block-split and copy variants, and with --nodes two nodes
+# emulated through the proxies; appended to $OUT/ag_gemm.jsonl, $OUT/gemm_rs.jsonl and
+# $OUT/gemm_ar.jsonl, tables last.
 #   bench/fused/run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]
 set -u
 bundle=${1:?usage: run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]}
@@ -20,11 +22,27 @@ gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 py=/opt/torch/.venv/bin/python3
 common=(--jsonl "$OUT/ag_gemm.jsonl" --commit "$commit" --machine "$machine")
 big=4096x8192x8192,8192x8192x8192,16384x14336x4096,32768x8192x8192
+rs_common=(--jsonl "$OUT/gemm_rs.jsonl" --commit "$commit" --machine "$machine")
+ar_common=(--all-reduce --jsonl "$OUT/gemm_ar.jsonl" --commit "$commit" --machine "$machine")
 bench() {  # name, timeout, args...
   local name=$1 t=$2
   shift 2
   echo "== ag_gemm_bench $name: $*"
   timeout "$t" "$bundle/bin/ag_gemm_bench" --world "$gpus" "$@" "${common[@]}" > "$OUT/$name.log" 2>&1
+  echo "exit $?"
+}
+rs_bench() {  # name, timeout, args...
+  local name=$1 t=$2
+  shift 2
+  echo "== gemm_rs_bench $name: $*"
+  timeout "$t" "$bundle/bin/gemm_rs_bench" --world "$gpus" "$@" "${rs_common[@]}" > "$OUT/$name.log" 2>&1
+  echo "exit $?"
+}
+ar_bench() {  # name, timeout, args...
+  local name=$1 t=$2
+  shift 2
+  echo "== gemm_rs_bench --all-reduce $name: $*"
+  timeout "$t" "$bundle/bin/gemm_rs_bench" --world "$gpus" "$@" "${ar_common[@]}" > "$OUT/$name.log" 2>&1
   echo "exit $?"
 }
 bench main 200 --shapes "$big" --small-m --iters 40 --rounds 4
@@ -35,10 +53,25 @@ echo "== PyTorch"
 timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
   --iters 40 "${common[@]}" > "$OUT/torch.log" 2>&1
 echo "exit $?"
+rs_bench rs_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
+echo "== PyTorch GEMM+ReduceScatter (after rs_main: its table reads mkernel's medians from gemm_rs.jsonl)"
+timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/gemm_rs_torch.py --small-m --odd \
+  --iters 40 "${rs_common[@]}" > "$OUT/rs_torch.log" 2>&1
+echo "exit $?"
+ar_bench ar_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
 if [ "$nodes" = "--nodes" ]; then
   bench nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
+  rs_bench rs_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
+  ar_bench ar_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
 fi
 for f in main comm12 lsu lsu12 nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^ag_gemm_bench|exit|failed|FAIL' "$OUT/$f.log" | cut -c1-130
 done
 grep -E '^[0-9]+x' "$OUT/torch.log"
+for f in rs_main rs_nodes; do
+  [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^gemm_rs_bench|^checked|exit|failed|FAIL|wrong' "$OUT/$f.log" | cut -c1-130
+done
+sed -n '/^gemm_rs_torch: world/,$p' "$OUT/rs_torch.log"; grep -E 'failed|disagrees' "$OUT/rs_torch.log"
+for f in ar_main ar_nodes; do
+  [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^gemm_rs_bench|^checked|exit|failed|FAIL|wrong' "$OUT/$f.log" | cut -c1-130
+done

@@ -54,13 +54,16 @@ namespace mkernel::kernels {
 // report failures through p.wait (status word) and return; they never trap.
 // A role may also own the epilogue (kHasEpilogue, optional; see detail::role_epilogue):
 //   EpilogueState                   per-thread state of the consumer threads, across tiles
-//   epilogue<T>(p, st, acc, m_block, n_block, ctid)
+//   epilogue<T>(p, st, acc, m_block, n_block, ctid, tma_d, smem_epi)
 //       called by the 256 consumer threads of a GEMM block for every finished tile (after the
 //       split-K fix-up, never for a cluster's padding tile) instead of the engine's store; acc is
 //       the thread's fp32 fragment (wgmma layout, ctid = consumer thread 0..255). It may wait
-//       (bounded) on flags of other ranks, under the contract above.
-//   epilogue_end(p, st, ctid)
-//       called by the same threads once after their last tile.
+//       (bounded) on flags of other ranks, under the contract above, and may store through the
+//       engine's output map and epilogue buffers (detail::store_tile_tma; the engine drains them
+//       before the block exits).
+//   epilogue_end<T>(p, st, ctid)
+//       called by the same threads once after their last tile (the place for work that must
+//       follow all of the block's tiles).
 struct NoRole {
   static constexpr bool kHasBlockExit = false;
   __device__ static void run(const GemmParams&, uint32_t /*role_block*/, uint32_t /*num_role_blocks*/) {}
@@ -484,7 +487,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // -- epilogue --
       if constexpr (detail::role_epilogue<Role>()) {
         if (tc.m_block < p.num_m_blocks)
-          Role::template epilogue<T>(p, epi_state, acc, tc.m_block, tc.n_block, ctid);
+          Role::template epilogue<T>(p, epi_state, acc, tc.m_block, tc.n_block, ctid, &tma_d, smem_epi);
         continue;  // the role raises whatever flags its tiles need
       } else if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
         const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64 + warp_in_wg * 16 + lane / 4;
@@ -509,7 +512,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
     }
-    if constexpr (detail::role_epilogue<Role>()) Role::epilogue_end(p, epi_state, ctid);
+    if constexpr (detail::role_epilogue<Role>()) Role::template epilogue_end<T>(p, epi_state, ctid);
     // Outstanding TMA stores must finish reading shared memory before the block exits; their
     // writes to global memory complete with the grid. A role that acts on the block's end
     // (block_exit, its own epilogue) gets them complete.

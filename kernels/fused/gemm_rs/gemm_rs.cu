@@ -45,7 +45,7 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   if (s.config.gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "gemm_blocks must not be negative");
   if (s.config.block_n != 0 && s.config.block_n != 128 && s.config.block_n != 256)
     return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(s.config.block_n) + "; expected 0, 128 or 256");
-  RsGeometry probe{s.layout, c.rank, s.m_local, s.n, 256};
+  RsGeometry probe{s.layout, c.rank, s.m_local, s.n, 256, s.all_reduce, s.m_rows};
   if (std::string e = rs_check_geometry(probe); !e.empty()) return fail(GemmError::kInvalidConfig, e);
 
   std::unique_ptr<GemmRsPlan> p(new GemmRsPlan());
@@ -85,7 +85,8 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   }
   GemmPlan first;
   if (GemmResult r = gemm_plan(g, &first); !r.ok()) return r;
-  RsGeometry geo{s.layout, c.rank, s.m_local, s.n, static_cast<uint32_t>(first.config.block_n)};
+  RsGeometry geo{s.layout, c.rank, s.m_local, s.n, static_cast<uint32_t>(first.config.block_n), s.all_reduce,
+                 s.m_rows};
   const RsOrder order = rs_order(geo, static_cast<uint32_t>(first.config.cluster_m), static_cast<uint32_t>(first.config.group));
   g.config = first.config;
   g.config.group = static_cast<int>(order.group);
@@ -98,8 +99,9 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
     if (c.nvl_bytes < geo.nvl_bytes_needed())
       return fail(GemmError::kWorkspaceTooSmall,
                   "the communicator's NVLink buffer holds " + std::to_string(c.nvl_bytes) +
-                      " bytes; the node peers' partial tiles need " + std::to_string(geo.nvl_bytes_needed()) +
-                      " (Options::nvlink_bytes; gemm_reduce_scatter_nvlink_bytes)");
+                      " bytes; the node peers' partial tiles" + (s.all_reduce ? " and the results" : "") + " need " +
+                      std::to_string(geo.nvl_bytes_needed()) + " (Options::nvlink_bytes; " +
+                      (s.all_reduce ? "gemm_all_reduce_nvlink_bytes)" : "gemm_reduce_scatter_nvlink_bytes)"));
     if (c.nvl_fused_flags < geo.nvl_flags_needed())
       return fail(GemmError::kWorkspaceTooSmall, "the NVLink buffer has " + std::to_string(c.nvl_fused_flags) +
                                                      " fused-op flags; this plan needs " +
@@ -114,7 +116,8 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
     if (c.network_workspace == kNoBuffer || c.buffer_bytes[c.network_workspace] < geo.net_bytes_needed())
       return fail(GemmError::kWorkspaceTooSmall,
                   "ranks span " + std::to_string(s.layout.nodes) + " nodes: the network workspace must hold " +
-                      std::to_string(geo.net_bytes_needed()) + " bytes (a receive and a send slot per node); it holds " +
+                      std::to_string(geo.net_bytes_needed()) + " bytes (a receive and a send slot per node" +
+                      (s.all_reduce ? ", a result slot per node and one to send" : "") + "); it holds " +
                       std::to_string(c.network_workspace == kNoBuffer ? 0 : c.buffer_bytes[c.network_workspace]) +
                       " (Options::network_workspace_bytes)");
   }
@@ -148,8 +151,11 @@ GemmRsPlan::~GemmRsPlan() {
 
 GemmResult GemmRsPlan::launch(const void* a, const void* w, void* c, cudaStream_t stream) {
   if (c == nullptr || reinterpret_cast<uintptr_t>(c) % 16 != 0)
-    return fail(GemmError::kInvalidPointer, "pointer c (this rank's rows of the result) is null or not 16-byte aligned");
-  // The engine's own output map is unused (the role stores); it is encoded over c, never written.
+    return fail(GemmError::kInvalidPointer, std::string("pointer c (") +
+                                                (setup_.all_reduce ? "the result" : "this rank's rows of the result") +
+                                                ") is null or not 16-byte aligned");
+  // The engine's output map is encoded over c (dims M x n): the role stores through it only tiles
+  // that lie inside this rank's band, at their rows of c (gemm_rs.cuh), so never past c's end.
   GemmResult r = gemm_rebind(&gemm_, a, w, c, nullptr);
   if (!r.ok()) return r;
   gemm_.params.role_ptrs[0] = c;
@@ -158,8 +164,9 @@ GemmResult GemmRsPlan::launch(const void* a, const void* w, void* c, cudaStream_
 
 std::string GemmRsPlan::describe() const {
   const FusedLayout& l = setup_.layout;
-  return "R=" + std::to_string(l.world()) + " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) +
-         ") m_local=" + std::to_string(geo_.m_local) + " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
+  return std::string(setup_.all_reduce ? "all-reduce " : "reduce-scatter ") + "R=" + std::to_string(l.world()) +
+         " (" + std::to_string(l.nodes) + "x" + std::to_string(l.gpus) + ") M=" + std::to_string(geo_.m_total()) +
+         " n=" + std::to_string(geo_.n) + " k=" + std::to_string(setup_.k) +
          (order_.rotated ? " rotated" : " identical") + " gemm " + gemm_config_string(gemm_);
 }
 

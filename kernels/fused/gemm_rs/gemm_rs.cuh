@@ -20,6 +20,7 @@
 #include "common/ptx.cuh"
 #include "fused/common/launch_state.cuh"
 #include "fused/gemm_rs/gemm_rs_plan.h"
+#include "gemm/sm90_bf16_gemm.cuh"
 #include "gemm/sm90_bf16_gemm_params.h"
 
 namespace mkernel::kernels {
@@ -98,21 +99,22 @@ __device__ __forceinline__ void add_fragment(float (&acc)[kBlockN / 2], const ui
   }
 }
 
-// The rows of band `band` of tile (mb, nb), rounded once, into C (row-major, pitch ldc): thread
-// ctid holds rows row0 + 8h of the wgmma fragment and column pairs 8j + 2 (lane % 4).
+// The rows of band `band` of tile (mb, nb), rounded once, into C (row-major, pitch ldc, its row 0
+// being row c_first_row of M): thread ctid holds rows row0 + 8h of the wgmma fragment and column
+// pairs 8j + 2 (lane % 4).
 template <int kBlockN>
-__device__ __forceinline__ void store_band_rows(const RsGeometry& g, uint16_t* c, uint32_t ldc, uint32_t band,
-                                                const float (&acc)[kBlockN / 2], uint32_t mb, uint32_t nb,
-                                                uint32_t ctid) {
+__device__ __forceinline__ void store_band_rows(const RsGeometry& g, uint16_t* c, uint32_t ldc, uint64_t c_first_row,
+                                                uint32_t band, const float (&acc)[kBlockN / 2], uint32_t mb,
+                                                uint32_t nb, uint32_t ctid) {
   const uint32_t lane = ctid % 32, warp = ctid / 32;  // warp 0..7: 16 rows each
-  const uint64_t band_lo = uint64_t{band} * g.m_local, band_hi = band_lo + g.m_local;
+  const uint64_t band_lo = g.band_lo(band), band_hi = g.band_lo(band + 1);
   const uint64_t row_base = uint64_t{mb} * kRsBlockM + warp * 16 + lane / 4;
   const uint32_t col_base = nb * kBlockN + 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint64_t row = row_base + 8 * h;
     if (row < band_lo || row >= band_hi) continue;
-    uint16_t* out = c + (row - band_lo) * ldc;
+    uint16_t* out = c + (row - c_first_row) * ldc;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const uint32_t col = col_base + 8 * j;
@@ -137,21 +139,134 @@ struct GemmRsRole {
 
   __device__ static void run(const GemmParams&, uint32_t, uint32_t) {}  // no communication blocks
 
-  __device__ static void epilogue_end(const GemmParams&, EpilogueState&, uint32_t) {}
+  // The launch numbers, once per thread (a block with no tiles reads them in epilogue_end).
+  __device__ static void start(const DeviceComm& c, EpilogueState& st) {
+    if (st.started) return;
+    st.started = true;
+    st.launch = launch_number(c);
+    st.prev = previous_fused_launch(c);
+  }
+
+  // Waits (leader, bounded) until node peer `peer` finished its previous fused launch, once per
+  // launch; false (uniformly) when the wait failed.
+  __device__ static bool peer_free(const GemmRsRoleArgs& a, EpilogueState& st, uint32_t peer, bool leader) {
+    const FusedLayout& L = a.geo.layout;
+    const uint32_t pl = L.local_of(peer);
+    if (pl < 64 && ((st.peers_free >> pl) & 1) != 0) return true;
+    bool bad = false;
+    if (leader) {
+      const uint32_t f = L.done_flag(peer);
+      bad = !wait_geq(a.nvl_flags + f, st.prev, wait_context(a.comm), f, where_tag(kStepPeerFree, peer));
+    }
+    if (rs_detail::consumers_any(bad)) return st.failed = true, false;
+    if (pl < 64) st.peers_free |= uint64_t{1} << pl;
+    return true;
+  }
+
+  // The same for the rail peer on node `to_node` (its slot_free signal of the previous launch).
+  __device__ static bool node_free(const GemmRsRoleArgs& a, EpilogueState& st, uint32_t to_node, bool leader) {
+    const DeviceComm& c = a.comm;
+    const FusedLayout& L = a.geo.layout;
+    if (to_node < 64 && ((st.nodes_free >> to_node) & 1) != 0) return true;
+    bool bad = false;
+    if (leader) {
+      const uint32_t f = fused_flag_index(c, L.slot_free_flag(to_node));
+      bad = !wait_geq(c.flags + f, st.prev, wait_context(c), f,
+                      where_tag(kStepPeerFree, L.rail_peer(a.geo.rank, to_node)));
+    }
+    if (rs_detail::consumers_any(bad)) return st.failed = true, false;
+    if (to_node < 64) st.nodes_free |= uint64_t{1} << to_node;
+    return true;
+  }
+
+  // A final tile (bf16, fragment order) to every node peer's result staging of band `band`,
+  // raising result(band, idx) there (AllReduce, plan note 7).
+  template <int kBN>
+  __device__ static bool push_result(const GemmRsRoleArgs& a, EpilogueState& st, const float (&acc)[kBN / 2],
+                                     uint32_t band, uint32_t idx, uint32_t ctid) {
+    const DeviceComm& c = a.comm;
+    const RsGeometry& g = a.geo;
+    const FusedLayout& L = g.layout;
+    for (uint32_t i = 1; i < L.gpus; ++i) {
+      const uint32_t peer = L.node_peer(g.rank, i);
+      if (!peer_free(a, st, peer, ctid == 0)) return false;
+      rs_detail::store_fragment<kBN>(nvl_ptr(c, peer) + g.result_offset(band, idx), acc, ctid);
+      ptx::named_barrier_sync(1, 256);
+      if (ctid == 0) raise_flag(nvl_fused_flag(c, peer, g.result_flag(band, idx)), st.launch);
+    }
+    return true;
+  }
+
+  // AllReduce (plan note 7): after the block's own tiles, its share of the other bands' tiles:
+  // first those this rank forwards (from the network into C and on to the node peers), then the
+  // rest (from the result staging into C).
+  template <class T>
+  __device__ static void epilogue_end(const GemmParams& p, EpilogueState& st, uint32_t ctid) {
+    constexpr int kBN = T::kBlockN;
+    const auto& a = *static_cast<const GemmRsRoleArgs*>(p.role_args);
+    const DeviceComm& c = a.comm;
+    const RsGeometry& g = a.geo;
+    if (!g.all_reduce) return;
+    start(c, st);
+    if (st.failed) return;
+    const FusedLayout& L = g.layout;
+    const uint32_t r = g.rank, node = L.node_of(r), local = L.local_of(r);
+    const WaitContext w = wait_context(c);
+    const bool leader = ctid == 0;
+    auto* out = static_cast<uint16_t*>(const_cast<void*>(p.role_ptrs[0]));
+    const uint64_t tile_bytes = g.tile_bytes();
+    uint32_t item = 0;
+    float acc[kBN / 2];
+    for (uint32_t phase = 0; phase < 2; ++phase) {
+      for (uint32_t b = 0; b < L.world(); ++b) {
+        if (b == r) continue;
+        const bool forward = L.node_of(b) != node && L.local_of(b) == local;
+        if (forward != (phase == 0)) continue;
+        for (uint32_t mb = g.band_mb_begin(b); mb < g.band_mb_end(b); ++mb) {
+          for (uint32_t nb = 0; nb < g.num_n_blocks(); ++nb) {
+            if (item++ % p.num_gemm_blocks != blockIdx.x) continue;
+            const uint32_t idx = g.slot_index(b, mb, nb);
+            const uint32_t tile = mb * g.num_n_blocks() + nb;
+            bool bad = false;
+            if (leader) {
+              if (forward) {
+                const uint32_t f = fused_flag_index(c, g.result_arrival_flag(L.node_of(b), idx));
+                bad = !wait_geq(c.flags + f, st.launch, w, f,
+                                where_tag(kStepNodeSum, (uint64_t{L.node_of(b)} << 32) | tile));
+              } else {
+                const uint32_t f = g.result_flag(b, idx);
+                bad = !wait_geq(a.nvl_flags + f, st.launch, w, f, where_tag(kStepPartialTile, (uint64_t{b} << 32) | tile));
+              }
+            }
+            if (rs_detail::consumers_any(bad)) {
+              st.failed = true;
+              return;
+            }
+#pragma unroll
+            for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.0f;
+            if (forward) {
+              rs_detail::add_fragment<kBN, true>(acc, a.net + g.result_recv_offset(L.node_of(b)) + uint64_t{idx} * tile_bytes,
+                                                 ctid);
+            } else {
+              rs_detail::add_fragment<kBN, false>(acc, a.staging + g.result_offset(b, idx), ctid);
+            }
+            rs_detail::store_band_rows<kBN>(g, out, a.ldc, 0, b, acc, mb, nb, ctid);
+            if (forward && !push_result<kBN>(a, st, acc, b, idx, ctid)) return;
+          }
+        }
+      }
+    }
+  }
 
   template <class T>
   __device__ static void epilogue(const GemmParams& p, EpilogueState& st, float (&acc)[T::kBlockN / 2], uint32_t mb,
-                                  uint32_t nb, uint32_t ctid) {
+                                  uint32_t nb, uint32_t ctid, const CUtensorMap* tma_c, uint8_t* smem_epi) {
     constexpr int kBN = T::kBlockN;
     const auto& a = *static_cast<const GemmRsRoleArgs*>(p.role_args);
     const DeviceComm& c = a.comm;
     const RsGeometry& g = a.geo;
     const FusedLayout& L = g.layout;
-    if (!st.started) {
-      st.started = true;
-      st.launch = launch_number(c);
-      st.prev = previous_fused_launch(c);
-    }
+    start(c, st);
     if (st.failed) return;
     const WaitContext w = wait_context(c);
     const uint32_t r = g.rank, node = L.node_of(r), local = L.local_of(r), world = L.world();
@@ -163,19 +278,7 @@ struct GemmRsRole {
     for (uint32_t i = 1; i < L.gpus; ++i) {
       const uint32_t peer = L.node_peer(r, i), pl = L.local_of(peer);
       if (g.rail_band_in(mb, pl) >= world) continue;
-      const bool known_free = pl < 64 && ((st.peers_free >> pl) & 1) != 0;
-      if (!known_free) {
-        bool bad = false;
-        if (leader) {
-          const uint32_t f = L.done_flag(peer);
-          bad = !wait_geq(a.nvl_flags + f, st.prev, w, f, where_tag(kStepPeerFree, peer));
-        }
-        if (rs_detail::consumers_any(bad)) {
-          st.failed = true;
-          return;
-        }
-        if (pl < 64) st.peers_free |= uint64_t{1} << pl;
-      }
+      if (!peer_free(a, st, peer, leader)) return;
       const uint32_t slot = g.stage_slot(pl, local), pos = g.stage_position(mb, nb, pl);
       uint8_t* dst = nvl_ptr(c, peer) + (uint64_t{slot} * g.stage_tiles() + pos) * tile_bytes;
       rs_detail::store_fragment<kBN>(dst, acc, ctid);
@@ -209,21 +312,9 @@ struct GemmRsRole {
 
     // (b) The node sum to the rail peer of every other node with a band in the tile.
     for (uint32_t b = g.first_band(mb); b <= g.last_band(mb); ++b) {
-      if (L.local_of(b) != local || L.node_of(b) == node) continue;
+      if (L.local_of(b) != local || L.node_of(b) == node || g.band_rows(b) == 0) continue;
       const uint32_t to_node = L.node_of(b);
-      const bool known_free = to_node < 64 && ((st.nodes_free >> to_node) & 1) != 0;
-      if (!known_free) {
-        bool bad = false;
-        if (leader) {
-          const uint32_t f = fused_flag_index(c, L.slot_free_flag(to_node));
-          bad = !wait_geq(c.flags + f, st.prev, w, f, where_tag(kStepPeerFree, b));
-        }
-        if (rs_detail::consumers_any(bad)) {
-          st.failed = true;
-          return;
-        }
-        if (to_node < 64) st.nodes_free |= uint64_t{1} << to_node;
-      }
+      if (!node_free(a, st, to_node, leader)) return;
       const uint32_t idx = g.slot_index(b, mb, nb);
       const uint64_t src_off = g.send_slot_offset(to_node) + uint64_t{idx} * tile_bytes;
       rs_detail::store_fragment<kBN>(a.net + src_off, acc, ctid);
@@ -242,7 +333,7 @@ struct GemmRsRole {
     }
 
     // (c) The own band: plus the other nodes' sums in increasing node index, rounded once.
-    if (r < g.first_band(mb) || r > g.last_band(mb)) return;
+    if (!g.band_in_tile(r, mb)) return;
     const uint32_t idx = g.slot_index(r, mb, nb);
     if (L.nodes > 1) {
       bool bad = false;
@@ -262,8 +353,40 @@ struct GemmRsRole {
         rs_detail::add_fragment<kBN, true>(acc, a.net + g.recv_slot_offset(from) + uint64_t{idx} * tile_bytes, ctid);
       }
     }
-    rs_detail::store_band_rows<kBN>(g, static_cast<uint16_t*>(const_cast<void*>(p.role_ptrs[0])), a.ldc, r, acc, mb,
-                                    nb, ctid);
+    const uint64_t band_lo = g.band_lo(r), band_hi = g.band_lo(r + 1);
+    const uint64_t c_first_row = g.all_reduce ? 0 : band_lo;
+    const uint64_t row0 = uint64_t{mb} * kRsBlockM;
+    if (row0 >= band_lo && row0 + kRsBlockM <= band_hi) {
+      // A tile inside the band: through shared memory and TMA stores that drain while the next
+      // tile runs, as the engine's own epilogue (the map is over C, gemm_rebind).
+      const uint32_t cw = ctid / 128, lane = ctid % 32, warp_in_wg = (ctid / 32) % 4;
+      detail::store_tile_tma<T>(tma_c, acc, smem_epi + cw * 2 * T::kEpiChunkBytes,
+                                static_cast<int32_t>(row0 - c_first_row + cw * 64), static_cast<int32_t>(nb * kBN),
+                                warp_in_wg, lane, ctid % 128 == 0, 3 + cw);
+    } else {
+      rs_detail::store_band_rows<kBN>(g, static_cast<uint16_t*>(const_cast<void*>(p.role_ptrs[0])), a.ldc, c_first_row,
+                                      r, acc, mb, nb, ctid);
+    }
+    if (!g.all_reduce) return;
+    // AllReduce: the final tile to the node peers and, through the proxy, to the rail peers.
+    if (!push_result<kBN>(a, st, acc, r, idx, ctid)) return;
+    if (L.nodes == 1) return;
+    for (uint32_t to = 0; to < L.nodes; ++to)
+      if (to != node && !node_free(a, st, to, leader)) return;
+    const uint64_t src_off = g.result_send_offset() + uint64_t{idx} * tile_bytes;
+    rs_detail::store_fragment<kBN>(a.net + src_off, acc, ctid);
+    ptx::named_barrier_sync(1, 256);
+    bool bad = false;
+    if (leader) {
+      sync::fence_acq_rel_sys();
+      for (uint32_t i = 1; i < L.nodes && !bad; ++i) {
+        const uint32_t to = L.rail_peer(r, L.send_node(node, i));
+        bad = !put_signal(c, to, c.network_workspace, src_off, c.network_workspace,
+                          g.result_recv_offset(node) + uint64_t{idx} * tile_bytes, tile_bytes,
+                          fused_flag_index(c, g.result_arrival_flag(node, idx)), where_tag(kStepNetworkSend, to));
+      }
+    }
+    if (rs_detail::consumers_any(bad)) st.failed = true;
   }
 
   // Thread 0 of every block after its work; the last block ends the launch (launch_state.cuh).

@@ -4,6 +4,7 @@
 //
 //   rank r:  C_r [m_local, n] = rows r * m_local ... of  sum over q of  A_q [M, k] * W_q [n, k]^T
 //            (A_q, W_q: rank q's operands; k is each rank's share of the reduction dimension)
+//   AllReduce: C [M, n] = sum over q of A_q * W_q^T on every rank (the same bits everywhere).
 //
 // Workspace (on the communicator, the same on every rank): the NVLink buffer holds the staged
 // partials of the node peers (gemm_rs_nvl_bytes) and its fused-op flags; between nodes the network
@@ -38,6 +39,8 @@ struct GemmRsSetup {
   uint32_t m_local = 0;    // rows of C_r (M = world * m_local)
   uint32_t n = 0;          // multiple of 8
   uint32_t k = 0;          // this rank's share of the reduction dimension, multiple of 8
+  bool all_reduce = false; // GEMM+AllReduce: C is [M, n] on every rank (plan note 7)
+  uint32_t m_rows = 0;     // M when the bands are uneven (RsGeometry::m_rows; then m_local is unused)
   GemmRsConfig config;
 };
 
@@ -49,7 +52,7 @@ class GemmRsPlan {
   GemmRsPlan& operator=(const GemmRsPlan&) = delete;
 
   // Enqueues one launch on `stream` (the caller enqueued begin_launch first): a [M, k], w [n, k],
-  // c [m_local, n], bf16, packed, 16-byte aligned. Asynchronous; device-side errors land in the
+  // c [m_local, n] ([M, n] for AllReduce), bf16, packed, 16-byte aligned. Asynchronous; device-side errors land in the
   // communicator's status word.
   GemmResult launch(const void* a, const void* w, void* c, cudaStream_t stream);
 

@@ -18,7 +18,7 @@ std::string rs_check_geometry(const RsGeometry& g) {
            " GPUs; expected at least 1 x 1";
   if (g.rank >= g.layout.world())
     return "rank: " + std::to_string(g.rank) + "; expected below the world size " + std::to_string(g.layout.world());
-  if (g.m_local == 0) return "m_local: 0; expected at least 1 row per rank";
+  if (g.m_rows == 0 && g.m_local == 0) return "m_local: 0; expected at least 1 row per rank";
   if (g.n == 0 || g.n % 8 != 0) return "n: " + std::to_string(g.n) + "; expected a positive multiple of 8";
   if (g.block_n != 128 && g.block_n != 256) return "block_n: " + std::to_string(g.block_n) + "; expected 128 or 256";
   if (g.m_total() > (uint64_t{1} << 31) - 1)
@@ -31,16 +31,17 @@ RsOrder rs_order(const RsGeometry& g, uint32_t cluster_m, uint32_t engine_group)
   o.group = std::max<uint32_t>(1, engine_group);
   const uint32_t world = g.layout.world();
   const uint32_t tile_rows = kRsBlockM * std::max<uint32_t>(1, cluster_m);
-  if (world == 1 || g.layout.nodes != 1 || g.m_local % tile_rows != 0) return o;  // identical order
+  if (world == 1 || g.layout.nodes != 1 || !g.even_bands() || g.band_rows(0) % tile_rows != 0)
+    return o;  // identical order
   // The own band's m groups start at position (world - 1) * band_groups of the rotated order;
   // the raster's groups must not straddle that boundary (note 4).
-  const uint32_t band_groups = g.m_local / tile_rows;
+  const uint32_t band_groups = static_cast<uint32_t>(g.band_rows(0) / tile_rows);
   const uint64_t boundary = uint64_t{world - 1} * band_groups;
   uint32_t group = std::min(o.group, band_groups);
   while (group > 1 && boundary % group != 0) --group;
   o.rotated = true;
   o.group = group;
-  o.first_m_block = static_cast<uint32_t>((uint64_t{(g.rank + 1) % world} * g.m_local / kRsBlockM) % g.num_m_blocks());
+  o.first_m_block = static_cast<uint32_t>((g.band_lo((g.rank + 1) % world) / kRsBlockM) % g.num_m_blocks());
   return o;
 }
 
@@ -63,10 +64,19 @@ struct RankState {
   uint64_t launch = 0;                                     // the launch it is in (1-based)
   uint32_t clusters_done = 0;
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> finished;  // own tiles finished, this launch
+  // AllReduce: final tiles of other bands in the result staging (band, index) and the result
+  // receive slots (from node, index); tiles of other bands taken into C this launch.
+  std::map<std::pair<uint32_t, uint32_t>, Content> result;
+  std::map<std::pair<uint32_t, uint32_t>, Content> result_recv;
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> taken;
   bool all_done = false;
 };
 
-enum OpKind { kWaitFree, kPush, kWaitStaged, kSumStaged, kWaitSlotFree, kSend, kWaitArrival, kFinish };
+enum OpKind {
+  kWaitFree, kPush, kWaitStaged, kSumStaged, kWaitSlotFree, kSend, kWaitArrival, kFinish,
+  // AllReduce (note 7)
+  kPushResult, kSendResult, kWaitResultArrival, kWaitResult, kTake,
+};
 
 struct Op {
   OpKind kind;
@@ -77,6 +87,7 @@ struct Cluster {
   uint32_t rank = 0;
   std::vector<std::pair<uint32_t, uint32_t>> tiles;  // (mb, nb) in processing order, per unit all CTAs
   std::vector<uint32_t> unit_of;                     // tile i belongs to unit unit_of[i]
+  std::vector<uint32_t> band;                        // ~0u: a GEMM tile; else an AllReduce item of that band
   size_t next_tile = 0;
   std::vector<Op> ops;
   size_t next_op = 0;
@@ -89,7 +100,7 @@ struct Cluster {
 RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayOptions& o) {
   RsReplayReport rep;
   const uint32_t world = L.world();
-  RsGeometry g0{L, 0, m_local, o.n, o.block_n};
+  RsGeometry g0{L, 0, m_local, o.n, o.block_n, o.all_reduce, o.m_rows};
   if (std::string e = rs_check_geometry(g0); !e.empty()) {
     rep.error = e;
     return rep;
@@ -113,7 +124,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     RsOrder ord = rs_order(g, o.cluster_m, o.group);
     if (o.fault == RsPlanFault::kRotateAlways && !ord.rotated && world > 1) {
       ord.rotated = true;
-      ord.first_m_block = static_cast<uint32_t>((uint64_t{(r + 1) % world} * m_local / kRsBlockM) % mbs);
+      ord.first_m_block = static_cast<uint32_t>((g0.band_lo((r + 1) % world) / kRsBlockM) % mbs);
     }
     const uint32_t cm = std::max<uint32_t>(1, o.cluster_m);
     const uint32_t groups = (mbs + cm - 1) / cm;
@@ -136,16 +147,48 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
           if (t.first < mbs) {
             cl[c].tiles.push_back(t);
             cl[c].unit_of.push_back(u);
+            cl[c].band.push_back(~0u);
           }
+        }
+    }
+    // AllReduce: after its tiles, each block takes every clusters-th item of the other bands,
+    // forwards first (note 7).
+    if (o.all_reduce) {
+      uint32_t item = 0;
+      const uint32_t n = L.node_of(r), g = L.local_of(r);
+      for (uint32_t phase = 0; phase < 2; ++phase)
+        for (uint32_t b = 0; b < world; ++b) {
+          if (b == r) continue;
+          const bool forward = L.node_of(b) != n && L.local_of(b) == g;
+          if (forward != (phase == 0)) continue;
+          for (uint32_t mb = g0.band_mb_begin(b); mb < g0.band_mb_end(b); ++mb)
+            for (uint32_t nb = 0; nb < nbs; ++nb) {
+              Cluster& c = cl[item++ % o.clusters];
+              c.tiles.emplace_back(mb, nb);
+              c.unit_of.push_back(~0u);
+              c.band.push_back(b);
+            }
         }
     }
     return cl;
   };
 
   // The epilogue of tile (mb, nb) on rank r (note 2), as a list of operations.
-  auto epilogue_ops = [&](uint32_t r, uint32_t mb) {
+  auto epilogue_ops = [&](uint32_t r, uint32_t mb, uint32_t item_band) {
     std::vector<Op> ops;
     const uint32_t n = L.node_of(r), g = L.local_of(r);
+    if (item_band != ~0u) {  // AllReduce item: take a final tile of another band into C
+      const bool forward = L.node_of(item_band) != n && L.local_of(item_band) == g;
+      ops.push_back({forward ? kWaitResultArrival : kWaitResult, L.node_of(item_band), item_band});
+      ops.push_back({kTake, forward ? 1u : 0u, item_band});
+      if (forward)
+        for (uint32_t i = 1; i < L.gpus; ++i) {
+          const uint32_t pl = L.local_of(L.node_peer(r, i));
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitFree, pl});
+          ops.push_back({kPushResult, pl, item_band});
+        }
+      return ops;
+    }
     for (uint32_t i = 1; i < L.gpus; ++i) {
       const uint32_t o_rank = L.node_peer(r, i), ol = L.local_of(o_rank);
       if (g0.rail_band_in(mb, ol) >= world) continue;
@@ -156,13 +199,23 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     for (uint32_t i = 1; i < L.gpus; ++i) ops.push_back({kWaitStaged, L.local_of(L.node_peer(r, i))});
     ops.push_back({kSumStaged});
     for (uint32_t b = g0.first_band(mb); b <= g0.last_band(mb); ++b) {
-      if (L.local_of(b) != g || L.node_of(b) == n) continue;
+      if (L.local_of(b) != g || L.node_of(b) == n || g0.band_rows(b) == 0) continue;
       if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitSlotFree, L.node_of(b), b});
       ops.push_back({kSend, L.node_of(b), b});
     }
-    if (r >= g0.first_band(mb) && r <= g0.last_band(mb)) {
+    if (g0.band_in_tile(r, mb)) {
       for (uint32_t i = 1; i < L.nodes; ++i) ops.push_back({kWaitArrival, L.recv_node(n, i)});
       ops.push_back({kFinish});
+      if (o.all_reduce) {
+        for (uint32_t i = 1; i < L.gpus; ++i) {
+          const uint32_t pl = L.local_of(L.node_peer(r, i));
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitFree, pl});
+          ops.push_back({kPushResult, pl, r});
+        }
+        for (uint32_t i = 1; i < L.nodes; ++i)
+          if (o.fault != RsPlanFault::kNoPeerFreeWait) ops.push_back({kWaitSlotFree, L.send_node(n, i)});
+        for (uint32_t i = 1; i < L.nodes; ++i) ops.push_back({kSendResult, L.send_node(n, i), r});
+      }
     }
     return ops;
   };
@@ -176,13 +229,14 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     ++s.launch;
     s.clusters_done = 0;
     s.finished.clear();
+    s.taken.clear();
     clusters[r] = make_clusters(r);
     for (auto& c : clusters[r]) {
       if (c.tiles.empty()) {
         c.done = true;
         ++s.clusters_done;
       } else {
-        c.ops = epilogue_ops(r, c.tiles[0].first);
+        c.ops = epilogue_ops(r, c.tiles[0].first, c.band[0]);
       }
     }
   };
@@ -296,6 +350,51 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         ++rep.tiles_finished;
         break;
       }
+      case kPushResult: {
+        if (!run) return true;
+        const uint32_t peer = L.rank_of(n, op.a), idx = g0.slot_index(op.b, mb, nb);
+        Content& dst = st[peer].result[{op.b, idx}];
+        if (!dst.consumed && dst.launch < l)
+          fail(tile_name(r, mb, nb, l) + ": overwrote rank " + std::to_string(peer) + "'s result of band " +
+               std::to_string(op.b) + " of launch " + std::to_string(dst.launch) + " before it was read");
+        dst = Content{l, {op.b}, false};
+        st[peer].nvl_flags[g0.result_flag(op.b, idx)] = l;
+        ++rep.nvlink_tile_pushes;
+        break;
+      }
+      case kSendResult: {
+        if (!run) return true;
+        const uint32_t peer = L.rail_peer(r, op.a), idx = g0.slot_index(op.b, mb, nb);
+        uint32_t& count = sends[{l, op.b + world, mb, nb, n, op.a}];  // bands + world: results
+        rep.max_sends_per_tile_node = std::max(rep.max_sends_per_tile_node, ++count);
+        if (count > 1) fail(tile_name(r, mb, nb, l) + ": final tile sent to node " + std::to_string(op.a) + " twice");
+        Content& dst = st[peer].result_recv[{n, idx}];
+        if (!dst.consumed && dst.launch < l)
+          fail(tile_name(r, mb, nb, l) + ": overwrote rank " + std::to_string(peer) + "'s received result of launch " +
+               std::to_string(dst.launch) + " before it was read");
+        dst = Content{l, {op.b}, false};
+        st[peer].net_flags[g0.result_arrival_flag(n, idx)] = l;
+        ++rep.network_result_sends;
+        break;
+      }
+      case kWaitResultArrival:
+        if (me.net_flags[g0.result_arrival_flag(op.a, g0.slot_index(op.b, mb, nb))] < l) return false;
+        break;
+      case kWaitResult:
+        if (me.nvl_flags[g0.result_flag(op.b, g0.slot_index(op.b, mb, nb))] < l) return false;
+        break;
+      case kTake: {
+        if (!run) return true;
+        const uint32_t idx = g0.slot_index(op.b, mb, nb);
+        Content& src = op.a != 0 ? me.result_recv[{L.node_of(op.b), idx}] : me.result[{op.b, idx}];
+        if (src.launch != l || src.ranks != std::set<uint32_t>{op.b})
+          fail(tile_name(r, mb, nb, l) + ": result of band " + std::to_string(op.b) + " is of launch " +
+               std::to_string(src.launch));
+        src.consumed = true;
+        ++me.taken[{op.b, mb, nb}];
+        ++rep.results_taken;
+        break;
+      }
     }
     if (!run) return true;
     if (++c.next_op == c.ops.size()) {
@@ -304,7 +403,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         c.done = true;
         ++me.clusters_done;
       } else {
-        c.ops = epilogue_ops(r, c.tiles[c.next_tile].first);
+        c.ops = epilogue_ops(r, c.tiles[c.next_tile].first, c.band[c.next_tile]);
       }
     }
     return true;
@@ -321,6 +420,17 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         if (it == me.finished.end() || it->second != 1)
           fail(tile_name(r, mb, nb, l) + ": own tile finished " + std::to_string(it == me.finished.end() ? 0 : it->second) +
                " times");
+      }
+    if (o.all_reduce)
+      for (uint32_t b = 0; b < world; ++b) {
+        if (b == r) continue;
+        for (uint32_t mb = g0.band_mb_begin(b); mb < g0.band_mb_end(b); ++mb)
+          for (uint32_t nb = 0; nb < nbs; ++nb) {
+            auto it = me.taken.find({b, mb, nb});
+            if (it == me.taken.end() || it->second != 1)
+              fail(tile_name(r, mb, nb, l) + ": band " + std::to_string(b) + "'s tile taken " +
+                   std::to_string(it == me.taken.end() ? 0 : it->second) + " times");
+          }
       }
     for (uint32_t i = 1; i < L.gpus; ++i) {
       auto& f = st[L.node_peer(r, i)].nvl_flags[L.done_flag(r)];
@@ -382,7 +492,7 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
         cl.done = true;
         ++st[r].clusters_done;
       } else {
-        cl.ops = epilogue_ops(r, cl.tiles[cl.next_tile].first);
+        cl.ops = epilogue_ops(r, cl.tiles[cl.next_tile].first, cl.band[cl.next_tile]);
       }
       continue;
     }

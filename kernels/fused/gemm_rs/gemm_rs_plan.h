@@ -47,7 +47,20 @@
 //     launch arrived.
 //  6. Flags (launch numbers, comm.cuh note 2), after the ones every fused op shares (layout.h):
 //       NVLink fused-op flags: staged(slot, position) = world + slot * stage_tiles + position
+//                              result(band, index)    = world + (gpus - 1) * stage_tiles
+//                                                       + band * slot_tiles + index       (AllReduce)
 //       flag array fused-op flags: arrival(node, index) = nodes + node * slot_tiles + index
+//                                  result_arrival(node, index) = nodes + nodes * slot_tiles
+//                                                       + node * slot_tiles + index       (AllReduce)
+//  7. GEMM+AllReduce is the same kernel with a second half: the owner of a band, once a tile of
+//     it is final (c), also stores it (bf16, fragment order: the same bits everywhere) into every
+//     node peer's result staging (slot of the band) and, through the proxy, into every rail
+//     peer's result receive slot. Once a GEMM block has finished its own tiles it takes its share
+//     of the other bands' tiles (epilogue_end): first the ones its rank forwards (from the
+//     network: into C and on to the node peers' result staging), then the rest (from the result
+//     staging into C). Forwards wait only on owners' epilogues, the rest on owners' epilogues or
+//     forwards, so this phase cannot wait in a circle either. Every byte of a result crosses the
+//     network once per node and NVLink once per GPU.
 #pragma once
 
 #include <cstdint>
@@ -65,24 +78,42 @@ struct RsGeometry {
   uint32_t m_local = 0;   // rows of C_r (any positive value); M = world * m_local
   uint32_t n = 0;         // columns (multiple of 8)
   uint32_t block_n = 0;   // the GEMM's tile width (128 or 256)
+  bool all_reduce = false;  // GEMM+AllReduce: every rank gets every band (note 7)
+  // M when it is not world x m_local (then m_local is not used): band b is rows
+  // [b M / world, (b + 1) M / world), rounded down, so bands differ by at most a row and some are
+  // empty when M < world. AllReduce takes any M this way.
+  uint32_t m_rows = 0;
 
-  MK_KERNEL_HD uint64_t m_total() const { return uint64_t{layout.world()} * m_local; }
+  MK_KERNEL_HD uint64_t m_total() const { return m_rows != 0 ? m_rows : uint64_t{layout.world()} * m_local; }
   MK_KERNEL_HD uint32_t num_m_blocks() const { return static_cast<uint32_t>((m_total() + kRsBlockM - 1) / kRsBlockM); }
   MK_KERNEL_HD uint32_t num_n_blocks() const { return (n + block_n - 1) / block_n; }
   MK_KERNEL_HD uint64_t tile_bytes() const { return uint64_t{kRsBlockM} * block_n * 2; }
 
-  // m blocks [band_mb_begin(b), band_mb_end(b)) hold rows of band b.
-  MK_KERNEL_HD uint32_t band_mb_begin(uint32_t b) const { return static_cast<uint32_t>(uint64_t{b} * m_local / kRsBlockM); }
+  // Band b: rows [band_lo(b), band_lo(b + 1)).
+  MK_KERNEL_HD uint64_t band_lo(uint32_t b) const { return uint64_t{b} * m_total() / layout.world(); }
+  MK_KERNEL_HD uint64_t band_rows(uint32_t b) const { return band_lo(b + 1) - band_lo(b); }
+  MK_KERNEL_HD uint64_t max_band_rows() const { return (m_total() + layout.world() - 1) / layout.world(); }
+  MK_KERNEL_HD bool even_bands() const { return m_total() % layout.world() == 0; }
+  // m blocks [band_mb_begin(b), band_mb_end(b)) hold rows of band b (none when it is empty).
+  MK_KERNEL_HD uint32_t band_mb_begin(uint32_t b) const { return static_cast<uint32_t>(band_lo(b) / kRsBlockM); }
   MK_KERNEL_HD uint32_t band_mb_end(uint32_t b) const {
-    return static_cast<uint32_t>((uint64_t{b + 1} * m_local + kRsBlockM - 1) / kRsBlockM);
+    if (band_rows(b) == 0) return band_mb_begin(b);
+    return static_cast<uint32_t>((band_lo(b + 1) + kRsBlockM - 1) / kRsBlockM);
   }
   MK_KERNEL_HD uint32_t band_mb_count(uint32_t b) const { return band_mb_end(b) - band_mb_begin(b); }
-  // Bands with rows in m block mb: [first_band(mb), last_band(mb)].
-  MK_KERNEL_HD uint32_t first_band(uint32_t mb) const { return static_cast<uint32_t>(uint64_t{mb} * kRsBlockM / m_local); }
+  // The (non-empty) band holding row x: the last b with band_lo(b) <= x.
+  MK_KERNEL_HD uint32_t band_of_row(uint64_t x) const {
+    return static_cast<uint32_t>(((x + 1) * layout.world() - 1) / m_total());
+  }
+  // Bands with rows in m block mb lie in [first_band(mb), last_band(mb)]; empty bands in between
+  // have no rows there (band_rows == 0).
+  MK_KERNEL_HD uint32_t first_band(uint32_t mb) const { return band_of_row(uint64_t{mb} * kRsBlockM); }
   MK_KERNEL_HD uint32_t last_band(uint32_t mb) const {
     const uint64_t last_row = uint64_t{mb} * kRsBlockM + kRsBlockM - 1;
-    const uint64_t b = last_row / m_local;
-    return static_cast<uint32_t>(b < layout.world() ? b : layout.world() - 1);
+    return band_of_row(last_row < m_total() ? last_row : m_total() - 1);
+  }
+  MK_KERNEL_HD bool band_in_tile(uint32_t b, uint32_t mb) const {
+    return b >= first_band(mb) && b <= last_band(mb) && band_rows(b) > 0;
   }
 
   // NVLink staging (note 2a): on the aggregator of rail o, slot of source local s, the m blocks
@@ -105,7 +136,7 @@ struct RsGeometry {
   // The first band of rail `rail` with rows in m block mb, or world when there is none.
   MK_KERNEL_HD uint32_t rail_band_in(uint32_t mb, uint32_t rail) const {
     for (uint32_t b = first_band(mb); b <= last_band(mb); ++b)
-      if (layout.local_of(b) == rail) return b;
+      if (layout.local_of(b) == rail && band_rows(b) > 0) return b;
     return layout.world();
   }
   // Position of tile (mb, nb) among rail `rail`'s staged tiles (its m block must hold rows of the
@@ -120,7 +151,9 @@ struct RsGeometry {
 
   // Network slots (note 2b): tile (mb, nb) of band b at index (mb - band_mb_begin(b)) * n blocks
   // + nb; slot_tiles covers the largest band.
-  MK_KERNEL_HD uint32_t slot_mblocks() const { return (m_local + kRsBlockM - 1) / kRsBlockM + 1; }
+  MK_KERNEL_HD uint32_t slot_mblocks() const {
+    return static_cast<uint32_t>((max_band_rows() + kRsBlockM - 1) / kRsBlockM) + 1;
+  }
   MK_KERNEL_HD uint32_t slot_tiles() const { return slot_mblocks() * num_n_blocks(); }
   MK_KERNEL_HD uint32_t slot_index(uint32_t band, uint32_t mb, uint32_t nb) const {
     return (mb - band_mb_begin(band)) * num_n_blocks() + nb;
@@ -138,11 +171,38 @@ struct RsGeometry {
     return layout.net_op_flags() + from_node * slot_tiles() + index;
   }
 
+  // AllReduce (note 7): result staging after the partials' staging in the NVLink buffer, one
+  // slot per band; result receive slots (one per node) and the own band's send slot after the
+  // reduce-scatter's slots in the network workspace.
+  MK_KERNEL_HD uint64_t result_offset(uint32_t band, uint32_t index) const {
+    return (uint64_t{layout.gpus - 1} * stage_tiles() + uint64_t{band} * slot_tiles() + index) * tile_bytes();
+  }
+  MK_KERNEL_HD uint32_t result_flag(uint32_t band, uint32_t index) const {
+    return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles() + band * slot_tiles() + index;
+  }
+  MK_KERNEL_HD uint64_t result_recv_offset(uint32_t from_node) const {
+    return uint64_t{2 * layout.nodes + from_node} * slot_bytes();
+  }
+  MK_KERNEL_HD uint64_t result_send_offset() const { return uint64_t{3 * layout.nodes} * slot_bytes(); }
+  MK_KERNEL_HD uint32_t result_arrival_flag(uint32_t from_node, uint32_t index) const {
+    return layout.net_op_flags() + (layout.nodes + from_node) * slot_tiles() + index;
+  }
+
   // What the communicator must provide.
-  uint64_t nvl_bytes_needed() const { return uint64_t{layout.gpus - 1} * stage_tiles() * tile_bytes(); }
-  uint32_t nvl_flags_needed() const { return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles(); }
-  uint64_t net_bytes_needed() const { return layout.nodes > 1 ? 2ull * layout.nodes * slot_bytes() : 0; }
-  uint32_t net_flags_needed() const { return layout.nodes > 1 ? layout.net_op_flags() + layout.nodes * slot_tiles() : 0; }
+  uint64_t nvl_bytes_needed() const {
+    if (layout.gpus == 1) return 0;
+    return uint64_t{layout.gpus - 1} * stage_tiles() * tile_bytes() +
+           (all_reduce ? uint64_t{layout.world()} * slot_tiles() * tile_bytes() : 0);
+  }
+  uint32_t nvl_flags_needed() const {
+    return layout.nvl_op_flags() + (layout.gpus - 1) * stage_tiles() + (all_reduce ? layout.world() * slot_tiles() : 0);
+  }
+  uint64_t net_bytes_needed() const {
+    return layout.nodes > 1 ? (all_reduce ? 3ull * layout.nodes + 1 : 2ull * layout.nodes) * slot_bytes() : 0;
+  }
+  uint32_t net_flags_needed() const {
+    return layout.nodes > 1 ? layout.net_op_flags() + (all_reduce ? 2 : 1) * layout.nodes * slot_tiles() : 0;
+  }
 };
 
 // "" when the geometry is usable, else what is wrong (field, value, expectation).
@@ -175,6 +235,8 @@ struct RsReplayOptions {
   uint32_t block_n = 256;
   uint32_t n = 512;
   uint64_t seed = 1;
+  bool all_reduce = false;   // GEMM+AllReduce (note 7): results spread to every rank too
+  uint32_t m_rows = 0;       // M for uneven bands (RsGeometry::m_rows); then m_local is unused
   RsPlanFault fault = RsPlanFault::kNone;
 };
 
@@ -184,13 +246,17 @@ struct RsReplayReport {
   uint64_t network_tile_sends = 0;
   uint64_t nvlink_tile_pushes = 0;
   uint32_t max_sends_per_tile_node = 0;  // of one band tile to one node in one launch
+  uint64_t network_result_sends = 0;     // AllReduce: final tiles through the proxies
+  uint64_t results_taken = 0;            // AllReduce: other bands' tiles written into a rank's C
 };
 
 // Replays every rank's GEMM clusters (the engine's scheduler, note 4's order) and epilogues as an
 // interleaving of agents over `launches` launches, and checks: every rank's result rows hold every
 // rank's partial exactly once, of the right launch; nothing is overwritten before its reader of
 // the previous launch read it; each node sum crosses the network once per destination node and
-// never to its own node; nobody waits on a flag nobody raises (no agent left waiting).
+// never to its own node; nobody waits on a flag nobody raises (no agent left waiting). With
+// all_reduce, also: every rank's C gets every other band's tiles exactly once, final and of the
+// right launch, and each final tile crosses the network once per destination node.
 RsReplayReport rs_replay(const FusedLayout& layout, uint32_t m_local, const RsReplayOptions& o);
 
 }  // namespace mkernel::kernels

@@ -1,5 +1,5 @@
-// AllGather+GEMM with a peer process killed mid-launch: two ranks as two processes on one
-// mkerneld (one node; on two GPUs when there are two, else both on GPU 0). Both plan the op;
+// AllGather+GEMM and GEMM+ReduceScatter, each with a peer process killed mid-launch: two ranks as
+// two processes on one mkerneld (one node; on two GPUs when there are two, else both on GPU 0). Both plan the op;
 // rank 0 launches; rank 1 is killed before it sends its rows. Rank 0's kernel must end within
 // the documented bound (Options::device_wait_timeout_ns, here 2 s, plus the time the last wait
 // had started before) and Communicator::check() must name the rank, the step and the cause.
@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -39,14 +41,26 @@ bool read_byte(int fd, char* c, int timeout_ms) {
   return false;
 }
 
+enum class Op { kAllGatherGemm, kGemmReduceScatter };
+
+// The op under test behind one launch call (A [M, k] for GEMM+ReduceScatter, its rows otherwise).
+struct AnyOp {
+  std::unique_ptr<rt::AllGatherGemm> ag;
+  std::unique_ptr<rt::GemmReduceScatter> rs;
+  mkernel::Status launch(const void* a, const void* w, void* c, cudaStream_t s) {
+    return ag ? ag->launch(a, w, c, nullptr, s) : rs->launch(a, w, c, s);
+  }
+};
+
 // Rank main: 0 on success. to_parent gets 'r' when planned (and, for rank 0, 'l' once launched).
-int rank_main(uint32_t rank, int device, const rt::UniqueId& id, const std::string& socket, int to_parent,
+int rank_main(Op which, uint32_t rank, int device, const rt::UniqueId& id, const std::string& socket, int to_parent,
               int from_parent, bool both_launch_first) {
   if (cudaSetDevice(device) != cudaSuccess) return 2;
   rt::Options o;
   o.socket_path = socket;
   o.cuda_device = device;
-  o.nvlink_bytes = rt::all_gather_gemm_nvlink_bytes(2, kMLocal, kK);
+  o.nvlink_bytes = std::max(rt::all_gather_gemm_nvlink_bytes(2, kMLocal, kK),
+                            rt::gemm_reduce_scatter_nvlink_bytes(1, 2, kMLocal, kN));
   o.device_wait_timeout_ns = kBoundNs;
   auto comm = rt::Communicator::create(rank, 2, id, {4096}, o);
   if (!comm.ok()) {
@@ -55,19 +69,29 @@ int rank_main(uint32_t rank, int device, const rt::UniqueId& id, const std::stri
   }
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  auto op = rt::AllGatherGemm::create(*comm.value(), kMLocal, kN, kK, {}, stream);
-  if (!op.ok()) {
-    std::printf("FAIL rank %u plan: %s\n", rank, op.status().to_string().c_str());
+  AnyOp op;
+  mkernel::Status planned;
+  if (which == Op::kAllGatherGemm) {
+    auto made = rt::AllGatherGemm::create(*comm.value(), kMLocal, kN, kK, {}, stream);
+    planned = made.status();
+    if (made.ok()) op.ag = std::move(made.value());
+  } else {
+    auto made = rt::GemmReduceScatter::create(*comm.value(), kMLocal, kN, kK, {}, stream);
+    planned = made.status();
+    if (made.ok()) op.rs = std::move(made.value());
+  }
+  if (!planned.ok()) {
+    std::printf("FAIL rank %u plan: %s\n", rank, planned.to_string().c_str());
     return 4;
   }
   __nv_bfloat16 *a = nullptr, *w = nullptr, *c = nullptr;
-  cudaMalloc(&a, sizeof(__nv_bfloat16) * kMLocal * kK);
+  cudaMalloc(&a, sizeof(__nv_bfloat16) * 2 * kMLocal * kK);
   cudaMalloc(&w, sizeof(__nv_bfloat16) * kN * kK);
   cudaMalloc(&c, sizeof(__nv_bfloat16) * 2 * kMLocal * kN);
-  cudaMemset(a, 0x3c, sizeof(__nv_bfloat16) * kMLocal * kK);
+  cudaMemset(a, 0x3c, sizeof(__nv_bfloat16) * 2 * kMLocal * kK);
   cudaMemset(w, 0x3c, sizeof(__nv_bfloat16) * kN * kK);
   if (both_launch_first) {
-    const mkernel::Status s = op.value()->launch(a, w, c, nullptr, stream);
+    const mkernel::Status s = op.launch(a, w, c, stream);
     cudaStreamSynchronize(stream);
     const mkernel::Status chk = comm.value()->check();
     if (!s.ok() || !chk.ok()) {
@@ -82,7 +106,7 @@ int rank_main(uint32_t rank, int device, const rt::UniqueId& id, const std::stri
   char go = 0;
   if (!read_byte(from_parent, &go, 60000)) return 6;
   const auto t0 = std::chrono::steady_clock::now();
-  const mkernel::Status s = op.value()->launch(a, w, c, nullptr, stream);
+  const mkernel::Status s = op.launch(a, w, c, stream);
   write_byte(to_parent, 'l');
   const cudaError_t sync = cudaStreamSynchronize(stream);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -102,19 +126,16 @@ int rank_main(uint32_t rank, int device, const rt::UniqueId& id, const std::stri
   expect(why.message().find("launch") != std::string::npos, "check() names the launch: " + why.to_string());
   expect(ms < (kBoundNs / 1e6) * 2 + 1000, "ended " + std::to_string(ms) + " ms after the launch; bound " +
                                                std::to_string(kBoundNs / 1000000) + " ms per wait");
-  std::printf("rank 0: peer killed mid-launch; the kernel ended %.0f ms after the launch (bound %llu ms); check(): %s\n",
-              ms, static_cast<unsigned long long>(kBoundNs / 1000000), why.to_string().c_str());
+  std::printf("rank 0 (%s): peer killed mid-launch; the kernel ended %.0f ms after the launch (bound %llu ms); check(): %s\n",
+              which == Op::kAllGatherGemm ? "all_gather_gemm" : "gemm_reduce_scatter", ms,
+              static_cast<unsigned long long>(kBoundNs / 1000000), why.to_string().c_str());
   // The communicator stays failed: the next launch's waits end at once.
   return fails;
 }
 
 }  // namespace
 
-int main() {
-  if (mkt::driver_gpu_count() < 1) {
-    std::printf("SKIPPED ag_gemm_kill_gpu_test: needs a CUDA GPU, found none\n");
-    return 77;
-  }
+int run_op(Op which) {
   const bool two_gpus = mkt::driver_gpu_count() >= 2;
   mkt::Daemon d(mkt::temp_dir("agkill"), mkt::daemon_yaml("shm", two_gpus ? "0, 1" : "0"));
   if (!d.start()) return 1;
@@ -132,7 +153,7 @@ int main() {
   for (uint32_t r = 0; r < 2; ++r) {
     kids[r] = ::fork();
     if (kids[r] == 0) {
-      const int rc = rank_main(r, two_gpus ? static_cast<int>(r) : 0, id.value(), d.socket(), up[r][1], down[0],
+      const int rc = rank_main(which, r, two_gpus ? static_cast<int>(r) : 0, id.value(), d.socket(), up[r][1], down[0],
                                two_gpus);
       std::fflush(stdout);
       ::_exit(rc);
@@ -169,6 +190,15 @@ int main() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) ++failures;
+  return failures;
+}
+
+int main() {
+  if (mkt::driver_gpu_count() < 1) {
+    std::printf("SKIPPED ag_gemm_kill_gpu_test: needs a CUDA GPU, found none\n");
+    return 77;
+  }
+  const int failures = run_op(Op::kAllGatherGemm) + run_op(Op::kGemmReduceScatter);
   if (failures == 0) std::printf("PASS ag_gemm_kill_gpu_test\n");
   return failures == 0 ? 0 : 1;
 }

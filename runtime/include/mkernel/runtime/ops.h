@@ -10,6 +10,9 @@
 //     M = R * m_local (M must be a multiple of R, as for a reduce-scatter of equal parts). Partial
 //     sums meet in fp32 in a fixed order and are rounded to bf16 once: deterministic, bit for bit
 //     from run to run (docs/kernels.md, GEMM+ReduceScatter).
+//   GEMM+AllReduce: the same operands; every rank gets the whole sum [M, n], the same bits on every
+//     rank; M any positive number (the reduction is scattered over the ranks by bands of
+//     floor(b M / R) ... rows, then gathered).
 //
 // Design notes
 //  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
@@ -116,21 +119,48 @@ class GemmReduceScatter {
                                                              cudaStream_t stream = nullptr);
   ~GemmReduceScatter();
 
-  // Enqueues begin_launch and the fused kernel on `stream`: a [M, k], w [n, k], c [m_local, n];
-  // bf16, row-major, packed, 16-byte aligned, device memory of this rank's GPU.
+  // Enqueues begin_launch and the fused kernel on `stream`: a [M, k], w [n, k], c [m_local, n]
+  // ([M, n] for GemmAllReduce); bf16, row-major, packed, 16-byte aligned, device memory of this
+  // rank's GPU.
   Status launch(const void* a, const void* w, void* c, cudaStream_t stream);
 
   std::string describe() const;
 
- private:
+ protected:
   GemmReduceScatter() = default;
+  // m_local rows per rank (reduce-scatter), or m rows in all (all-reduce).
+  static Status make(Communicator& comm, uint64_t rows, uint64_t n, uint64_t k, const GemmReduceScatterConfig& config,
+                     bool all_reduce, cudaStream_t stream, GemmReduceScatter* op);
   Communicator* comm_ = nullptr;
   std::unique_ptr<kernels::GemmRsPlan> plan_;
   const void* checked_[3] = {};
+  bool all_reduce_ = false;
 };
+
+// GEMM+AllReduce: the same kernel and plan as GEMM+ReduceScatter, every band then spread to every
+// rank; launch(a, w, c, stream) with a [m, k], w [n, k], c [m, n]; m (= M) any positive number.
+class GemmAllReduce : public GemmReduceScatter {
+ public:
+  static StatusOr<std::unique_ptr<GemmAllReduce>> create(Communicator& comm, uint64_t m, uint64_t n, uint64_t k,
+                                                         const GemmReduceScatterConfig& config = {},
+                                                         cudaStream_t stream = nullptr);
+
+ private:
+  GemmAllReduce() = default;
+};
+
+// The same for GEMM+AllReduce of m (= M, all rows) x n.
+uint64_t gemm_all_reduce_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t m, uint64_t n);
+uint64_t gemm_all_reduce_network_bytes(uint32_t nodes, uint64_t m, uint64_t n);
+// Options::fused_flags a GEMM+ReduceScatter (m_local rows per rank) or GEMM+AllReduce (m rows)
+// of this size needs, for whichever tile width the engine picks.
+uint32_t gemm_reduce_scatter_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t m_local, uint64_t n);
+uint32_t gemm_all_reduce_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t m, uint64_t n);
 
 // One call: plans the shape on its first use (collectively, on `stream`) and launches.
 Status gemm_reduce_scatter(Communicator& comm, const void* a, const void* w, void* c, uint64_t m_local, uint64_t n,
                            uint64_t k, cudaStream_t stream);
+Status gemm_all_reduce(Communicator& comm, const void* a, const void* w, void* c, uint64_t m, uint64_t n, uint64_t k,
+                       cudaStream_t stream);
 
 }  // namespace mkernel::rt

@@ -89,8 +89,10 @@ struct Options {
   // NVLink flags for application kernels (nvl_signal / nvl_wait indices 0..nvlink_flags-1).
   uint32_t nvlink_flags = 512;
   // Flags reserved for the fused ops, in the NVLink buffer and after the num_flags flags of the
-  // flag array; disjoint from the application's (comm.cuh note 4).
-  uint32_t fused_flags = 4096;
+  // flag array; disjoint from the application's (comm.cuh note 4). GEMM+ReduceScatter and
+  // GEMM+AllReduce flag every tile (about world x M x n / 32768 for large shapes): 65536 covers
+  // M x n up to about 2^30 on two ranks; the plan names what it needs when it is short.
+  uint32_t fused_flags = 65536;
   // Bytes of a buffer reserved for the fused ops' transfers between nodes (the rail peers'
   // shards or partial sums arrive here), 0 for none; it follows the application's buffers.
   uint64_t network_workspace_bytes = 0;
