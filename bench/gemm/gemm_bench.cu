@@ -2,12 +2,18 @@
 // (A [m, k] row-major, W [n, k] row-major, D [m, n] row-major), one process, one GPU.
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
-//              [--random SEED [--count N]]
+//              [--random SEED [--count N]] [--variants] [--overhead]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
-// [256, 32768]; the seed is printed and recorded with every row, and the five worst ratios are
-// printed last.
+// [256, 32768] (tests/gpu/gemm/gemm_random_family.h); the seed is printed and recorded with
+// every row, and the five worst ratios are printed last.
+// --variants also times, in the same interleaved rounds, the configuration of the rule before
+// stream-K ("old"), whole tiles only ("dp"), stream-K forced ("sk"), and the rule with the other
+// tile width ("bn") and the other cluster size ("cl"): the data that calibrates the cost model.
+// --overhead first measures, for a few small shapes, where a launch's time goes: host time per
+// call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
+// event time, for mkernel and cuBLAS.
 //
 // --commit defaults to `git rev-parse --short HEAD` where git works, else "unknown".
 //
@@ -21,15 +27,18 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "gemm/gemm_random_family.h"
 #include "gemm/gemm_test_util.cuh"
 #include "gemm/sm90_bf16_gemm.h"
 
@@ -57,27 +66,13 @@ struct Options {
   std::string shapes = "all";
   uint64_t random_seed = 0;  // 0: the fixed list
   int random_count = 64;
+  bool variants = false;
+  bool overhead = false;
 };
 
-// The seeded random family (--random): splitmix64 draws, so a seed names the same shapes on
-// every machine and compiler.
 std::vector<Shape> random_shapes(uint64_t seed, int count) {
-  uint64_t x = seed;
-  auto next = [&x] {
-    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  auto uniform = [&] { return static_cast<double>(next() >> 11) * 0x1.0p-53; };
-  auto log_uniform = [&](double lo, double hi) { return std::exp(std::log(lo) + uniform() * (std::log(hi) - std::log(lo))); };
   std::vector<Shape> v;
-  for (int i = 0; i < count; ++i) {
-    const int m = std::max(1, std::min(32768, static_cast<int>(std::lround(log_uniform(1, 32768)))));
-    const int n = std::max(256, std::min(32768, static_cast<int>(std::lround(log_uniform(256, 32768) / 8)) * 8));
-    const int k = std::max(256, std::min(32768, static_cast<int>(std::lround(log_uniform(256, 32768) / 8)) * 8));
-    v.push_back({m, n, k, "random"});
-  }
+  for (const auto& r : random_family(seed, count)) v.push_back({r.m, r.n, r.k, "random"});
   return v;
 }
 
@@ -316,6 +311,7 @@ struct Row {
   Timing t;
   double err = 0;  // relative error vs cuBLAS (mkernel rows)
   int sms = 0;     // SMs given to the GEMM (withheld sweep), 0 = all
+  double predicted_us = 0;  // the cost model's prediction (mkernel rows)
 };
 
 std::string today() {
@@ -335,11 +331,12 @@ void append_json(const Options& o, const std::vector<Row>& rows) {
                   "{\"benchmark\": \"gemm\", \"shape\": {\"M\": %d, \"N\": %d, \"K\": %d}, \"world\": 1, \"nodes\": 1, "
                   "\"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"iters\": %d, "
                   "\"tflops\": %.1f, \"config\": \"%s\", \"sms\": %d, \"split\": \"%s\", \"machine\": \"%s\", "
-                  "\"commit\": \"%s\", \"date\": \"%s\"%s}",
+                  "\"commit\": \"%s\", \"date\": \"%s\"%s%s}",
                   r.shape.m, r.shape.n, r.shape.k, r.impl.c_str(), r.t.median_ms, r.t.p10_ms, r.t.p90_ms, r.t.iters,
                   tflops(r.shape, r.t.median_ms), r.config.c_str(), r.sms, r.shape.note, o.machine.c_str(),
                   o.commit.c_str(), date.c_str(),
-                  o.random_seed != 0 ? (", \"seed\": " + std::to_string(o.random_seed)).c_str() : "");
+                  o.random_seed != 0 ? (", \"seed\": " + std::to_string(o.random_seed)).c_str() : "",
+                  r.predicted_us > 0 ? (", \"predicted_us\": " + std::to_string(r.predicted_us)).c_str() : "");
     f << line << "\n";
   }
 }
@@ -381,6 +378,91 @@ std::vector<mk::GemmConfig> sweep_configs(const Shape& s) {
   return v;
 }
 
+__global__ void empty_kernel() {}
+
+// --overhead: where the time of a small launch goes (see the header comment). Event time is what
+// the tables report; host time is the caller's thread inside the call (enqueue only); graph time
+// is the GPU's time per launch when 20 launches replay from a CUDA graph (no host in between).
+void overhead_report(cublasHandle_t cublas, size_t l2) {
+  const Shape shapes[] = {{1, 2032, 392, "tiny"}, {25, 352, 320, "tiny"}, {774, 984, 784, "small"},
+                          {137, 9440, 9016, "mid"}, {1, 8192, 8192, "decode"}};
+  std::printf("\nlaunch overhead (microseconds per launch: event-timed median / host enqueue / graph replay)\n");
+  cudaStream_t st;
+  GT_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  GT_CUBLAS(cublasSetStream(cublas, st));
+  auto measure = [&](const char* name, const Shape& s, const std::function<void(int)>& f, int sets) {
+    constexpr int kIters = 200, kGraph = 20;
+    for (int i = 0; i < 20; ++i) f(i % sets);
+    GT_CUDA(cudaStreamSynchronize(st));
+    // Event-timed, one launch per event pair (as the tables).
+    std::vector<cudaEvent_t> ev(2 * kIters);
+    for (auto& e : ev) GT_CUDA(cudaEventCreate(&e));
+    for (int i = 0; i < kIters; ++i) {
+      GT_CUDA(cudaEventRecord(ev[2 * i], st));
+      f(i % sets);
+      GT_CUDA(cudaEventRecord(ev[2 * i + 1], st));
+    }
+    GT_CUDA(cudaStreamSynchronize(st));
+    std::vector<double> ms(kIters);
+    for (int i = 0; i < kIters; ++i) {
+      float t = 0;
+      GT_CUDA(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+      ms[i] = t;
+    }
+    std::sort(ms.begin(), ms.end());
+    // Host time of the call alone.
+    std::vector<double> host(kIters);
+    for (int i = 0; i < kIters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f(i % sets);
+      host[i] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (i % 32 == 31) GT_CUDA(cudaStreamSynchronize(st));
+    }
+    GT_CUDA(cudaStreamSynchronize(st));
+    std::sort(host.begin(), host.end());
+    // Graph replay.
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    GT_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < kGraph; ++i) f(i % sets);
+    GT_CUDA(cudaStreamEndCapture(st, &g));
+    GT_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    GT_CUDA(cudaGraphLaunch(ge, st));
+    GT_CUDA(cudaStreamSynchronize(st));
+    std::vector<double> gms(10);
+    for (int r = 0; r < 10; ++r) {
+      GT_CUDA(cudaEventRecord(ev[0], st));
+      GT_CUDA(cudaGraphLaunch(ge, st));
+      GT_CUDA(cudaEventRecord(ev[1], st));
+      GT_CUDA(cudaStreamSynchronize(st));
+      float t = 0;
+      GT_CUDA(cudaEventElapsedTime(&t, ev[0], ev[1]));
+      gms[r] = t * 1e3 / kGraph;
+    }
+    std::sort(gms.begin(), gms.end());
+    GT_CUDA(cudaGraphExecDestroy(ge));
+    GT_CUDA(cudaGraphDestroy(g));
+    for (auto& e : ev) GT_CUDA(cudaEventDestroy(e));
+    std::printf("  %-16s %-8s event %7.2f  host %6.2f  graph %7.2f\n", (std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k)).c_str(),
+                name, ms[kIters / 2] * 1e3, host[kIters / 2], gms[5]);
+  };
+  for (const Shape& s : shapes) {
+    Operands ops(s, l2, 977);
+    MkRunner mkr(s, ops, mk::GemmConfig{});
+    if (!mkr.ok) continue;
+    for (auto& pl : mkr.plans) (void)pl;
+    measure("cublas", s, [&](int i) { cublas_gemm(cublas, ops.a[i], ops.w[i], ops.d[i], s.m, s.n, s.k); }, ops.sets);
+    measure("mkernel", s, [&](int i) {
+      mk::GemmResult r = mk::gemm_launch(mkr.plans[i], st);
+      if (!r.ok()) std::exit(1);
+    }, ops.sets);
+    if (&s == &shapes[0]) measure("empty", s, [&](int) { empty_kernel<<<1, 32, 0, st>>>(); }, 1);
+    std::fflush(stdout);
+  }
+  GT_CUBLAS(cublasSetStream(cublas, nullptr));
+  GT_CUDA(cudaStreamDestroy(st));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -402,8 +484,10 @@ int main(int argc, char** argv) {
     else if (a == "--shapes") o.shapes = next("--shapes");
     else if (a == "--random") o.random_seed = std::strtoull(next("--random").c_str(), nullptr, 10);
     else if (a == "--count") o.random_count = std::atoi(next("--count").c_str());
+    else if (a == "--variants") o.variants = true;
+    else if (a == "--overhead") o.overhead = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead]\n", argv[0]);
       return 2;
     }
   }
@@ -462,6 +546,8 @@ int main(int argc, char** argv) {
   cublasLtHandle_t lt;
   GT_CUBLAS(cublasLtCreate(&lt));
 
+  if (o.overhead) overhead_report(cublas, l2);
+
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) * 1000003ull;
   for (const Shape& s : shapes) {
@@ -484,6 +570,7 @@ int main(int argc, char** argv) {
       const mk::DeviceStatus st = r->read_status();
       out->err = err;
       out->config = mk::gemm_config_string(r->plans[0]);
+      out->predicted_us = r->plans[0].schedule.predicted_us;
       if (st.code != mk::kDeviceOk || !(err < 1e-2)) {
         std::printf("  WRONG %dx%dx%d [%s]: rel err vs cuBLAS %.3e, status %s\n", s.m, s.n, s.k, out->config.c_str(),
                     err, mk::describe_device_status(st, 0).c_str());
@@ -535,6 +622,55 @@ int main(int argc, char** argv) {
     if (best_runner) {
       shape_rows.push_back(best);
       fns.push_back([&](int i) { best_runner->launch(i); });
+    }
+    std::vector<std::unique_ptr<MkRunner>> variant_runners;
+    if (o.variants && def_runner) {
+      const mk::GemmPlan& dp = def_runner->plans[0];
+      std::vector<std::pair<std::string, mk::GemmConfig>> vs;
+      {
+        // The rule before stream-K (commit 10b72b3): 256-wide tiles unless 64 < m <= 256,
+        // clusters of 2 from 4 m blocks, uniform split-K while the tiles fill at most half the SMs.
+        mk::GemmConfig c;
+        const int mb = (s.m + 127) / 128, kb = (s.k + 63) / 64;
+        c.block_n = (s.m <= 64 || mb > 2) ? 256 : 128;
+        c.cluster_m = mb >= 4 ? 2 : 1;
+        const int tiles = (mb + c.cluster_m - 1) / c.cluster_m * c.cluster_m * ((s.n + c.block_n - 1) / c.block_n);
+        int splits = 1;
+        if (tiles * 2 <= prop.multiProcessorCount)
+          splits = std::min({prop.multiProcessorCount / tiles, std::max(1, kb / 8), 16});
+        c.num_splits = std::max(1, splits);
+        vs.emplace_back("old", c);
+      }
+      {
+        mk::GemmConfig c;  // whole tiles only
+        c.stream_k = 0;
+        c.num_splits = 1;
+        vs.emplace_back("dp", c);
+      }
+      {
+        mk::GemmConfig c;  // stream-K wherever it can be used
+        c.stream_k = 1;
+        vs.emplace_back("sk", c);
+      }
+      {
+        mk::GemmConfig c;
+        c.block_n = dp.config.block_n == 256 ? 128 : 256;
+        vs.emplace_back("bn", c);
+      }
+      if ((s.m + 127) / 128 >= 2) {
+        mk::GemmConfig c;
+        c.cluster_m = dp.config.cluster_m == 2 ? 1 : 2;
+        vs.emplace_back("cl", c);
+      }
+      for (const auto& [tag, c] : vs) {
+        Row v{s, "mkernel_" + tag, "", {}, 0, 0};
+        auto runner = make_mk(c, &v);
+        if (!runner) continue;
+        MkRunner* rp = runner.get();
+        shape_rows.push_back(v);
+        fns.push_back([rp](int i) { rp->launch(i); });
+        variant_runners.push_back(std::move(runner));
+      }
     }
     const std::vector<Timing> ts = time_round_robin(fns, ops.sets, warmup, iters, 5);
     for (size_t i = 0; i < shape_rows.size(); ++i) {
@@ -600,34 +736,51 @@ int main(int argc, char** argv) {
                 scaling, r.config.c_str());
   }
 
-  std::printf("\n%-18s %9s %9s %9s %9s %9s %9s  %-26s %-26s\n", "M x N x K", "cuBLAS", "cuBLASLt", "mkernel", "mk_best",
-              "mk/cuBLAS", "best/cuB", "mkernel config", "best config");
+  // Per shape: TFLOP/s of each library and of mkernel, mkernel / faster library, the measured and
+  // predicted times of mkernel's default, and (with --sweep / --variants) the other
+  // configurations' ratios against the same library figure.
+  std::printf("\n%-18s %8s %8s %8s %7s %9s %9s  %-32s %s\n", "M x N x K", "cuBLAS", "cuBLASLt", "mkernel", "ratio",
+              "meas us", "model us", "mkernel config", "other configurations (ratio)");
   std::vector<std::pair<double, std::string>> ratios;  // (mkernel / faster library, shape)
+  std::map<std::string, std::vector<double>> other_ratios;
   for (size_t i = 0; i < rows.size();) {
     const Shape s = rows[i].shape;
-    double tc = 0, tl = 0, tm = 0, tb = 0;
-    std::string cm, cb;
+    double tc = 0, tl = 0, tm = 0, pred = 0, meas = 0;
+    std::string cm;
+    std::vector<std::pair<std::string, double>> others;  // (impl [config], TFLOP/s)
     size_t j = i;
     for (; j < rows.size() && rows[j].shape.m == s.m && rows[j].shape.n == s.n && rows[j].shape.k == s.k; ++j) {
       const double t = tflops(s, rows[j].t.median_ms);
       if (rows[j].impl == "cublas") tc = t;
-      if (rows[j].impl == "cublaslt") tl = t;
-      if (rows[j].impl == "mkernel") {
+      else if (rows[j].impl == "cublaslt") tl = t;
+      else if (rows[j].impl == "mkernel") {
         tm = t;
         cm = rows[j].config;
-      }
-      if (rows[j].impl == "mkernel_best") {
-        tb = t;
-        cb = rows[j].config;
+        pred = rows[j].predicted_us;
+        meas = rows[j].t.median_ms * 1e3;
+      } else {
+        others.emplace_back(rows[j].impl.substr(rows[j].impl.find('_') + 1), t);
       }
     }
     const double ref = std::max(tc, tl);
     char shape[32];
     std::snprintf(shape, sizeof shape, "%dx%dx%d", s.m, s.n, s.k);
-    std::printf("%-18s %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f  %-26s %-26s\n", shape, tc, tl, tm, tb, ref > 0 ? tm / ref : 0,
-                ref > 0 ? tb / ref : 0, cm.c_str(), cb.c_str());
+    std::string other;
+    for (const auto& [tag, t] : others) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " %s %.3f", tag.c_str(), ref > 0 ? t / ref : 0);
+      other += buf;
+      if (ref > 0) other_ratios[tag].push_back(t / ref);
+    }
+    std::printf("%-18s %8.1f %8.1f %8.1f %7.3f %9.1f %9.1f  %-32s%s\n", shape, tc, tl, tm, ref > 0 ? tm / ref : 0, meas,
+                pred, cm.c_str(), other.c_str());
     if (ref > 0 && tm > 0) ratios.emplace_back(tm / ref, std::string(shape) + "  [" + cm + "]");
     i = j;
+  }
+  for (const auto& [tag, v] : other_ratios) {
+    double lg = 0;
+    for (double x : v) lg += std::log(x);
+    std::printf("configuration %-6s: geometric mean %.3f over %zu shapes\n", tag.c_str(), std::exp(lg / v.size()), v.size());
   }
   std::printf("(ratios are against the faster of cuBLAS and cuBLASLt; TFLOP/s from median times)\n");
   if (!ratios.empty()) {

@@ -27,6 +27,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct DeviceInfo {
   int num_sms = 0;
   int major = 0, minor = 0;
+  // GEMM blocks that can be resident at once, per cluster size (index 1, 2); filled on first use.
+  int resident[3] = {0, 0, 0};
 };
 
 GemmResult device_info(DeviceInfo* info) {
@@ -45,6 +47,14 @@ GemmResult device_info(DeviceInfo* info) {
       (e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev)) != cudaSuccess ||
       (e = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, dev)) != cudaSuccess) {
     return fail(GemmError::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+  }
+  if (d.major == 9 && d.minor == 0) {
+    // Both tile widths use the same shared memory and threads, so one query per cluster size
+    // (the smaller of the two, to be safe).
+    for (int cl : {1, 2}) {
+      d.resident[cl] = std::min(detail::max_resident_block_n<256>(cl, d.num_sms),
+                                detail::max_resident_block_n<128>(cl, d.num_sms));
+    }
   }
   if (dev < kMaxDevices) cache[dev] = d;
   *info = d;
@@ -100,29 +110,59 @@ GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError co
   return {};
 }
 
-// Chooses what the caller left open, from the measurements in docs/kernels.md:
-//  - m > 256: 128 x 256 tiles, clusters of 2 sharing the weight tile, raster along n in bands of
-//    8 m groups (within noise of the best swept setting on every large shape);
-//  - m <= 64 (decode): the weight stream is all that matters, so 256-wide tiles (more bytes in
-//    flight per stage) and k split until every SM streams its share;
-//  - 64 < m <= 256: 128-wide tiles, k split likewise.
-void choose_config(const GemmArgs& a, int num_sms, GemmConfig* c) {
-  const int64_t m_blocks = ceil_div(a.m, kBlockM);
-  if (c->block_n == 0) c->block_n = (a.m <= 64 || m_blocks > 2) ? 256 : 128;
-  if (c->cluster_m == 0) c->cluster_m = (m_blocks >= 4) ? 2 : 1;
+// Resolves what the caller left open: the tile width, cluster size and work decomposition come
+// from the cost model (sm90_bf16_gemm_schedule.h); raster along n in bands of 8 m groups (within
+// noise of the best swept setting on every large shape, docs/kernels.md). Returns an error for a
+// configuration that cannot run; `c` gets no zeros back.
+GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* c, GemmSchedule* sched) {
+  *c = a.config;
+  if (c->block_n != 0 && c->block_n != 128 && c->block_n != 256) return fail(GemmError::kInvalidConfig, "block_n must be 128 or 256");
+  if (c->cluster_m != 0 && c->cluster_m != 1 && c->cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->group == 0) c->group = 8;
-  if (c->num_splits == 0) {
-    const int64_t groups = ceil_div(m_blocks, c->cluster_m);
-    const int64_t tiles = groups * ceil_div(a.n, c->block_n) * c->cluster_m;
-    const int64_t k_blocks = ceil_div(a.k, kBlockK);
-    int64_t splits = 1;
-    if (tiles * 2 <= num_sms) {
-      splits = std::min<int64_t>(num_sms / tiles, std::max<int64_t>(1, k_blocks / 8));
-      splits = std::min<int64_t>(splits, 16);
-    }
-    c->num_splits = static_cast<int>(std::max<int64_t>(1, splits));
+  if (c->raster != kRasterAlongN && c->raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
+  if (c->group < 1) return fail(GemmError::kInvalidConfig, "group must be at least 1");
+  if (c->num_splits < 0) return fail(GemmError::kInvalidConfig, "num_splits must be at least 1 (or 0 to choose)");
+  if (c->stream_k < -1 || c->stream_k > 1) return fail(GemmError::kInvalidConfig, "stream_k must be -1, 0 or 1");
+  if (c->sk_units < 0) return fail(GemmError::kInvalidConfig, "sk_units must not be negative");
+  if (c->dp_tiles < -1) return fail(GemmError::kInvalidConfig, "dp_tiles must be -1 (choose) or at least 0");
+  if (c->num_role_blocks < 0 || c->num_gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "block counts must not be negative");
+
+  // GEMM blocks per cluster size: all that fit beside the role blocks (rounded to whole
+  // clusters), or fewer when the caller asks for fewer.
+  GemmScheduleRequest req;
+  req.m = a.m;
+  req.n = a.n;
+  req.k = a.k;
+  req.num_sms = dev.num_sms;
+  for (int cl : {1, 2}) {
+    if (c->cluster_m != 0 && c->cluster_m != cl) continue;
+    const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);
+    int blocks = c->num_gemm_blocks;
+    if (blocks == 0 || blocks > dev.resident[cl] - roles) blocks = dev.resident[cl] - roles;
+    blocks -= blocks % cl;
+    (cl == 1 ? req.blocks_cluster1 : req.blocks_cluster2) = std::max(0, blocks);
   }
+  if (req.blocks_cluster1 < 1 && req.blocks_cluster2 < 2) {
+    return fail(GemmError::kInvalidConfig, "num_gemm_blocks must be at least the cluster size (" +
+                                               std::to_string(c->num_role_blocks) + " role blocks leave no room)");
+  }
+  req.block_n = c->block_n;
+  req.cluster_m = c->cluster_m;
+  req.num_splits = c->num_splits;
+  req.stream_k = c->stream_k;
+  req.sk_units = c->sk_units;
+  req.dp_tiles = c->dp_tiles;
+  *sched = choose_gemm_schedule(req);
+  c->block_n = sched->block_n;
+  c->cluster_m = sched->cluster_m;
+  c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
+  c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
+  c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
+  c->dp_tiles = c->stream_k ? static_cast<int>(sched->dp_tiles) : -1;
+  c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
+  c->num_gemm_blocks = sched->num_clusters * c->cluster_m;
+  return {};
 }
 
 // The plan's tensor maps from plan->args (pointers, shape and leading dimensions).
@@ -208,34 +248,15 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   }
 
   // ---- configuration ------------------------------------------------------------------------------
-  GemmConfig c = args.config;
-  choose_config(args, dev.num_sms, &c);
-  if (c.block_n != 128 && c.block_n != 256) return fail(GemmError::kInvalidConfig, "block_n must be 128 or 256");
-  if (c.cluster_m != 1 && c.cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
-  if (c.raster != kRasterAlongN && c.raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
-  if (c.group < 1) return fail(GemmError::kInvalidConfig, "group must be at least 1");
-  if (c.num_splits < 1) return fail(GemmError::kInvalidConfig, "num_splits must be at least 1");
-  if (c.num_role_blocks < 0 || c.num_gemm_blocks < 0) return fail(GemmError::kInvalidConfig, "block counts must not be negative");
-
-  const int64_t m_blocks = ceil_div(args.m, kBlockM);
-  const int64_t n_blocks = ceil_div(args.n, c.block_n);
-  const int64_t k_blocks = ceil_div(args.k, kBlockK);
-  const int64_t k_per_split = ceil_div(k_blocks, c.num_splits);
-  c.num_splits = static_cast<int>(ceil_div(k_blocks, k_per_split));  // no empty splits
-
+  GemmConfig c;
+  GemmSchedule sched;
+  r = resolve_config(args, dev, &c, &sched);
+  if (!r.ok()) return r;
+  const int64_t m_blocks = sched.m_blocks;
+  const int64_t n_blocks = sched.n_blocks;
+  const int64_t k_blocks = sched.k_blocks;
   const int64_t m_groups = ceil_div(m_blocks, c.cluster_m);
-  const int64_t units = m_groups * n_blocks * c.num_splits;
-
-  c.num_role_blocks = static_cast<int>(ceil_div(c.num_role_blocks, c.cluster_m) * c.cluster_m);
-  // A persistent grid larger than what fits at once would run its last blocks after the others.
-  const int resident = c.block_n == 256 ? detail::max_resident_block_n<256>(c.cluster_m, dev.num_sms)
-                                        : detail::max_resident_block_n<128>(c.cluster_m, dev.num_sms);
-  if (c.num_gemm_blocks == 0 || c.num_gemm_blocks > resident - c.num_role_blocks) {
-    c.num_gemm_blocks = std::max(c.cluster_m, resident - c.num_role_blocks);
-  }
-  c.num_gemm_blocks -= c.num_gemm_blocks % c.cluster_m;
-  if (c.num_gemm_blocks < c.cluster_m) return fail(GemmError::kInvalidConfig, "num_gemm_blocks must be at least the cluster size");
-  c.num_gemm_blocks = static_cast<int>(std::min<int64_t>(c.num_gemm_blocks, units * c.cluster_m));
+  const int64_t k_per_split = ceil_div(k_blocks, c.num_splits);
 
   // ---- parameters -----------------------------------------------------------------------------------
   GemmParams& p = plan->params;
@@ -254,6 +275,9 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   p.group = static_cast<uint32_t>(c.group);
   p.m_group_offset = static_cast<uint32_t>((args.hooks.first_m_block / c.cluster_m) % m_groups);
   p.num_gemm_blocks = static_cast<uint32_t>(c.num_gemm_blocks);
+  p.dp_tiles = sched.dp_tiles;
+  p.sk_units = sched.sk_units;
+  p.sk_per_tile = sched.sk_per_tile;
   p.ready_flags = h.ready_flags;
   p.ready_value = h.ready_value;
   p.ready_value_ptr = h.ready_value_ptr;
@@ -270,16 +294,15 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   p.role_ptrs[0] = h.role_ptrs[0];
   p.role_ptrs[1] = h.role_ptrs[1];
 
-  if (c.num_splits > 1) {
-    const size_t need = gemm_workspace_bytes(args);
+  if (sched.sk_units > 0) {
+    const size_t need = sched.workspace_bytes();
     if (args.workspace == nullptr || args.workspace_bytes < need) {
-      return fail(GemmError::kWorkspaceTooSmall, "split-K over " + std::to_string(c.num_splits) + " splits needs a workspace of " +
+      return fail(GemmError::kWorkspaceTooSmall, "the schedule (" + sched.describe() + ") needs a workspace of " +
                                                      std::to_string(need) + " bytes, zeroed once; got " +
                                                      std::to_string(args.workspace_bytes));
     }
-    const size_t counter_bytes = static_cast<size_t>(ceil_div(m_blocks * n_blocks * 4, 256) * 256);
     p.split_counters = static_cast<uint32_t*>(args.workspace);
-    p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + counter_bytes);
+    p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + sched.counter_bytes());
   }
 
   plan->args = args;
@@ -287,6 +310,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->args.ldw = ldw;
   plan->args.ldd = ldd;
   plan->config = c;
+  plan->schedule = sched;
   plan->num_stages = detail::gemm_stages_for_block_n(c.block_n);
   plan->epilogue = args.epilogue;
   return encode_maps(plan);
@@ -320,22 +344,19 @@ size_t gemm_workspace_bytes(const GemmArgs& args) {
   if (args.m < 1 || args.n < 1 || args.k < 1) return 0;
   DeviceInfo dev;
   if (!device_info(&dev).ok()) return 0;
-  GemmConfig c = args.config;
-  choose_config(args, dev.num_sms, &c);
-  const int64_t k_blocks = ceil_div(args.k, kBlockK);
-  const int64_t splits = ceil_div(k_blocks, ceil_div(k_blocks, std::max(1, c.num_splits)));
-  if (splits <= 1) return 0;
-  const int64_t tiles = ceil_div(args.m, kBlockM) * ceil_div(args.n, c.block_n);
-  const int64_t counter_bytes = ceil_div(tiles * 4, 256) * 256;
-  return static_cast<size_t>(counter_bytes + tiles * splits * kBlockM * c.block_n * 4);
+  GemmConfig c;
+  GemmSchedule sched;
+  if (!resolve_config(args, dev, &c, &sched).ok()) return 0;
+  return sched.workspace_bytes();
 }
 
 uint32_t gemm_num_tiles(const GemmArgs& args) {
   DeviceInfo dev;
-  if (args.m < 1 || args.n < 1 || !device_info(&dev).ok()) return 0;
-  GemmConfig c = args.config;
-  choose_config(args, dev.num_sms, &c);
-  return static_cast<uint32_t>(ceil_div(args.m, kBlockM) * ceil_div(args.n, c.block_n));
+  if (args.m < 1 || args.n < 1 || args.k < 1 || !device_info(&dev).ok()) return 0;
+  GemmConfig c;
+  GemmSchedule sched;
+  if (!resolve_config(args, dev, &c, &sched).ok()) return 0;
+  return sched.m_blocks * sched.n_blocks;
 }
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
@@ -354,7 +375,7 @@ std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
   return "n" + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
-         std::to_string(c.num_gemm_blocks);
+         std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe();
 }
 
 }  // namespace mkernel::kernels

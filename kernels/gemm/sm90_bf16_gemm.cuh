@@ -14,6 +14,10 @@
 // With kClusterM == 2 the two CTAs of a cluster work on vertically adjacent tiles with the same
 // weight tile: each loads half of it and multicasts it to both, halving weight traffic into
 // shared memory; a stage is free again only when the consumers of both CTAs released it.
+// Work: whole tiles in waves, then stream-K or split-K units over the k blocks of the remaining
+// tiles (common/tile_scheduler.cuh); a tile shared by several units is finished by the last of
+// them to arrive, through an fp32 accumulator in the workspace (detail::fixup). The choice of
+// tile width, cluster size and decomposition is the host's (gemm/sm90_bf16_gemm_schedule.h).
 //
 // Hooks for fused kernels (all off by default, see GemmParams): a bounded wait on an input
 // readiness flag before a tile's loads, a role split (blocks past num_gemm_blocks run
@@ -203,6 +207,74 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   }
 }
 
+// Atomic add with acquire-release semantics at gpu scope: releases what this thread (and, through
+// the barrier before it, its block) stored, and acquires what earlier adders released.
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+enum FixupResult : uint32_t {
+  kFixupStored = 0,  // this participant added its partial; another one finishes the tile
+  kFixupLast = 1,    // this participant holds the sum of all partials: run the epilogue
+};
+
+// Adds four floats into global memory (no return value; sm_90 vector reduction).
+__device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
+// The fix-up of a tile covered by several units (tile_scheduler.cuh, notes 3 and 4), run by the
+// 256 consumer threads of a CTA after the main loop of their part of the tile: add the fp32
+// partial into the tile's accumulator in the workspace, then take a ticket; the participant
+// with the last ticket reads the sum, zeroes the accumulator for the next launch and runs the
+// epilogue. Nobody waits, and the cost does not grow with the number of participants. The
+// accumulator is kept in fragment order (each thread's float4s contiguous across the 256
+// threads); a thread whose rows all lie past m (small-m shapes) moves nothing. The ticket is
+// taken by thread 0 after a barrier (its acquire-release add covers the block's additions) and
+// handed to the others in words[0], which they read between two barriers that thread 0 passes
+// before writing it again.
+template <class T>
+__device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
+                                             const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
+                                             float (&acc)[T::kBlockN / 2], uint32_t ctid, volatile uint32_t* words) {
+  constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
+  const uint32_t parts = sched.participants(item.tile);
+  const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
+  uint32_t* counter = p.split_counters + index;
+  float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
+  const bool live = m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
+  if (live) {
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) {
+      red_add_v4_f32(sum + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    }
+  }
+  ptx::named_barrier_sync(1, 256);
+  if (ctid == 0) {
+    const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
+    if (last) *counter = 0;  // every participant has arrived: zero for the next launch
+    words[0] = last ? 1u : 0u;
+  }
+  ptx::named_barrier_sync(1, 256);
+  if (words[0] == 0) return kFixupStored;
+  if (live) {
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) {
+      const float4 x = ptx::ld_global_cg_v4_f32(sum + (i * 256 + ctid) * 4);
+      acc[4 * i] = x.x;
+      acc[4 * i + 1] = x.y;
+      acc[4 * i + 2] = x.z;
+      acc[4 * i + 3] = x.w;
+    }
+#pragma unroll
+    for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(sum + (i * 256 + ctid) * 4, 0.f, 0.f, 0.f, 0.f);
+  }
+  return kFixupLast;
+}
+
 }  // namespace detail
 
 template <class T, class Role>
@@ -256,9 +328,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncthreads();
   }
 
-  const TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
-                                          p.raster,       p.group,        p.m_group_offset};
-  const uint32_t num_units = sched.num_units();
+  TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
+                                    p.raster,       p.group,        p.m_group_offset};
+  sched.num_k_blocks = p.num_k_blocks;
+  sched.dp_tiles = p.dp_tiles;
+  sched.sk_units = p.sk_units;
+  sched.sk_per_tile = p.sk_per_tile;
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
@@ -267,12 +342,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::prefetch_tensor_map(&tma_a);
       ptx::prefetch_tensor_map(&tma_b);
       if (p.local_rows_end > p.local_rows_begin) ptx::prefetch_tensor_map(&tma_a_local);
+      if constexpr (T::kEpilogue == kEpilogueStore && !detail::role_epilogue<Role>()) ptx::prefetch_tensor_map(&tma_d);
       uint32_t stage = 0, phase = 0;
       bool aborted = false;
       const uint64_t ready_value =
           p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
-      for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
-        const TileCoord tc = sched.get(unit, cta_rank);
+      WorkCursor cursor = sched.begin(cluster_idx);
+      WorkItem item;
+      while (!aborted && sched.next(cursor, num_clusters, item)) {
+        const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
         // Which copy of A this tile reads: the locally held rows (never waited for) when the
         // tile lies inside them, else the (gathered) A once its rows are flagged ready.
         const uint32_t row0 = tc.m_block * T::kBlockM;
@@ -283,9 +361,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
         const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
         const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
-        const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
-        const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
-        for (uint32_t kb = kb_begin; kb < kb_end || aborted; ++kb) {
+        // With a single m block (small m: the weight is streamed once) whole tiles start their k
+        // loop at a different place per cluster, so the SMs do not all read the same columns of
+        // the weight at the same time (they would crowd the same DRAM channels). With more m
+        // blocks the tiles in flight share A's k slices in L2, so they keep the same order.
+        const uint32_t len = item.k_end - item.k_begin;
+        const uint32_t rot = (p.num_m_blocks == 1 && item.unit == WorkItem::kWholeTile)
+                                 ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
+                                 : 0u;
+        for (uint32_t i = 0; i < len || aborted; ++i) {
+          uint32_t kb = i + rot;
+          kb = item.k_begin + (kb >= len ? kb - len : kb);
           if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
             report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
@@ -332,12 +418,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     bool aborted = false;
     [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
 
-    for (uint32_t unit = cluster_idx; unit < num_units && !aborted; unit += num_clusters) {
-      const TileCoord tc = sched.get(unit, cta_rank);
-      const uint32_t kb_begin = tc.split * p.k_blocks_per_split;
-      const uint32_t kb_end = min(kb_begin + p.k_blocks_per_split, p.num_k_blocks);
+    WorkCursor cursor = sched.begin(cluster_idx);
+    WorkItem item;
+    while (!aborted && sched.next(cursor, num_clusters, item)) {
+      const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
+      const uint32_t kb_begin = item.k_begin;
+      const uint32_t kb_end = item.k_end;
 
-      // -- main loop: one k-block of wgmma in flight, the stage before it released --
+      // -- main loop: one k-block of wgmma in flight, the stage before it released. A consumer
+      //    whose 64 rows all lie past m (small m, or the last m block) issues no MMA: it only
+      //    follows the stages and hands them back, and its fragment is zero --
+      const bool rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
       uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
         if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns)) {
@@ -349,19 +440,23 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           aborted = true;
           break;
         }
-        const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                             cw * (T::kABytes / 2));
-        const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
-        ptx::wgmma_fence();
+        if (rows_live) {
+          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
+                                                               cw * (T::kABytes / 2));
+          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
+          ptx::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-          ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
-                                        ptx::advance_desc(desc_b, kk * 32),
-                                        (kb > kb_begin || kk > 0) ? 1u : 0u);
+          for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+            ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
+                                          ptx::advance_desc(desc_b, kk * 32),
+                                          (kb > kb_begin || kk > 0) ? 1u : 0u);
+          }
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<1>();
+          if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+        } else if (signals) {
+          detail::release_stage<T>(&empty_bar[stage]);
         }
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<1>();
-        if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
         prev_stage = stage;
         if (++stage == T::kStages) {
           stage = 0;
@@ -370,53 +465,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       ptx::wgmma_wait<0>();
       if (aborted) break;
-      if (kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+      if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
 #pragma unroll
       for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[i]);
-      if (kb_end <= kb_begin) {
+      if (kb_end <= kb_begin || !rows_live) {
 #pragma unroll
         for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
       }
 
-      // -- split-K: publish partials; the tile's last split sums them and runs the epilogue --
+      // -- stream-K / split-K fix-up (tile_scheduler.cuh, notes 3 and 4): the last participant
+      //    to arrive takes the sum of all partials and runs the epilogue --
       const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
-      if (p.num_splits > 1) {
+      const uint32_t parts = sched.participants(item.tile);
+      if (parts > 1) {
         if (tc.m_block >= p.num_m_blocks) continue;  // padding tile of a cluster: nothing to do
-        constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
-        float* ws_tile = p.split_workspace + static_cast<uint64_t>(tile_idx) * p.num_splits * kTileFloats;
-        float* mine = ws_tile + tc.split * kTileFloats;
-        // Fragment order (each thread's float4s contiguous across the 256 threads); a thread
-        // whose rows are all past m (small-m decode shapes) moves nothing.
-        const bool live = tc.m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
-        if (live) {
-#pragma unroll
-          for (int i = 0; i < T::kBlockN / 8; ++i) {
-            ptx::st_global_v4_f32(mine + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1],
-                                  acc[4 * i + 2], acc[4 * i + 3]);
-          }
-        }
-        __threadfence();
-        ptx::named_barrier_sync(1, 256);
-        if (ctid == 0) {
-          const uint32_t arrived = atomicAdd(&p.split_counters[tile_idx], 1u);
-          const bool last = arrived == p.num_splits - 1;
-          if (last) atomicExch(&p.split_counters[tile_idx], 0u);
-          *split_last = last ? 1u : 0u;
-        }
-        ptx::named_barrier_sync(1, 256);
-        if (*split_last == 0) continue;
-        __threadfence();
-        for (uint32_t s = 0; s < p.num_splits && live; ++s) {
-          if (s == tc.split) continue;
-          const float* other = ws_tile + s * kTileFloats;
-#pragma unroll
-          for (int i = 0; i < T::kBlockN / 8; ++i) {
-            const float4 v = ptx::ld_global_cg_v4_f32(other + (i * 256 + ctid) * 4);
-            acc[4 * i] += v.x;
-            acc[4 * i + 1] += v.y;
-            acc[4 * i + 2] += v.z;
-            acc[4 * i + 3] += v.w;
-          }
+        if (detail::fixup<T>(p, sched, item, tc.m_block, cta_rank, acc, ctid, split_last) == detail::kFixupStored) {
+          continue;  // the last participant finishes the tile
         }
       }
 
@@ -449,8 +513,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if constexpr (detail::role_epilogue<Role>()) Role::template epilogue_end<T>(p, epi_state, ctid);
-    // Outstanding TMA stores must finish reading shared memory before the block exits.
-    if (signals) ptx::bulk_wait_group_all();
+    // Outstanding TMA stores must finish reading shared memory before the block exits; their
+    // writes to global memory complete with the grid. A role that acts on the block's end
+    // (block_exit, its own epilogue) gets them complete.
+    if constexpr (detail::role_epilogue<Role>() || Role::kHasBlockExit) {
+      if (signals) ptx::bulk_wait_group_all();
+    } else {
+      if (signals) ptx::bulk_wait_group_read<0>();
+    }
   }
 
   // A CTA must not exit while its cluster peer may still multicast into its shared memory or

@@ -25,6 +25,7 @@
 
 #include "common/status.h"
 #include "common/tile_scheduler.cuh"
+#include "gemm/sm90_bf16_gemm_schedule.h"
 #include "gemm/sm90_bf16_gemm_params.h"
 
 namespace mkernel::kernels {
@@ -48,15 +49,21 @@ struct GemmResult {
   bool ok() const { return code == GemmError::kOk; }
 };
 
-// Tile configuration. Zero (or -1 for raster) means "choose for this shape".
+// Tile configuration. Zero (or -1 for raster and stream_k) means "choose for this shape"; the
+// choice is the cost model's (gemm/sm90_bf16_gemm_schedule.h, docs/kernels.md "No cliffs").
 struct GemmConfig {
   int block_n = 0;          // 128 or 256 (BLOCK_M is 128, BLOCK_K 64)
   int cluster_m = 0;        // 1, or 2 to share (multicast) each weight tile between two CTAs
-  int num_splits = 0;       // k splits per output tile; 1 = none
+  int num_splits = 0;       // uniform split-K: k splits per output tile; 1 = none (and no stream-K)
   int raster = -1;          // GemmRaster
   int group = 0;            // band width of the swizzled raster, in m groups or n blocks
   int num_gemm_blocks = 0;  // blocks that run tiles; 0 = one per SM (less the role blocks)
   int num_role_blocks = 0;  // extra blocks that run the launch's role function
+  int stream_k = -1;        // stream-K for the last waves' tiles: 0 never, 1 always, -1 choose
+  int sk_units = 0;         // stream-K units (at most the clusters); 0 = choose
+  int dp_tiles = -1;        // stream-K: cluster tiles computed whole before the stream-K region;
+                            // -1 = choose (a plan's resolved config names it, so planning again
+                            // with that config gives the same schedule and workspace)
 };
 
 struct GemmHooks {
@@ -114,6 +121,7 @@ struct GemmArgs {
 struct GemmPlan {
   GemmArgs args;      // what it was planned for (gemm_rebind changes the pointers only)
   GemmConfig config;  // no zeros left
+  GemmSchedule schedule;  // the work decomposition and the model's prediction for it
   int num_stages = 0;
   GemmEpilogue epilogue = kEpilogueStore;
   GemmParams params{};
@@ -126,7 +134,7 @@ struct GemmPlan {
 // Validates `args` and resolves the configuration for the current device.
 [[nodiscard]] GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan);
 
-// Split-K scratch the plan for `args` needs (0 when it does not split).
+// Stream-K / split-K scratch the plan for `args` needs (0 when no tile is split).
 size_t gemm_workspace_bytes(const GemmArgs& args);
 
 // Number of output tiles (length of the tile flag array).
@@ -143,7 +151,8 @@ uint32_t gemm_num_tiles(const GemmArgs& args);
 // Launches an existing plan (no re-validation); for repeated launches of one shape.
 [[nodiscard]] GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream);
 
-// Human-readable description of a resolved configuration, e.g. "n256 c2 s1 rasterN g8 b132".
+// Human-readable description of a resolved configuration, e.g. "n256 c2 s1 rN g8 b132 sk66/90t"
+// (the last word: dp = data-parallel, skU/Tt = U stream-K units over T tiles, splitkS).
 std::string gemm_config_string(const GemmPlan& plan);
 
 }  // namespace mkernel::kernels

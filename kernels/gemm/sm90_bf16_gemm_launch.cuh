@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "gemm/sm90_bf16_gemm.cuh"
@@ -24,13 +26,21 @@ inline GemmResult cuda_failure(const char* what, cudaError_t e) {
 template <class T, class Role>
 GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   auto* kernel = &sm90_bf16_gemm_kernel<T, Role>;
-  // The shared-memory opt-in is per function and per device; setting it again is cheap.
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(T::kSmemBytes));
-  if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(smem)", e);
-  if constexpr (T::kClusterM > 1) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
-    if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(cluster)", e);
+  // The shared-memory opt-in is per function and per device: set once per device (a bit per
+  // device in `attributes_set`), since small problems feel every microsecond of host time.
+  static std::atomic<uint64_t> attributes_set{0};
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return detail::cuda_failure("cudaGetDevice", e);
+  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+  if (bit == 0 || (attributes_set.load(std::memory_order_acquire) & bit) == 0) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(T::kSmemBytes));
+    if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(smem)", e);
+    if constexpr (T::kClusterM > 1) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
+      if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(cluster)", e);
+    }
+    attributes_set.fetch_or(bit, std::memory_order_release);
   }
   const int num_blocks = plan.config.num_gemm_blocks + plan.config.num_role_blocks;
   if (num_blocks % T::kClusterM != 0) {

@@ -22,15 +22,23 @@ struct GemmParams {
   uint32_t ldd;
   void* d;
 
-  // Schedule.
+  // Schedule (common/tile_scheduler.cuh explains the decomposition).
   uint32_t num_m_blocks, num_n_blocks, num_k_blocks;
-  uint32_t num_splits;          // k splits per tile (1 = none)
-  uint32_t k_blocks_per_split;  // the last split may get fewer
+  uint32_t num_splits;          // uniform split-K: k splits per tile (1 = none), as sk_per_tile
+  uint32_t k_blocks_per_split;  // uniform split-K: the most k blocks one split gets
   uint32_t raster, group, m_group_offset;
   uint32_t num_gemm_blocks;     // blocks [0, num_gemm_blocks) run GEMM tiles; the rest run Role
+  // Cluster tiles [0, dp_tiles) are computed whole, in waves; the k iterations of the others are
+  // cut into sk_units units: balanced over all of them (sk_per_tile == 0, stream-K) or
+  // sk_per_tile units per tile (split-K). sk_units == 0: data-parallel only.
+  uint32_t dp_tiles;
+  uint32_t sk_units;
+  uint32_t sk_per_tile;
 
-  // Split-K: fp32 partial tiles and one arrival counter per tile (zero before the first launch;
-  // each tile's last split resets its counter, so they stay zero between launches).
+  // Fix-up of tiles covered by several units (tile_scheduler.cuh, notes 3 and 4): one fp32
+  // accumulator tile and one arrival counter per CTA of each stream-K tile (zero before the
+  // first launch; the last participant of a tile zeroes both, so they stay zero between
+  // launches).
   float* split_workspace;
   uint32_t* split_counters;
 

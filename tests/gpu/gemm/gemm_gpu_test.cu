@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "gemm/gemm_random_family.h"
 #include "gemm/gemm_test_util.cuh"
 #include "gemm/sm90_bf16_gemm.h"
 #include "gemm/sm90_bf16_gemm_launch.cuh"
@@ -147,7 +148,7 @@ void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label)
 }
 
 // D starts as random C; D += A W^T with the atomic-add epilogue.
-void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
+void run_atomic_case(int m, int n, int k, int block_n, int cluster, int stream_k = -1) {
   Buffers b(m, n, k);
   const size_t count = static_cast<size_t>(m) * n;
   fill_random(b.a, static_cast<size_t>(m) * k, g_seed + 77);
@@ -158,9 +159,13 @@ void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
   mk::GemmConfig cfg;
   cfg.block_n = block_n;
   cfg.cluster_m = cluster;
+  cfg.stream_k = stream_k;
   mk::GemmArgs args = make_args(b, m, n, k, cfg);
   args.epilogue = mk::kEpilogueAtomicAdd;
-  mk::GemmResult r = mk::gemm_bf16_tn(args, nullptr);
+  mk::GemmPlan plan;
+  mk::GemmResult r = mk::gemm_plan(args, &plan);
+  check(r.ok(), "atomic-add plan: " + r.message);
+  r = mk::gemm_launch(plan, nullptr);
   check(r.ok(), "atomic-add launch: " + r.message);
   GT_CUDA(cudaDeviceSynchronize());
   check(read_status(b).code == mk::kDeviceOk, "atomic-add status");
@@ -169,8 +174,8 @@ void run_atomic_case(int m, int n, int k, int block_n, int cluster) {
   for (size_t i = 0; i < count; ++i) ref[i] += c0[i];
   const ErrorStats e = compare(out, ref);
   const bool ok = e.non_finite == 0 && e.rel_fro < 2 * kTolerance;
-  std::printf("%s  atomic-add %s n%d c%d: rel err vs fp32(C + AW^T) %.2e\n", ok ? "ok  " : "FAIL",
-              shape_str(m, n, k).c_str(), block_n, cluster, e.rel_fro);
+  std::printf("%s  atomic-add %s [%s]: rel err vs fp32(C + AW^T) %.2e\n", ok ? "ok  " : "FAIL",
+              shape_str(m, n, k).c_str(), mk::gemm_config_string(plan).c_str(), e.rel_fro);
   if (!ok) ++g_failures;
 }
 
@@ -421,19 +426,47 @@ int main() {
   run_case(8192, 8192, 8192, def, "large");
   run_case(4096, 2048, 14336, def, "deep k");
 
-  // Every library instantiation and schedule option on one ragged shape.
+  // Every library instantiation and work decomposition on one ragged shape: data-parallel,
+  // split-K, stream-K with the chosen units and with 7 units (each spanning several tiles).
   for (int bn : {128, 256})
     for (int cl : {1, 2})
-      for (int sp : {1, 3})
+      for (int mode = 0; mode < 4; ++mode)
         for (int ra : {0, 1}) {
           mk::GemmConfig c;
           c.block_n = bn;
           c.cluster_m = cl;
-          c.num_splits = sp;
+          c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
+          c.stream_k = mode >= 2 ? 1 : 0;
+          c.sk_units = mode == 3 ? 7 : 0;
           c.raster = ra;
           c.group = 3;
           run_case(1100, 1280, 1096, c, "config");  // 9 m blocks: a padding tile with clusters of 2
         }
+  // Stream-K edges: one k block per tile (units are whole tiles), units that split one tile
+  // many ways (decode-like m), a tail of a few tiles after full waves, many waves.
+  {
+    mk::GemmConfig sk;
+    sk.stream_k = 1;
+    run_case(300, 2048, 64, sk, "stream-K, 1 k block");
+    run_case(5, 520, 4104, sk, "stream-K, m=5");
+    run_case(77, 4096, 3000, sk, "stream-K, m=77");
+    sk.sk_units = 13;
+    run_case(1000, 776, 2000, sk, "stream-K, 13 units");
+    mk::GemmConfig tail;
+    tail.stream_k = 1;
+    tail.block_n = 128;
+    tail.cluster_m = 1;
+    run_case(137, 9440, 2056, tail, "stream-K, 148 tiles");
+    run_case(4096, 8320, 1024, mk::GemmConfig{}, "waves + tail");
+  }
+  // The random family (issue 13), smaller: fresh shapes every run from the test's seed, the same
+  // distribution as gemm_bench --random without the shapes whose fp32 reference would take
+  // long (m * n * k > 2^38 or m * n > 2^25).
+  {
+    const auto family = gemm_test::random_family_capped(g_seed, 24, 0x1p38, 0x1p25);
+    std::printf("random family: seed %llu, %zu shapes\n", static_cast<unsigned long long>(g_seed), family.size());
+    for (const auto& sh : family) run_case(sh.m, sh.n, sh.k, def, "random");
+  }
   // Fewer blocks than SMs (SMs withheld) and a single block.
   for (int blocks : {116, 2}) {
     mk::GemmConfig c;
@@ -443,6 +476,7 @@ int main() {
 
   run_atomic_case(1000, 4096, 2048, 256, 2);
   run_atomic_case(300, 2048, 1024, 128, 1);
+  run_atomic_case(700, 1536, 3000, 256, 2, 1);  // stream-K: the last participant adds the sum
   run_flag_cases();
   run_role_case();
   run_shard_case();

@@ -1,0 +1,297 @@
+// sm90_bf16_gemm_schedule.h: how the persistent GEMM cuts a problem into work (tile width,
+// cluster size, data-parallel tiles, stream-K or split-K units), chosen by a small cost model.
+// Plain C++ (no CUDA): the host launcher uses it, and so do the CPU schedule test and the
+// model's evaluation over random shapes (gemm_schedule_test --model).
+//
+// The rule (docs/kernels.md, "No cliffs"): for every candidate the model predicts the time of
+// the busiest cluster and the time to move the operands through DRAM once; the candidate with
+// the lowest prediction wins. Candidates:
+//   tile width    128 or 256 columns (BLOCK_M is 128): a narrow tile wastes less of a last
+//                 column of tiles, a wide one loads less per flop;
+//   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
+//                 tile of zeros, which the model counts);
+//   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
+//                 the tiles fill at most half the clusters; or data-parallel waves followed by
+//                 a stream-K region of the last one or two waves' tiles whose k iterations are
+//                 spread evenly over U units (U <= the clusters; fewer when there is little
+//                 work, since each split tile costs a fix-up through the workspace). Stream-K
+//                 is a candidate only with enough k blocks per tile and, for m > 64, a last
+//                 wave less than half full (GemmCostModel, measured guards).
+// An explicit num_splits in the configuration gives uniform split-K instead (1 = none); an
+// explicit block_n / cluster_m / stream_k / sk_units narrows the candidates.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/tile_scheduler.cuh"
+
+namespace mkernel::kernels {
+
+// Costs of the model, in microseconds and bytes per microsecond, fitted to two H200 runs of this
+// kernel (docs/kernels.md, "No cliffs": the third run, 320 random shapes and the benchmark's
+// list, each timed in six configurations), one set for m <= 64 (the weight stream; one consumer
+// warpgroup holds every row and the other issues no MMA) and one for larger m; rms error of the
+// predicted time 10% and 12%. Only their ratios matter for the choice; the absolute prediction
+// is for reports.
+struct GemmCostRegime {
+  double launch_us;  // launch, prologue, first loads, last store, as event-timed
+  // One 64-deep k block of one CTA when every SM is busy, per tile width and cluster size. For
+  // larger m the rates follow the bytes each CTA pulls from L2 per flop (A tile + its share of
+  // the weight tile) more than the tensor cores: 128-wide tiles and clusters of one cost more.
+  double iter_us_n256_c2, iter_us_n256_c1, iter_us_n128_c2, iter_us_n128_c1;
+  // Fewer busy SMs run faster each (shared L2 and DRAM bandwidth, power): a k block costs
+  // (1 - concurrency * (1 - busy SMs / all SMs)) of the above.
+  double concurrency;
+  double tile_us_n256, tile_us_n128;  // epilogue and pipeline refill per finished tile
+  // Fix-up of a split tile: every participant adds its fp32 partial into the tile's
+  // accumulator (reductions in L2) and takes a ticket; the last also reads the sum and zeroes it.
+  double fixup_latency_us;      // the round trips through memory around the ticket
+  double sum_latency_us;        // the last participant's read of the sum
+  double partial_bytes_per_us;  // one CTA adding, reading or zeroing a partial tile
+  double dram_bytes_per_us;     // operands streamed once, as this kernel achieves it
+  double cta_bytes_per_us;      // what one CTA alone can stream
+};
+
+struct GemmCostModel {
+  GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
+  GemmCostRegime general{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
+  // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
+  // with a last wave at least half full, or few k blocks per tile, the stream-K region ran
+  // slower than whole tiles although the model called it even; docs/kernels.md).
+  int min_k_blocks_stream_k_small_m = 96;
+  int min_k_blocks_stream_k = 32;
+};
+
+// What the caller fixed (0 / -1: free) and what the device offers.
+struct GemmScheduleRequest {
+  int64_t m = 0, n = 0, k = 0;
+  int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
+  int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
+  int block_n = 0;          // 128 or 256, 0 = choose
+  int cluster_m = 0;        // 1 or 2, 0 = choose
+  int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
+  int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
+  int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
+  int dp_tiles = -1;        // >= 0 (with stream-K): tiles computed whole first, -1 = choose
+  int num_sms = 132;        // the device's SMs (the model's "all SMs busy")
+};
+
+struct GemmSchedule {
+  int block_n = 256;
+  int cluster_m = 1;
+  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m)
+  uint32_t m_blocks = 0, n_blocks = 0, k_blocks = 0;
+  uint32_t tiles = 0;        // cluster tiles (m groups x n blocks)
+  uint32_t dp_tiles = 0;     // whole tiles, in waves
+  uint32_t sk_units = 0;     // units over the k iterations of the other tiles
+  uint32_t sk_per_tile = 0;  // 0: stream-K; s: split-K with s units per tile
+  double predicted_us = 0;
+  // Model terms of the chosen candidate, for reports: busiest cluster and DRAM floor.
+  double busiest_us = 0, dram_us = 0;
+
+  uint32_t sk_tiles() const { return tiles - dp_tiles; }
+  // Workspace: one arrival counter per CTA of a stream-K tile (256-byte aligned), then one fp32
+  // accumulator tile per CTA of a stream-K tile (tile_scheduler.cuh, notes 3 and 4).
+  size_t counter_bytes() const {
+    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * sizeof(uint32_t);
+    return (b + 255) / 256 * 256;
+  }
+  size_t workspace_bytes() const {
+    if (sk_units == 0) return 0;
+    return counter_bytes() + static_cast<size_t>(sk_tiles()) * cluster_m * 128 * block_n * sizeof(float);
+  }
+  std::string describe() const {
+    std::string s;
+    if (sk_units == 0) {
+      s = "dp";
+    } else if (sk_per_tile != 0) {
+      s = "splitk" + std::to_string(sk_per_tile);
+    } else {
+      s = "sk" + std::to_string(sk_units) + "/" + std::to_string(sk_tiles()) + "t";
+    }
+    return s;
+  }
+};
+
+namespace schedule_detail {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Predicted time of one decomposition of one tile shape (see the header comment). The work of
+// every cluster is walked exactly as the kernel walks it (tile_scheduler.cuh): each work item
+// costs its k blocks, plus the epilogue of a finished tile, or the store of a partial tile; the
+// participant holding a split tile's first k block is charged the reads of the other partials
+// (it is usually the last to arrive, since that block is at the end of its unit).
+inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
+  const GemmCostRegime& cm = m <= 64 ? model.small_m : model.general;
+  const bool wide = s->block_n == 256;
+  const uint32_t G = static_cast<uint32_t>(s->num_clusters);
+  const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
+  const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
+  double it = wide ? (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1)
+                   : (s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1);
+  it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
+  const double tile = wide ? cm.tile_us_n256 : cm.tile_us_n128;
+  const double partial_bytes = static_cast<double>(std::min<int64_t>(m, 128)) * s->block_n * 4;
+  const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
+  const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
+  const uint32_t groups = s->tiles / s->n_blocks;
+  TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
+  ts.num_k_blocks = s->k_blocks;
+  ts.dp_tiles = s->dp_tiles;
+  ts.sk_units = s->sk_units;
+  ts.sk_per_tile = s->sk_per_tile;
+  double busiest = 0;
+  const double whole = s->k_blocks * it + tile;
+  // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
+  // a split tile adds its partial; the one holding the tile's first k block is charged taking
+  // the sum and the epilogue (it is usually the last to arrive: that block ends its unit).
+  for (uint32_t c = 0; c < G; ++c) {
+    const uint32_t dp = s->dp_tiles > c ? (s->dp_tiles - c + G - 1) / G : 0;
+    double t = dp * whole;
+    for (uint32_t u = c; u < s->sk_units; u += G) {
+      WorkCursor cur{s->dp_tiles, u, ts.unit_begin(u), ts.unit_begin(u + 1)};
+      WorkItem w;
+      while (cur.unit == u && ts.next(cur, G, w)) {
+        if (w.unit != u) break;
+        t += (w.k_end - w.k_begin) * it;
+        const uint32_t parts = ts.participants(w.tile);
+        if (parts == 1) {
+          t += tile;
+        } else {
+          t += add_partial;
+          if (w.unit == ts.first_unit(w.tile)) t += tile + take_sum;
+        }
+      }
+    }
+    busiest = std::max(busiest, t);
+    if (c + 1 >= s->sk_units) break;  // later clusters: no units, no more whole tiles than this one
+  }
+  // DRAM: every operand once, at most what the active CTAs can stream.
+  const double dm = static_cast<double>(m), dn = static_cast<double>(n), dk = static_cast<double>(k);
+  const double bytes = 2.0 * (dm * dk + dn * dk + dm * dn);
+  const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * s->cluster_m) * cm.cta_bytes_per_us);
+  s->busiest_us = busiest;
+  s->dram_us = bytes / bw;
+  s->predicted_us = cm.launch_us + std::max(s->busiest_us, s->dram_us);
+}
+
+}  // namespace schedule_detail
+
+// The decision rule (see the header comment). Always returns a valid schedule for m, n, k >= 1
+// and at least one allowed cluster size with blocks.
+inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const GemmCostModel& cm = GemmCostModel{}) {
+  using schedule_detail::ceil_div;
+  GemmSchedule best;
+  bool have = false;
+  auto consider = [&](GemmSchedule s) {
+    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s);
+    // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
+    if (!have || s.predicted_us < best.predicted_us * 0.99) {
+      best = s;
+      have = true;
+    }
+  };
+  const int64_t m_blocks = ceil_div(r.m, 128);
+  const int64_t k_blocks = ceil_div(r.k, 64);
+  for (int cl : {2, 1}) {
+    if (r.cluster_m != 0 && r.cluster_m != cl) continue;
+    const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
+    if (blocks < cl) continue;
+    if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
+    for (int bn : {256, 128}) {
+      if (r.block_n != 0 && r.block_n != bn) continue;
+      GemmSchedule base;
+      base.block_n = bn;
+      base.cluster_m = cl;
+      base.m_blocks = static_cast<uint32_t>(m_blocks);
+      base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
+      base.k_blocks = static_cast<uint32_t>(k_blocks);
+      base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_blocks);
+      const int64_t G = blocks / cl;
+      const int64_t T = base.tiles;
+      // Clusters launched: never more than there is work for.
+      auto with_clusters = [&](GemmSchedule s, int64_t wanted) {
+        s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(G, wanted)));
+        return s;
+      };
+      if (r.num_splits > 0 && r.stream_k != 1) {
+        // Explicit uniform split-K (1 = data-parallel).
+        GemmSchedule s = base;
+        const int64_t splits = std::min<int64_t>(r.num_splits, k_blocks);
+        if (splits <= 1) {
+          s.dp_tiles = s.tiles;
+          consider(with_clusters(s, T));
+        } else {
+          s.dp_tiles = 0;
+          s.sk_per_tile = static_cast<uint32_t>(splits);
+          s.sk_units = static_cast<uint32_t>(T * splits);
+          consider(with_clusters(s, T * splits));
+        }
+        continue;
+      }
+      if (r.stream_k != 1) {
+        GemmSchedule s = base;
+        s.dp_tiles = s.tiles;
+        consider(with_clusters(s, T));
+      }
+      // Uniform split-K when the tiles fill less than half of the clusters: s units per tile,
+      // one round, no unit crossing a tile.
+      if (r.stream_k != 1 && r.sk_units == 0 && 2 * T <= G) {
+        for (int64_t splits = std::min<int64_t>(G / T, k_blocks); splits >= 2; splits = splits * 2 / 3) {
+          GemmSchedule s = base;
+          s.dp_tiles = 0;
+          s.sk_per_tile = static_cast<uint32_t>(splits);
+          s.sk_units = static_cast<uint32_t>(T * splits);
+          consider(with_clusters(s, T * splits));
+        }
+      }
+      if (r.stream_k == 0) continue;
+      const int64_t full_waves = T / G;
+      if (r.stream_k < 0) {
+        const bool small_m = r.m <= 64;
+        if (k_blocks < (small_m ? cm.min_k_blocks_stream_k_small_m : cm.min_k_blocks_stream_k)) continue;
+        if (!small_m && full_waves > 0 && 2 * (T % G) >= G) continue;
+      }
+      // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves), or
+      // after the data-parallel tiles the caller named.
+      int64_t dp_options[2] = {(full_waves - 1) * G, full_waves * G};
+      if (r.dp_tiles >= 0) dp_options[0] = dp_options[1] = r.dp_tiles;
+      for (int o = 0; o < (r.dp_tiles >= 0 ? 1 : 2); ++o) {
+        const int64_t dp = dp_options[o];
+        if (dp < 0) continue;
+        const int64_t sk_tiles = T - dp;
+        if (sk_tiles <= 0) continue;
+        const int64_t iters = sk_tiles * k_blocks;
+        auto add_units = [&](int64_t units) {
+          units = std::min<int64_t>({units, G, iters});
+          if (units < 1) return;
+          GemmSchedule s = base;
+          s.dp_tiles = static_cast<uint32_t>(dp);
+          s.sk_units = static_cast<uint32_t>(units);
+          s.sk_per_tile = 0;
+          consider(with_clusters(s, std::max(dp, units)));
+        };
+        if (r.sk_units > 0) {
+          add_units(r.sk_units);
+        } else {
+          for (int64_t div : {1, 2, 4, 8}) add_units(ceil_div(G, div));
+        }
+      }
+    }
+  }
+  if (!have && r.stream_k == 1) {
+    // Nothing left for stream-K (the named data-parallel tiles cover the problem).
+    GemmScheduleRequest dp = r;
+    dp.stream_k = 0;
+    dp.sk_units = 0;
+    dp.dp_tiles = -1;
+    return choose_gemm_schedule(dp, cm);
+  }
+  return best;
+}
+
+}  // namespace mkernel::kernels

@@ -1,0 +1,300 @@
+// gemm_schedule_test.cc: the GEMM's work decomposition, replayed on the CPU (no GPU needed; runs
+// in CI). For random shapes from the seeded family, the benchmark's list and random caller
+// constraints (tile width, cluster, split-K, stream-K units, fewer blocks), the decision rule's
+// schedule is walked exactly as the kernel's producer and consumers walk it
+// (common/tile_scheduler.cuh), and checked:
+//   - every k block of every tile is computed exactly once, by launched clusters only;
+//   - the participants the fix-up expects for a tile are exactly the units that touched it;
+//   - every split tile has its own counter and accumulator inside the workspace the plan sizes;
+//   - the arrival protocol (last participant takes the sum) sees every partial added, for
+//     random arrival orders.
+// With --model [SEED] [COUNT] it prints instead what the cost model predicts over COUNT shapes
+// of the family (docs/kernels.md, "No cliffs"): the choices, and the predicted efficiency of
+// the rule against the earlier fixed rule.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/tile_scheduler.cuh"
+#include "gemm/gemm_random_family.h"
+#include "gemm/sm90_bf16_gemm_schedule.h"
+
+namespace mk = mkernel::kernels;
+
+namespace {
+
+int g_failures = 0;
+
+void fail(const std::string& what) {
+  if (++g_failures <= 20) std::printf("FAIL  %s\n", what.c_str());
+}
+
+std::string shape_str(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s) {
+  return std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [n" + std::to_string(s.block_n) +
+         " c" + std::to_string(s.cluster_m) + " G" + std::to_string(s.num_clusters) + " " + s.describe() + "]";
+}
+
+template <int kClusterM>
+void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt19937_64& rng) {
+  const std::string name = shape_str(r, s);
+  mk::TileScheduler<kClusterM> sched{s.m_blocks, s.n_blocks, std::max<uint32_t>(1, s.sk_per_tile), 0, 8, 0};
+  sched.num_k_blocks = s.k_blocks;
+  sched.dp_tiles = s.dp_tiles;
+  sched.sk_units = s.sk_units;
+  sched.sk_per_tile = s.sk_per_tile;
+  const uint32_t T = sched.num_tiles(), KB = s.k_blocks;
+  if (T != s.tiles) return fail(name + ": tile count differs between the rule and the scheduler");
+  const int blocks = kClusterM == 1 ? r.blocks_cluster1 : r.blocks_cluster2;
+  if (s.num_clusters < 1 || s.num_clusters * kClusterM > blocks) return fail(name + ": more clusters than blocks");
+  if (s.dp_tiles > T) return fail(name + ": dp_tiles > tiles");
+  if (s.sk_units > 0 && s.sk_units > sched.sk_iters()) return fail(name + ": empty units");
+  if (s.sk_units == 0 && s.dp_tiles != T) return fail(name + ": tiles left without units");
+  if (s.sk_per_tile != 0 && (s.sk_per_tile > KB || s.dp_tiles != 0)) return fail(name + ": bad split-K");
+
+  // Every cluster's items, as the kernel walks them.
+  std::vector<uint32_t> covered(static_cast<size_t>(T) * KB, 0);
+  std::vector<std::vector<uint32_t>> touched(T);       // units per tile, in walk order
+  std::vector<std::vector<mk::WorkItem>> by_tile(T);   // items per tile
+  std::vector<uint32_t> unit_iters(s.sk_units, 0);
+  for (uint32_t c = 0; c < static_cast<uint32_t>(s.num_clusters); ++c) {
+    mk::WorkCursor cur = sched.begin(c);
+    mk::WorkItem it;
+    uint32_t guard = 0;
+    while (sched.next(cur, s.num_clusters, it)) {
+      if (++guard > 4 * (T + s.sk_units) + 8) return fail(name + ": cursor does not end");
+      if (it.tile >= T || it.k_begin >= it.k_end || it.k_end > KB) return fail(name + ": item out of range");
+      for (uint32_t kb = it.k_begin; kb < it.k_end; ++kb) ++covered[static_cast<size_t>(it.tile) * KB + kb];
+      if (it.unit != mk::WorkItem::kWholeTile) {
+        if (it.unit >= s.sk_units || it.unit % s.num_clusters != c) return fail(name + ": unit on the wrong cluster");
+        unit_iters[it.unit] += it.k_end - it.k_begin;
+        touched[it.tile].push_back(it.unit);
+      } else if (it.tile >= s.dp_tiles || it.k_begin != 0 || it.k_end != KB) {
+        return fail(name + ": data-parallel item not a whole tile of the region");
+      }
+      by_tile[it.tile].push_back(it);
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i) {
+    if (covered[i] != 1) {
+      return fail(name + ": tile " + std::to_string(i / KB) + " k block " + std::to_string(i % KB) + " computed " +
+                  std::to_string(covered[i]) + " times");
+    }
+  }
+  // Balanced units (stream-K): iteration counts differ by at most one.
+  if (s.sk_units > 0 && s.sk_per_tile == 0) {
+    const auto [lo, hi] = std::minmax_element(unit_iters.begin(), unit_iters.end());
+    if (*hi - *lo > 1) return fail(name + ": unbalanced stream-K units");
+  }
+  // Participants, counters and accumulators.
+  std::vector<bool> index_used(s.sk_tiles(), false);
+  for (uint32_t t = 0; t < T; ++t) {
+    const uint32_t parts = sched.participants(t);
+    if (t < s.dp_tiles) {
+      if (parts != 1 || by_tile[t].size() != 1) return fail(name + ": data-parallel tile with participants");
+      continue;
+    }
+    std::vector<uint32_t> units = touched[t];
+    std::sort(units.begin(), units.end());
+    if (units.size() != parts) return fail(name + ": tile " + std::to_string(t) + " participants " + std::to_string(parts) +
+                                           ", units that touched it " + std::to_string(units.size()));
+    const uint32_t first = sched.first_unit(t);
+    for (uint32_t i = 0; i < parts; ++i) {
+      if (units[i] != first + i) return fail(name + ": participants of tile " + std::to_string(t) + " not consecutive from first_unit");
+    }
+    const uint32_t idx = sched.counter(t);
+    if (idx >= s.sk_tiles() || index_used[idx]) return fail(name + ": counter/accumulator index out of range or shared");
+    index_used[idx] = true;
+    if (parts == 1) continue;
+    // The arrival protocol, in a random order: every participant adds its partial, then takes a
+    // ticket; the last ticket must see all P partials added.
+    std::vector<uint32_t> order = units;
+    std::shuffle(order.begin(), order.end(), rng);
+    uint32_t arrived = 0, added = 0;
+    for (uint32_t v : order) {
+      (void)v;
+      ++added;
+      if (arrived++ == parts - 1 && added != parts) return fail(name + ": last participant misses a partial");
+    }
+  }
+  const size_t ws = s.workspace_bytes();
+  if (s.sk_units > 0) {
+    const size_t need = s.counter_bytes() + static_cast<size_t>(s.sk_tiles()) * kClusterM * 128 * s.block_n * sizeof(float);
+    if (ws < need) return fail(name + ": workspace too small");
+    if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * sizeof(uint32_t))
+      return fail(name + ": counters too small");
+  } else if (ws != 0) {
+    return fail(name + ": workspace for a data-parallel schedule");
+  }
+}
+
+void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
+  const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
+  if (r.block_n && s.block_n != r.block_n) fail(shape_str(r, s) + ": block_n not honoured");
+  if (r.cluster_m && s.cluster_m != r.cluster_m) fail(shape_str(r, s) + ": cluster_m not honoured");
+  if (r.num_splits > 0 && r.stream_k != 1) {
+    const uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
+    if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
+  }
+  if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
+  if (s.cluster_m == 2) {
+    replay<2>(r, s, rng);
+  } else {
+    replay<1>(r, s, rng);
+  }
+  // Planning again with the resolved configuration (what a fused op does with a plan's config)
+  // gives the same schedule, so the workspace sized by the first plan fits the second.
+  mk::GemmScheduleRequest again;
+  again.m = r.m;
+  again.n = r.n;
+  again.k = r.k;
+  (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
+  again.block_n = s.block_n;
+  again.cluster_m = s.cluster_m;
+  const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
+  again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
+  again.stream_k = sk ? 1 : 0;
+  again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
+  again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
+  const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
+  if (s2.block_n != s.block_n || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+      s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
+      s2.workspace_bytes() != s.workspace_bytes()) {
+    fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
+  }
+}
+
+// The rule before stream-K (commit 10b72b3), for the model comparison.
+mk::GemmSchedule old_rule(int64_t m, int64_t n, int64_t k) {
+  const int64_t mb = (m + 127) / 128, kb = (k + 63) / 64;
+  mk::GemmSchedule s;
+  s.block_n = (m <= 64 || mb > 2) ? 256 : 128;
+  s.cluster_m = mb >= 4 ? 2 : 1;
+  s.m_blocks = static_cast<uint32_t>(mb);
+  s.n_blocks = static_cast<uint32_t>((n + s.block_n - 1) / s.block_n);
+  s.k_blocks = static_cast<uint32_t>(kb);
+  s.tiles = static_cast<uint32_t>((mb + s.cluster_m - 1) / s.cluster_m * s.n_blocks);
+  const int64_t tiles = static_cast<int64_t>(s.tiles) * s.cluster_m;
+  int64_t splits = 1;
+  if (tiles * 2 <= 132) splits = std::min<int64_t>({132 / tiles, std::max<int64_t>(1, kb / 8), 16});
+  splits = (kb + (kb + splits - 1) / splits - 1) / ((kb + splits - 1) / splits);
+  const int64_t G = 132 / s.cluster_m;
+  if (splits > 1) {
+    s.sk_per_tile = static_cast<uint32_t>(splits);
+    s.sk_units = s.tiles * static_cast<uint32_t>(splits);
+    s.num_clusters = static_cast<int>(std::min<int64_t>(G, s.sk_units));
+  } else {
+    s.dp_tiles = s.tiles;
+    s.num_clusters = static_cast<int>(std::min<int64_t>(G, s.tiles));
+  }
+  mk::schedule_detail::predict(mk::GemmCostModel{}, m, n, k, 132, &s);
+  return s;
+}
+
+int model(uint64_t seed, int count) {
+  const mk::GemmCostModel cm;
+  // Ideal: the useful flops at the model's best per-SM rate on all 132 SMs, or the operands
+  // once through DRAM at the best rate seen, plus the launch.
+  const mk::GemmCostRegime& g = cm.general;
+  const double flop_per_us = 2.0 * 128 * 256 * 64 / g.iter_us_n256_c2 * 132;
+  std::map<std::string, int> choices;
+  std::vector<double> eff_new, eff_old, gain;
+  const auto shapes = gemm_test::random_family(seed, count);
+  for (const auto& sh : shapes) {
+    mk::GemmScheduleRequest r;
+    r.m = sh.m;
+    r.n = sh.n;
+    r.k = sh.k;
+    r.blocks_cluster1 = 132;
+    r.blocks_cluster2 = 132;
+    const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
+    const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
+    const double flops = 2.0 * sh.m * sh.n * sh.k;
+    const double bytes = 2.0 * (double(sh.m) * sh.k + double(sh.n) * sh.k + double(sh.m) * sh.n);
+    const mk::GemmCostRegime& re = sh.m <= 64 ? cm.small_m : cm.general;
+    const double ideal = re.launch_us + std::max(flops / flop_per_us, bytes / cm.small_m.dram_bytes_per_us);
+    eff_new.push_back(ideal / s.predicted_us);
+    eff_old.push_back(ideal / o.predicted_us);
+    gain.push_back(o.predicted_us / s.predicted_us);
+    const std::string kind = s.sk_units == 0 ? "dp" : (s.sk_per_tile ? "splitk" : (s.dp_tiles ? "dp+sk" : "sk"));
+    ++choices["n" + std::to_string(s.block_n) + " c" + std::to_string(s.cluster_m) + " " + kind];
+  }
+  auto summary = [](const char* what, std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    double lg = 0;
+    for (double x : v) lg += std::log(x);
+    std::printf("  %-34s geomean %.3f  min %.3f  p5 %.3f  p50 %.3f\n", what, std::exp(lg / static_cast<double>(v.size())), v.front(),
+                v[v.size() / 20], v[v.size() / 2]);
+  };
+  std::printf("cost model over %d shapes of the random family (seed %llu):\n", count, static_cast<unsigned long long>(seed));
+  summary("predicted efficiency, rule", eff_new);
+  summary("predicted efficiency, old rule", eff_old);
+  summary("predicted speed-up over old rule", gain);
+  std::printf("  choices:\n");
+  for (const auto& [k, v] : choices) std::printf("    %-20s %6d (%.1f%%)\n", k.c_str(), v, 100.0 * v / count);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--model") {
+    const uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 20261201;
+    const int count = argc > 3 ? std::atoi(argv[3]) : 10000;
+    return model(seed, count);
+  }
+  std::mt19937_64 rng(12345);
+  int cases = 0;
+  // The benchmark's fixed list and edge shapes, with the device's full block counts.
+  const int fixed[][3] = {{8192, 8192, 8192},  {8192, 14336, 4096}, {8192, 4096, 14336}, {4096, 28672, 8192},
+                          {16384, 8192, 8192}, {16384, 14336, 2048}, {1, 8192, 8192},    {16, 8192, 8192},
+                          {128, 8192, 8192},   {1000, 8192, 8192},  {8, 8, 8},           {1, 8, 8},
+                          {137, 9440, 9016},   {22677, 280, 10664}, {604, 336, 8272},    {3, 960, 7920},
+                          {1100, 1280, 1096},  {333, 1000, 520},    {2056, 1968, 8528},  {1, 256, 64}};
+  for (const auto& f : fixed) {
+    for (int b1 : {132, 116, 2}) {
+      mk::GemmScheduleRequest r;
+      r.m = f[0];
+      r.n = f[1];
+      r.k = f[2];
+      r.blocks_cluster1 = b1;
+      r.blocks_cluster2 = b1 - b1 % 2;
+      check(r, rng);
+      ++cases;
+    }
+  }
+  // Random shapes of the family and random constraints.
+  gemm_test::RandomFamily fam(20261201);
+  std::uniform_int_distribution<int> pick(0, 99);
+  for (int i = 0; i < 3000; ++i) {
+    const auto sh = fam.next();
+    mk::GemmScheduleRequest r;
+    r.m = sh.m;
+    r.n = sh.n;
+    r.k = sh.k;
+    if (i % 5 == 1) r.k = 8 * (1 + pick(rng));  // shallow k: fewer k blocks than units
+    const int blocks[] = {132, 132, 132, 128, 116, 64, 7, 2, 1};
+    r.blocks_cluster1 = blocks[pick(rng) % 9];
+    r.blocks_cluster2 = r.blocks_cluster1 - r.blocks_cluster1 % 2;
+    if (pick(rng) < 20) r.block_n = pick(rng) < 50 ? 128 : 256;
+    if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;
+    const int mode = pick(rng);
+    if (mode < 15) r.num_splits = 1 + pick(rng) % 8;
+    else if (mode < 25) r.stream_k = 0;
+    else if (mode < 35) r.stream_k = 1;
+    if (pick(rng) < 15) r.sk_units = 1 + pick(rng);
+    if (pick(rng) < 5) r.dp_tiles = pick(rng) * 3;
+    check(r, rng);
+    ++cases;
+  }
+  if (g_failures) {
+    std::printf("gemm_schedule_test: %d of %d cases FAILED\n", g_failures, cases);
+    return 1;
+  }
+  std::printf("gemm_schedule_test: %d cases passed\n", cases);
+  return 0;
+}
