@@ -73,6 +73,9 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   g.config.block_n = s.config.block_n;
   g.config.cluster_m = s.config.cluster_m;
   g.config.num_gemm_blocks = s.config.gemm_blocks;
+  // Whole tiles (or uniform split-K), no stream-K: the order of tiles and the argument that no
+  // wait goes in a circle (gemm_rs_plan.h note 4) are those the CPU replay checks.
+  g.config.stream_k = 0;
   g.wait = s.wait;
   // Split-K where the engine picks it (few tiles: small M), with the plan's own scratch; the
   // order changes only the raster group and rotation, never the split.

@@ -24,13 +24,13 @@ TEST(GemmRsPlan, EveryLayoutUpTo8x8) {
   for (uint32_t nodes = 1; nodes <= 8; ++nodes)
     for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
       const mk::FusedLayout l{nodes, gpus};
-      // 256 rows per rank (rotated order on one node), 200 (tiles shared by two bands: the
-      // identical order).
-      for (uint32_t m_local : {256u, 200u}) {
+      // 128 rows per rank (rotated order on one node), 100 (tiles shared by two bands: the
+      // identical order). One n block: the plan works per m block.
+      for (uint32_t m_local : {128u, 100u}) {
         mk::RsReplayOptions o;
         o.launches = 2;
         o.clusters = 3;
-        o.n = 384;  // two n blocks of 256, the second partial
+        o.n = 256;
         o.seed = nodes * 131 + gpus * 7 + m_local;
         const mk::RsReplayReport r = mk::rs_replay(l, m_local, o);
         EXPECT_EQ(r.error, "") << layout_name(l) << " m_local " << m_local;
@@ -54,7 +54,7 @@ TEST(GemmRsPlan, AllReduceEveryLayoutUpTo8x8) {
   for (uint32_t nodes = 1; nodes <= 8; ++nodes)
     for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
       const mk::FusedLayout l{nodes, gpus};
-      for (uint32_t m_local : {200u}) {
+      for (uint32_t m_local : {100u}) {
         mk::RsReplayOptions o;
         o.launches = 2;
         o.clusters = 3;
