@@ -1,0 +1,96 @@
+// sm90_attention_params.h: the plain-data parameters of the attention core, shared by its device
+// code (sm90_attention.cuh) and its host launcher (sm90_attention.cu), and by the fused ring kernel
+// that will call the core once per key/value chunk.
+//
+// Design notes
+//  1. A *unit* is one 128-row tile of queries of one (batch, query head): the core's grain of
+//     work. Units are numbered head-major (all m blocks of one head together, so the blocks in
+//     flight share that head's K and V in L2), the last m block first (under a causal mask it
+//     has the most keys). attn_unit() is the one place this numbering lives.
+//  2. A *chunk* is one span of keys and values (the whole sequence for the standalone op; the
+//     chunk a ring step holds for the fused op) and how the query tile relates to it:
+//       kAttnFull   every query sees every key of the chunk;
+//       kAttnCausal query row i sees key j iff j <= i + causal_offset (chunk-local indices);
+//                   only the key blocks that cross that diagonal, and a last partial block, are
+//                   masked element by element;
+//       kAttnSkip   no key is visible (a ring step whose keys all lie in this rank's future).
+//  3. What a unit does with its result over one chunk (flags):
+//       none                      write the running state: O (fp32, normalised) and lse (fp32);
+//       kAttnReadRunning          merge with the running state first (online-softmax merge in fp32);
+//       kAttnWriteFinal           write O (bf16, through shared memory and TMA) and lse to the outputs
+//                                 instead of the running state.
+//     The standalone op is one chunk with kAttnWriteFinal; a ring of R steps is chunk 0 with no
+//     flag, steps 1..R-2 with kAttnReadRunning, step R-1 with both.
+//  4. The running state of a unit is read and written only by the consumer thread that owns the
+//     fragment element, and a unit is owned by the same block in every chunk (static schedule:
+//     block b takes units b, b + grid, ...), so chunks need no synchronisation between blocks.
+//  5. Rows with no visible key (a skipped chunk, or a causal offset below zero) have lse = -inf and
+//     O = 0; merging such a partial changes nothing.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/wait.cuh"
+
+namespace mkernel::kernels {
+
+enum AttnRelation : uint32_t {
+  kAttnFull = 0,
+  kAttnCausal = 1,
+  kAttnSkip = 2,
+};
+
+enum AttnChunkFlags : uint32_t {
+  kAttnReadRunning = 1,
+  kAttnWriteFinal = 2,
+};
+
+// The most chunks one launch of the standalone kernel takes (tensor maps travel as kernel
+// parameters). The ring kernel passes its own chunks and is not bound by this.
+inline constexpr int kAttnMaxChunks = 4;
+
+struct AttnChunk {
+  uint32_t kv_len;        // keys in this chunk
+  uint32_t relation;      // AttnRelation
+  int32_t causal_offset;  // kAttnCausal: row i sees key j iff j <= i + causal_offset
+  uint32_t flags;         // AttnChunkFlags
+};
+
+struct AttnParams {
+  // Problem (note 1). Q and O: [batch, heads_q, q_len, head_dim] as TMA tensor maps (any strides);
+  // K and V: [batch, heads_kv, kv_len, head_dim]; query head h reads key/value head h / group.
+  uint32_t batch, heads_q, heads_kv, group;
+  uint32_t q_len;
+  uint32_t num_m_blocks;  // ceil(q_len / 128)
+  uint32_t num_units;     // batch * heads_q * num_m_blocks
+  float scale;            // softmax scale (1/sqrt(head_dim) unless given)
+  float scale_log2;       // scale * log2(e): exponentials are exp2 of fused multiply-adds
+
+  // Outputs. lse: fp32 [batch, heads_q, q_len] (natural log), written with kAttnWriteFinal.
+  float* lse;
+  // Running state (note 3; only chunks without kAttnWriteFinal, or with kAttnReadRunning, use it):
+  // fp32 [batch, heads_q, q_len, head_dim] and [batch, heads_q, q_len], packed.
+  float* o_run;
+  float* lse_run;
+
+  uint32_t num_chunks;
+  AttnChunk chunks[kAttnMaxChunks];
+
+  // Errors: where the first error goes and the bound on every pipeline wait (common/wait.cuh).
+  WaitContext wait;
+  // Test hook: bit 0 swaps the two byte offsets of V's shared-memory descriptor (a wrong layout
+  // must show up as a failed comparison, which is what the GPU test checks). 0 in real use.
+  uint32_t debug;
+};
+
+// Tensor maps of one launch of the standalone kernel, passed by value (__grid_constant__).
+struct AttnMaps {
+  CUtensorMap q;                  // box {64, 128, 1, 1}: one 64-column slice of a 128-row tile
+  CUtensorMap o;                  // box {64, 64, 1, 1}: one consumer's 64 rows, 64 columns
+  CUtensorMap k[kAttnMaxChunks];  // box {64, BLOCK_N, 1, 1}
+  CUtensorMap v[kAttnMaxChunks];  // box {64, BLOCK_N, 1, 1}
+};
+
+}  // namespace mkernel::kernels
