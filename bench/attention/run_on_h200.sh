@@ -17,11 +17,17 @@ if command -v cuobjdump > /dev/null; then
   gzip -f "$OUT/sass.txt"
 fi
 echo "== attention_gpu_test"
-timeout 240 "$BUNDLE/bin/attention_gpu_test" > "$OUT/test.log" 2>&1
-echo "test exit: $?"
+timeout "${TEST_TIMEOUT:-240}" "$BUNDLE/bin/attention_gpu_test" > "$OUT/test.log" 2>&1
+rc=$?
+echo "test exit: $rc"
 grep -v "^ok  " "$OUT/test.log" | cut -c1-220
+if [ $rc -eq 124 ]; then
+  echo "the test timed out (a hang): no benchmark"
+  tail -5 "$OUT/test.log"
+  exit 1
+fi
 echo "== attention_bench $*"
-PYTHONUNBUFFERED=1 timeout 300 /opt/torch/.venv/bin/python3 "$BUNDLE/attention_bench.py" \
+PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" /opt/torch/.venv/bin/python3 "$BUNDLE/attention_bench.py" \
   --lib "$BUNDLE/bin/libmkernel_attention_capi.so" --jsonl "$OUT/ring_attention.jsonl" --commit "$COMMIT" \
   --machine 1xH200 "$@" > "$OUT/bench.log" 2>&1
 echo "bench exit: $?"
