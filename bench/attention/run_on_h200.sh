@@ -17,7 +17,7 @@ if command -v cuobjdump > /dev/null; then
   gzip -f "$OUT/sass.txt"
 fi
 echo "== attention_gpu_test"
-timeout "${TEST_TIMEOUT:-240}" "$BUNDLE/bin/attention_gpu_test" > "$OUT/test.log" 2>&1
+timeout "${TEST_TIMEOUT:-240}" stdbuf -oL "$BUNDLE/bin/attention_gpu_test" > "$OUT/test.log" 2>&1
 rc=$?
 echo "test exit: $rc"
 grep -v "^ok  " "$OUT/test.log" | cut -c1-220
