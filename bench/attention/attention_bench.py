@@ -9,8 +9,10 @@
 #    (smaller shapes): causal and not, head dim 64 and 128, grouped-query, [B, S, H, D] inputs.
 # 2. Timing (B = 1, H = 32, D = 128, S = 8K / 16K / 32K, causal and not): medians of CUDA-event
 #    timings, the implementations interleaved round by round so drift of the card's clocks hits
-#    both alike; TFLOP/s = 4 B H D (visible query-key pairs) / time, the same count for both.
-#    Appends one JSON line per (shape, implementation) to --jsonl.
+#    all alike; TFLOP/s = 4 B H D (visible query-key pairs) / time, the same count for all.
+#    SDPA three ways: `sdpa` (PyTorch's own backend choice, what the baselines in
+#    ../shared/baselines measured), `sdpa_flash` and `sdpa_cudnn` (that backend forced). Ratios are
+#    against the fastest of them. Appends one JSON line per (shape, implementation) to --jsonl.
 import argparse, ctypes, datetime, json, math, os, sys, time
 
 import torch
@@ -32,7 +34,7 @@ a = p.parse_args()
 lib = ctypes.CDLL(a.lib)
 lib.mk_attention_fwd.restype = ctypes.c_int
 lib.mk_attention_fwd.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_longlong] * 6 + \
-    [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    [ctypes.c_int] * 5 + [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
 lib.mk_attention_status.restype = ctypes.c_int
 lib.mk_attention_status.argtypes = [ctypes.c_char_p, ctypes.c_int]
 lib.mk_attention_config.restype = ctypes.c_int
@@ -41,7 +43,7 @@ ERR = ctypes.create_string_buffer(1024)
 BHSD, BSHD = 0, 1
 
 
-def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1):
+def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1, order=-1):
     """q, k, v, o in `layout` (BHSD: [B, H, S, D]; BSHD: [B, S, H, D]); lse [B, H, S] fp32."""
     if layout == BHSD:
         B, H, S, D = q.shape
@@ -50,7 +52,7 @@ def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1):
         B, S, H, D = q.shape
         Skv, Hkv = k.shape[1], k.shape[2]
     rc = lib.mk_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), B, H, Hkv, S,
-                              Skv, D, layout, int(causal), block_n, pingpong,
+                              Skv, D, layout, int(causal), block_n, pingpong, order,
                               ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ERR, 1024)
     if rc != 0:
         raise RuntimeError("mk_attention_fwd: " + ERR.value.decode())
@@ -68,8 +70,10 @@ def device_status():
     return code, buf.value.decode()
 
 
-def sdpa(q, k, v, causal):
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+def sdpa(q, k, v, causal, backend=None):
+    if backend is None:  # PyTorch's own choice, as an application gets it (cuDNN on this H200)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with sdpa_kernel(backend):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
@@ -160,9 +164,10 @@ def main():
 
     print("== timing", flush=True)
     B, H, D = 1, a.heads, 128
-    variants = [("default", 0, -1)]
+    variants = [("default", 0, -1, -1)]
     if a.variants:
-        variants += [("n128 pp1", 128, 1), ("n128 pp0", 128, 0), ("n160 pp1", 160, 1)]
+        variants += [("n128 heads", 128, 1, 0), ("n128 snake", 128, 1, 1), ("n160", 160, 1, -1),
+                     ("n128 pp0", 128, 0, -1)]
     rows = []
     table = []
     for S in [int(s) for s in a.seqs.split(",") if s]:
@@ -178,13 +183,23 @@ def main():
             o_s, lse_s = sdpa_with_lse(q, k, v, causal)
             torch.cuda.synchronize()
             e_o, e_l = rel(o, o_s), (lse - lse_s.float()).abs().max().item()
-            impls = {"sdpa": (lambda: sdpa(q, k, v, causal), "flash")}
-            for (name, bn, pp) in variants:
+            impls = {}
+            for name, backend in (("sdpa", None), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                                  ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
                 try:
-                    ours(q, k, v, o, lse, causal, BHSD, bn, pp)
+                    sdpa(q, k, v, causal, backend)
+                    torch.cuda.synchronize()
+                    impls[name] = ((lambda backend=backend: sdpa(q, k, v, causal, backend)),
+                                   "default backend" if backend is None else str(backend))
+                except RuntimeError as ex:
+                    print(f"  {name}: {str(ex)[:200]}", flush=True)
+            for (name, bn, pp, order) in variants:
+                try:
+                    ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)
                     torch.cuda.synchronize()
                     impls["mkernel_attention" if name == "default" else "mkernel_attention " + name] = (
-                        (lambda bn=bn, pp=pp: ours(q, k, v, o, lse, causal, BHSD, bn, pp)), config_string())
+                        (lambda bn=bn, pp=pp, order=order: ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)),
+                        config_string())
                 except RuntimeError as ex:
                     print(f"  {name}: {ex}", flush=True)
             est_ms = fl / 600e12 * 1e3
@@ -202,14 +217,13 @@ def main():
             code, msg = device_status()
             if code != 0:
                 print("  device status: " + msg, flush=True)
-            base = None
-            for n, ts in samples.items():
+            for ts in samples.values():
                 ts.sort()
+            base = min(ts[len(ts) // 2] for n, ts in samples.items() if n.startswith("sdpa"))
+            for n, ts in samples.items():
                 med = ts[len(ts) // 2]
                 tf = fl / (med * 1e-3) / 1e12
-                if n == "sdpa":
-                    base = med
-                table.append((S, causal, n, med, tf, base / med if base else 1.0, impls[n][1]))
+                table.append((S, causal, n, med, tf, base / med, impls[n][1]))
                 shape = {"B": B, "H": H, "H_kv": H, "S": S, "D": D, "causal": causal, "layout": "BHSD"}
                 rows.append({"benchmark": "ring_attention", "shape": shape, "world": 1, "nodes": 1,
                              "impl": n.replace(" ", "_"), "median_ms": round(med, 4),
@@ -226,9 +240,9 @@ def main():
         with open(a.jsonl, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    print("\n    S  mask    impl                          ms   TFLOP/s  vs sdpa  config")
+    print("\n    S  mask    impl                          ms   TFLOP/s vs best sdpa  config")
     for (S, causal, n, med, tf, ratio, cfg) in table:
-        print(f"{S:6d}  {'causal' if causal else 'full  '}  {n:26s} {med:8.3f} {tf:8.1f} {ratio:7.3f}  {cfg}")
+        print(f"{S:6d}  {'causal' if causal else 'full  '}  {n:26s} {med:8.3f} {tf:8.1f} {ratio:7.3f}  {cfg[:34]}")
 
 
 main()

@@ -4,7 +4,7 @@
 // entry point and the Python package come with the ring kernel.
 //
 //   int mk_attention_fwd(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-//                        layout, causal, block_n, pingpong, stream, err, err_len)
+//                        layout, causal, block_n, pingpong, unit_order, stream, err, err_len)
 //       0 on success; else the planner's message in err. The plan of the last call is kept and
 //       reused when every argument is the same (the tensor maps are encoded once).
 //   int mk_attention_status(msg, len)
@@ -38,7 +38,8 @@ void put(char* dst, int len, const std::string& s) {
 
 extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, long long batch,
                                 long long heads_q, long long heads_kv, long long seq_q, long long seq_kv,
-                                long long head_dim, int layout, int causal, int block_n, int pingpong, void* stream,
+                                long long head_dim, int layout, int causal, int block_n, int pingpong, int unit_order,
+                                void* stream,
                                 char* err, int err_len) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_status == nullptr) {
@@ -51,7 +52,7 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
   const long long key[16] = {reinterpret_cast<long long>(q), reinterpret_cast<long long>(k),
                              reinterpret_cast<long long>(v), reinterpret_cast<long long>(o),
                              reinterpret_cast<long long>(lse), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-                             layout, causal, block_n, pingpong, 0};
+                             layout, causal, block_n, pingpong, unit_order};
   if (!g_have_plan || std::memcmp(key, g_key, sizeof(key)) != 0) {
     mk::AttnArgs a;
     a.q = q;
@@ -69,6 +70,7 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
     a.causal = causal != 0;
     a.config.block_n = block_n;
     a.config.pingpong = pingpong;
+    a.config.unit_order = unit_order;
     a.wait.status = g_status;
     const mk::AttnResult r = mk::attention_plan(a, &g_plan);
     if (!r.ok()) {

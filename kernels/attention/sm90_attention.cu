@@ -290,6 +290,16 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
   if (c.block_n == 0) c.block_n = 128;
   if (c.pingpong < 0) c.pingpong = 1;
   if (c.num_blocks == 0) c.num_blocks = static_cast<int>(num_units < dev.num_sms ? num_units : dev.num_sms);
+  if (c.unit_order < 0) {
+    c.unit_order = kAttnHeadMajor;
+    for (int i = 0; i < num_chunks; ++i) {
+      if (chunks[i].relation == kAttnCausal) c.unit_order = kAttnCostSnake;
+    }
+  }
+  if (c.unit_order != kAttnHeadMajor && c.unit_order != kAttnCostSnake) {
+    return fail(AttnError::kInvalidConfig, "config unit_order = " + std::to_string(c.unit_order) +
+                                               " is not an order (expected -1, kAttnHeadMajor or kAttnCostSnake)");
+  }
   const bool built = (c.block_n == 128 && (c.pingpong == 0 || c.pingpong == 1)) ||
                      (args.head_dim == 128 && c.block_n == 160 && c.pingpong == 1);
   if (!built) {
@@ -315,6 +325,7 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
   p.q_len = static_cast<uint32_t>(args.seq_q);
   p.num_m_blocks = static_cast<uint32_t>(num_m_blocks);
   p.num_units = static_cast<uint32_t>(num_units);
+  p.unit_order = static_cast<uint32_t>(c.unit_order);
   p.scale = args.scale > 0.0f ? args.scale : 1.0f / std::sqrt(static_cast<float>(args.head_dim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.lse = args.lse;
@@ -362,8 +373,8 @@ AttnResult attention_fwd(const AttnArgs& args, cudaStream_t stream) {
 
 std::string attention_config_string(const AttnPlan& plan) {
   return "d" + str(plan.args.head_dim) + " n" + std::to_string(plan.config.block_n) + " pp" +
-         std::to_string(plan.config.pingpong) + " b" + std::to_string(plan.config.num_blocks) + " c" +
-         std::to_string(plan.params.num_chunks);
+         std::to_string(plan.config.pingpong) + " b" + std::to_string(plan.config.num_blocks) +
+         (plan.config.unit_order == kAttnCostSnake ? " snake" : " heads") + " c" + std::to_string(plan.params.num_chunks);
 }
 
 }  // namespace mkernel::kernels

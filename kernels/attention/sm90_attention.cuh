@@ -4,7 +4,7 @@
 //   O[b, h, i, :] = sum_j softmax_j(scale * Q[b, h, i, :] . K[b, h / group, j, :]) V[b, h / group, j, :]
 //
 // Block = 3 warpgroups (384 threads), one block per SM, grid = persistent (sm90_attention_params.h
-// note 4: block b takes units b, b + grid, ... of every chunk).
+// notes 1 and 4: a static schedule, the same units for a block in every chunk).
 //   warpgroup 0    producer: one thread issues the TMA loads of a unit's Q tile (128 rows) and of
 //                  its K and V blocks (BLOCK_N rows each) into kStages-deep rings, K and V with
 //                  their own full/empty mbarriers, in the order the consumers use them:
@@ -38,7 +38,9 @@
 //                     barrier still completes, nothing hangs) and the status word holds the cause;
 //   consumer threads: consumer_begin(wg), then consume(p, chunk, o_map, unit, smem, state, wg, tid)
 //                     for the same units in the same order, then consumer_end(tid).
-// Both sides must walk the same (chunk, unit) sequence; nothing else is shared between them.
+// Both sides must walk the same (chunk, unit) sequence, the units of a block being
+// attn_unit_index(p, k, block, grid) for k < attn_num_rounds(p, grid) (those below num_units),
+// the same in every chunk; nothing else is shared between them.
 // Named barriers 1..4 are the core's (epilogue of each consumer, ping-pong of each consumer).
 #pragma once
 
@@ -93,14 +95,31 @@ struct Sm90AttnTraits {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kNumConsumers <= 65536, "register budget");
 };
 
-// Where a unit is (params note 1). Host and device.
+// The schedule (params note 1). Host and device.
 struct AttnUnit {
   uint32_t b, h, m_block;
 };
+// Where unit u is.
 MK_KERNEL_HD inline AttnUnit attn_unit(const AttnParams& p, uint32_t u) {
-  const uint32_t bh = u / p.num_m_blocks;
-  const uint32_t i = u % p.num_m_blocks;
+  uint32_t bh, i;
+  if (p.unit_order == kAttnCostSnake) {
+    const uint32_t num_bh = p.batch * p.heads_q;
+    bh = u % num_bh;
+    i = u / num_bh;
+  } else {
+    bh = u / p.num_m_blocks;
+    i = u % p.num_m_blocks;
+  }
   return AttnUnit{bh / p.heads_q, bh % p.heads_q, p.num_m_blocks - 1 - i};
+}
+// Rounds of the persistent loop: in round k, block `block` of `grid` takes unit
+// attn_unit_index(p, k, block, grid) when that is below p.num_units.
+MK_KERNEL_HD inline uint32_t attn_num_rounds(const AttnParams& p, uint32_t grid) {
+  return (p.num_units + grid - 1) / grid;
+}
+MK_KERNEL_HD inline uint32_t attn_unit_index(const AttnParams& p, uint32_t k, uint32_t block, uint32_t grid) {
+  const bool back = p.unit_order == kAttnCostSnake && (k & 1u) != 0;
+  return k * grid + (back ? grid - 1 - block : block);
 }
 
 #if defined(__CUDACC__)
@@ -611,6 +630,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   __syncthreads();
 
   const uint32_t warpgroup = threadIdx.x / 128;
+  const uint32_t rounds = attn_num_rounds(p, gridDim.x);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -619,8 +639,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (uint32_t c = 0; c < p.num_chunks; ++c) {
         ptx::prefetch_tensor_map(&maps.k[c]);
         ptx::prefetch_tensor_map(&maps.v[c]);
-        for (uint32_t unit = blockIdx.x; unit < p.num_units; unit += gridDim.x) {
-          Core::produce(p, p.chunks[c], &maps.q, &maps.k[c], &maps.v[c], unit, sm, st);
+        for (uint32_t k = 0; k < rounds; ++k) {
+          const uint32_t unit = attn_unit_index(p, k, blockIdx.x, gridDim.x);
+          if (unit < p.num_units) Core::produce(p, p.chunks[c], &maps.q, &maps.k[c], &maps.v[c], unit, sm, st);
         }
       }
     }
@@ -631,8 +652,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     typename Core::ConsumerState st;
     Core::consumer_begin(wg);
     for (uint32_t c = 0; c < p.num_chunks; ++c) {
-      for (uint32_t unit = blockIdx.x; unit < p.num_units; unit += gridDim.x) {
-        Core::consume(p, p.chunks[c], &maps.o, unit, sm, st, wg, tid);
+      for (uint32_t k = 0; k < rounds; ++k) {
+        const uint32_t unit = attn_unit_index(p, k, blockIdx.x, gridDim.x);
+        if (unit < p.num_units) Core::consume(p, p.chunks[c], &maps.o, unit, sm, st, wg, tid);
       }
     }
     Core::consumer_end(tid);

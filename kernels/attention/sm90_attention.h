@@ -79,6 +79,7 @@ struct AttnConfig {
   int block_n = 0;     // key block: 128, or 160 (head_dim 128)
   int pingpong = -1;   // 1: the two consumer warpgroups take turns on the tensor cores
   int num_blocks = 0;  // persistent blocks; 0 = one per SM (or fewer when there are fewer units)
+  int unit_order = -1; // AttnUnitOrder; -1: kAttnCostSnake when a chunk is causal, else kAttnHeadMajor
 };
 
 // One span of keys/values (num_chunks > 0). k and v point at the chunk's first position, with
@@ -135,7 +136,7 @@ struct AttnPlan {
 // Scratch for num_chunks > 1 (the fp32 running O and lse); 0 otherwise.
 size_t attention_workspace_bytes(const AttnArgs& args);
 
-// "d128 n128 pp1 b132 c1", for logs and benchmarks.
+// "d128 n128 pp1 b132 snake c1", for logs and benchmarks.
 std::string attention_config_string(const AttnPlan& plan);
 
 // Floating-point operations of the two products, counting only visible (unmasked) pairs for

@@ -4,9 +4,17 @@
 //
 // Design notes
 //  1. A *unit* is one 128-row tile of queries of one (batch, query head): the core's grain of
-//     work. Units are numbered head-major (all m blocks of one head together, so the blocks in
-//     flight share that head's K and V in L2), the last m block first (under a causal mask it
-//     has the most keys). attn_unit() is the one place this numbering lives.
+//     work. Two orders of the units, chosen per launch (never per chunk, note 4):
+//       kAttnHeadMajor  all m blocks of one head together, dealt round-robin to the blocks: the
+//                       blocks in flight share one or two heads' K and V in L2. Every unit costs
+//                       the same without a causal mask, so nothing is lost to balance;
+//       kAttnCostSnake  sorted by cost (under a causal mask the last m block has the most keys:
+//                       last m block of every head first, then the one before, ...), dealt
+//                       back and forth (block b takes positions b, 2G-1-b, 2G+b, ... of G blocks),
+//                       so each block's sum of costs is nearly the same (the head-major order left
+//                       0.93-0.97 of the work balanced at S = 8K-32K; this one 0.999). The few
+//                       units of one head in flight still read its K and V close in time.
+//     attn_unit() and attn_unit_index() are the one place this numbering lives.
 //  2. A *chunk* is one span of keys and values (the whole sequence for the standalone op; the
 //     chunk a ring step holds for the fused op) and how the query tile relates to it:
 //       kAttnFull   every query sees every key of the chunk;
@@ -22,8 +30,8 @@
 //     The standalone op is one chunk with kAttnWriteFinal; a ring of R steps is chunk 0 with no
 //     flag, steps 1..R-2 with kAttnReadRunning, step R-1 with both.
 //  4. The running state of a unit is read and written only by the consumer thread that owns the
-//     fragment element, and a unit is owned by the same block in every chunk (static schedule:
-//     block b takes units b, b + grid, ...), so chunks need no synchronisation between blocks.
+//     fragment element, and a unit is owned by the same block in every chunk (a static schedule,
+//     note 1, fixed for the launch), so chunks need no synchronisation between blocks.
 //  5. Rows with no visible key (a skipped chunk, or a causal offset below zero) have lse = -inf and
 //     O = 0; merging such a partial changes nothing.
 #pragma once
@@ -40,6 +48,11 @@ enum AttnRelation : uint32_t {
   kAttnFull = 0,
   kAttnCausal = 1,
   kAttnSkip = 2,
+};
+
+enum AttnUnitOrder : uint32_t {
+  kAttnHeadMajor = 0,
+  kAttnCostSnake = 1,
 };
 
 enum AttnChunkFlags : uint32_t {
@@ -65,6 +78,7 @@ struct AttnParams {
   uint32_t q_len;
   uint32_t num_m_blocks;  // ceil(q_len / 128)
   uint32_t num_units;     // batch * heads_q * num_m_blocks
+  uint32_t unit_order;    // AttnUnitOrder (note 1)
   float scale;            // softmax scale (1/sqrt(head_dim) unless given)
   float scale_log2;       // scale * log2(e): exponentials are exp2 of fused multiply-adds
 

@@ -183,7 +183,7 @@ bool run_case(const Shape& s, const mk::AttnConfig& cfg, const char* label, floa
 // `len` tokens; the chunks of keys/values are visited in ring order (own chunk first, then
 // rank - 1, rank - 2, ...), each full, causal (own chunk) or skipped (a later chunk, causal), and
 // merged in fp32. The result must equal attention of those queries over the whole sequence.
-void run_chunk_case(int num, int len, int rank, int d, bool causal, int hq, int hkv) {
+void run_chunk_case(int num, int len, int rank, int d, bool causal, int hq, int hkv, int order = -1) {
   const int b = 2, seq = num * len;
   Shape whole{b, hq, hkv, seq, seq, d, causal, mk::AttnLayout::kBSHD};
   Tensors t(whole);
@@ -221,6 +221,8 @@ void run_chunk_case(int num, int len, int rank, int d, bool causal, int hq, int 
   a.v_strides = a.k_strides;
   a.o_strides = mk::AttnStrides{static_cast<int64_t>(hq) * len * d, static_cast<int64_t>(len) * d, d};  // BHSD
   a.num_chunks = num;
+  a.config.unit_order = order;
+  a.config.num_blocks = order >= 0 ? 11 : 0;
   std::string rel;
   for (int step = 0; step < num; ++step) {
     const int src = (rank - step + num) % num;
@@ -241,7 +243,8 @@ void run_chunk_case(int num, int len, int rank, int d, bool causal, int hq, int 
   mk::AttnResult r = mk::attention_fwd(a, nullptr);
   const std::string name = "chunks " + std::to_string(num) + "x" + std::to_string(len) + " rank " +
                            std::to_string(rank) + " [" + rel + "] D" + std::to_string(d) + " Hq" + std::to_string(hq) +
-                           " Hkv" + std::to_string(hkv) + (causal ? " causal" : "");
+                           " Hkv" + std::to_string(hkv) + (causal ? " causal" : "") +
+                           (order < 0 ? "" : (order == mk::kAttnCostSnake ? " snake b11" : " heads b11"));
   if (!r.ok()) {
     check(false, name + ": " + r.message);
   } else {
@@ -360,6 +363,9 @@ void run_error_cases() {
   a.config.block_n = 192;
   expect_error(a, mk::AttnError::kInvalidConfig, "block_n = 192", "unbuilt config");
   a = base;
+  a.config.unit_order = 5;
+  expect_error(a, mk::AttnError::kInvalidConfig, "unit_order = 5", "unit order");
+  a = base;
   a.scale = -1.0f;
   expect_error(a, mk::AttnError::kInvalidConfig, "scale = -1", "negative scale");
 }
@@ -421,6 +427,14 @@ int main() {
   mk::AttnConfig few;
   few.num_blocks = 7;
   run_case({2, 6, 3, 900, 900, 128, true, L::kBHSD}, few, "7 blocks");
+  // Both unit orders, forced, on a grid whose last round is partial (90 units on 13 blocks).
+  for (int order : {0, 1}) {
+    mk::AttnConfig c;
+    c.unit_order = order;
+    c.num_blocks = 13;
+    run_case({2, 5, 5, 1111, 1111, 128, true, L::kBHSD}, c, "order");
+    run_case({2, 5, 5, 1111, 1111, 64, false, L::kBSHD}, c, "order");
+  }
 
   // The ring's chunked form.
   for (bool causal : {false, true}) {
@@ -429,6 +443,7 @@ int main() {
     run_chunk_case(3, 200, 1, 64, causal, 4, 4);
     run_chunk_case(4, 129, 3, 128, causal, 2, 1);
     run_chunk_case(4, 256, 2, 64, causal, 4, 1);
+    run_chunk_case(3, 333, 2, 128, causal, 3, 1, causal ? mk::kAttnHeadMajor : mk::kAttnCostSnake);
   }
 
   // Repeated launches of one plan and CUDA-graph replays.
