@@ -202,6 +202,13 @@ def main():
                         config_string())
                 except RuntimeError as ex:
                     print(f"  {name}: {ex}", flush=True)
+            if a.variants:  # the same inputs held [B, S, H, D]
+                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                ot = torch.empty_like(qt)
+                ours(qt, kt, vt, ot, lse, causal, BSHD)
+                torch.cuda.synchronize()
+                impls["mkernel_attention bshd"] = ((lambda: ours(qt, kt, vt, ot, lse, causal, BSHD)),
+                                                   config_string() + " BSHD")
             est_ms = fl / 600e12 * 1e3
             reps = max(1, int(8 / est_ms))
             iters = max(5, min(30, int(250 / (est_ms * reps))))
@@ -234,7 +241,8 @@ def main():
                              "torch": torch.__version__})
             print(f"S={S} {'causal' if causal else 'full'}: ours vs SDPA O {e_o:.2e} lse {e_l:.2e}; " +
                   ", ".join(f"{n} {sorted(ts)[len(ts) // 2]:.3f} ms" for n, ts in samples.items()), flush=True)
-            del q, k, v, o, lse, o_s, lse_s
+            del q, k, v, o, lse, o_s, lse_s, impls
+            qt = kt = vt = ot = None
             torch.cuda.empty_cache()
     if a.jsonl:
         with open(a.jsonl, "a") as f:
