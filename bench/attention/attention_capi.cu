@@ -28,6 +28,7 @@ mk::AttnPlan g_plan;
 bool g_have_plan = false;
 long long g_key[16];
 mk::DeviceStatus* g_status = nullptr;
+void* g_workspace = nullptr;  // the schedule counters (attention_workspace_bytes of one chunk)
 
 void put(char* dst, int len, const std::string& s) {
   if (dst == nullptr || len <= 0) return;
@@ -44,8 +45,9 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_status == nullptr) {
     if (cudaMalloc(&g_status, sizeof(mk::DeviceStatus)) != cudaSuccess ||
-        cudaMemset(g_status, 0, sizeof(mk::DeviceStatus)) != cudaSuccess) {
-      put(err, err_len, "cannot allocate the status word");
+        cudaMemset(g_status, 0, sizeof(mk::DeviceStatus)) != cudaSuccess || cudaMalloc(&g_workspace, 256) != cudaSuccess ||
+        cudaMemset(g_workspace, 0, 256) != cudaSuccess) {
+      put(err, err_len, "cannot allocate the status word and workspace");
       return 1;
     }
   }
@@ -72,6 +74,8 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
     a.config.pingpong = pingpong;
     a.config.unit_order = unit_order;
     a.wait.status = g_status;
+    a.workspace = g_workspace;
+    a.workspace_bytes = 256;
     const mk::AttnResult r = mk::attention_plan(a, &g_plan);
     if (!r.ok()) {
       g_have_plan = false;

@@ -18,6 +18,8 @@ namespace {
 constexpr int64_t kBlockM = 128;
 constexpr int kMaxDevices = 64;
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+// Workspace: [0, 256) the dynamic schedule's counters; then the running state of a chunked launch.
+constexpr size_t kWorkspaceHeader = 256;
 
 AttnResult fail(AttnError code, std::string message) { return AttnResult{code, std::move(message)}; }
 
@@ -155,9 +157,9 @@ const char* attn_dtype_name(AttnDtype t) {
 }
 
 size_t attention_workspace_bytes(const AttnArgs& a) {
-  if (a.num_chunks <= 1 || a.batch < 1 || a.heads_q < 1 || a.seq_q < 1 || a.head_dim < 1) return 0;
+  if (a.num_chunks <= 1 || a.batch < 1 || a.heads_q < 1 || a.seq_q < 1 || a.head_dim < 1) return kWorkspaceHeader;
   const size_t rows = static_cast<size_t>(a.batch) * a.heads_q * a.seq_q;
-  return rows * (a.head_dim + 1) * sizeof(float) + 256;
+  return kWorkspaceHeader + rows * (a.head_dim + 1) * sizeof(float);
 }
 
 double attention_flops(const AttnArgs& a) {
@@ -268,16 +270,17 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
     if (!(r = check_pointer(kn.c_str(), chunks[i].k, 16)).ok()) return r;
     if (!(r = check_pointer(vn.c_str(), chunks[i].v, 16)).ok()) return r;
   }
+  const size_t need = attention_workspace_bytes(args);
+  const bool have_workspace = args.workspace != nullptr && args.workspace_bytes >= need;
   if (num_chunks > 1) {
-    const size_t need = attention_workspace_bytes(args);
-    if (args.workspace == nullptr || args.workspace_bytes < need) {
+    if (!have_workspace) {
       return fail(AttnError::kWorkspaceTooSmall, "workspace_bytes = " + std::to_string(args.workspace_bytes) +
                                                      " (pointer " + (args.workspace ? "set" : "null") + ") is smaller than the " +
                                                      std::to_string(need) + " bytes " + std::to_string(num_chunks) +
                                                      " chunks need (attention_workspace_bytes)");
     }
-    if (!(r = check_pointer("workspace", args.workspace, 16)).ok()) return r;
   }
+  if (args.workspace != nullptr && !(r = check_pointer("workspace", args.workspace, 16)).ok()) return r;
 
   // ---- device and configuration ----------------------------------------------------------------
   DeviceInfo dev;
@@ -291,14 +294,22 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
   if (c.pingpong < 0) c.pingpong = 1;
   if (c.num_blocks == 0) c.num_blocks = static_cast<int>(num_units < dev.num_sms ? num_units : dev.num_sms);
   if (c.unit_order < 0) {
-    c.unit_order = kAttnHeadMajor;
-    for (int i = 0; i < num_chunks; ++i) {
-      if (chunks[i].relation == kAttnCausal) c.unit_order = kAttnCostSnake;
-    }
+    // Units of a causal launch differ in cost: take them dynamically when there is a workspace
+    // for the counters (one chunk); otherwise, and without a mask, head-major.
+    const bool causal1 = num_chunks == 1 && chunks[0].relation == kAttnCausal;
+    c.unit_order = causal1 && have_workspace ? kAttnDynamic : kAttnHeadMajor;
   }
-  if (c.unit_order != kAttnHeadMajor && c.unit_order != kAttnCostSnake) {
+  if (c.unit_order != kAttnHeadMajor && c.unit_order != kAttnCostSnake && c.unit_order != kAttnDynamic) {
     return fail(AttnError::kInvalidConfig, "config unit_order = " + std::to_string(c.unit_order) +
-                                               " is not an order (expected -1, kAttnHeadMajor or kAttnCostSnake)");
+                                               " is not an order (expected -1, kAttnHeadMajor, kAttnCostSnake or "
+                                               "kAttnDynamic)");
+  }
+  if (c.unit_order == kAttnDynamic && (num_chunks != 1 || !have_workspace)) {
+    return fail(AttnError::kInvalidConfig,
+                "config unit_order = kAttnDynamic needs one chunk (num_chunks = " + std::to_string(num_chunks) +
+                    ") and a workspace of attention_workspace_bytes() = " + std::to_string(need) +
+                    " bytes (workspace_bytes = " + std::to_string(args.workspace ? args.workspace_bytes : 0) +
+                    ") for its counters");
   }
   const bool built = (c.block_n == 128 && (c.pingpong == 0 || c.pingpong == 1)) ||
                      (args.head_dim == 128 && c.block_n == 160 && c.pingpong == 1);
@@ -329,8 +340,9 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
   p.scale = args.scale > 0.0f ? args.scale : 1.0f / std::sqrt(static_cast<float>(args.head_dim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.lse = args.lse;
+  if (have_workspace) p.sched_counters = static_cast<uint32_t*>(args.workspace);
   if (num_chunks > 1) {
-    auto* ws = static_cast<float*>(args.workspace);
+    auto* ws = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + kWorkspaceHeader);
     p.o_run = ws;
     p.lse_run = ws + static_cast<size_t>(args.batch) * args.heads_q * args.seq_q * args.head_dim;
   }
@@ -374,7 +386,8 @@ AttnResult attention_fwd(const AttnArgs& args, cudaStream_t stream) {
 std::string attention_config_string(const AttnPlan& plan) {
   return "d" + str(plan.args.head_dim) + " n" + std::to_string(plan.config.block_n) + " pp" +
          std::to_string(plan.config.pingpong) + " b" + std::to_string(plan.config.num_blocks) +
-         (plan.config.unit_order == kAttnCostSnake ? " snake" : " heads") + " c" + std::to_string(plan.params.num_chunks);
+         (plan.config.unit_order == kAttnCostSnake ? " snake" : (plan.config.unit_order == kAttnDynamic ? " dynamic" : " heads")) +
+         " c" + std::to_string(plan.params.num_chunks);
 }
 
 }  // namespace mkernel::kernels

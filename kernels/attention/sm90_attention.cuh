@@ -31,16 +31,17 @@
 // The role contract for a fused kernel (the ring) that runs the core inside its own persistent
 // kernel: it lays out AttnSmem<T> in its blocks' shared memory, calls init() from one thread and
 // synchronises the block, then
-//   producer thread:  Sm90AttnCore<T>::produce(p, chunk, q_map, k_map, v_map, unit, smem, state)
-//                     for every unit it owns, chunk by chunk; before producing the units of a
+//   producer thread:  for every unit it takes, chunk by chunk: announce(p, smem, state, unit, chunk)
+//                     then produce(p, chunk, q_map, k_map, v_map, unit, smem, state); at the end
+//                     announce(..., kAttnNoUnit, 0). Which units, in which order, is its choice
+//                     (the ring: a static order, the same units for the block in every chunk,
+//                     params note 4; AttnScheduler is the standalone op's). Before the units of a
 //                     chunk it may wait (bounded, wait_geq) for the chunk to arrive, and on failure
 //                     call state.fail(): the pipeline then runs through with no data (every
 //                     barrier still completes, nothing hangs) and the status word holds the cause;
-//   consumer threads: consumer_begin(wg), then consume(p, chunk, o_map, unit, smem, state, wg, tid)
-//                     for the same units in the same order, then consumer_end(tid).
-// Both sides must walk the same (chunk, unit) sequence, the units of a block being
-// attn_unit_index(p, k, block, grid) for k < attn_num_rounds(p, grid) (those below num_units),
-// the same in every chunk; nothing else is shared between them.
+//   consumer threads: consumer_begin(wg), then while receive(...) gives a unit:
+//                     consume(p, chunk, o_map, unit, smem, state, wg, tid); then consumer_end(tid).
+// The consumers follow the producer's announcements; nothing else is shared between them.
 // Named barriers 1..4 are the core's (epilogue of each consumer, ping-pong of each consumer).
 #pragma once
 
@@ -82,8 +83,10 @@ struct Sm90AttnTraits {
   static constexpr uint32_t kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr uint32_t kOOffset = kVOffset + kStages * kKVBytes;
   static constexpr uint32_t kBarOffset = kOOffset + kOBytes;
-  static constexpr uint32_t kNumBars = 2 + 4 * kStages;  // q full/empty; k, v full/empty per stage
-  static constexpr uint32_t kSmemBytes = 1024 + kBarOffset + kNumBars * 8;
+  // q full/empty; k, v full/empty per stage; the schedule channel's two slots full/empty.
+  static constexpr uint32_t kNumBars = 2 + 4 * kStages + 4;
+  static constexpr uint32_t kSlotOffset = kBarOffset + kNumBars * 8;  // two slots {unit, chunk}
+  static constexpr uint32_t kSmemBytes = 1024 + kSlotOffset + 2 * 8;
   // Named barriers (0 is __syncthreads).
   static constexpr uint32_t kBarEpilogue = 1;  // + consumer index, 128 threads
   static constexpr uint32_t kBarSched = 3;     // + consumer index, 256 threads (ping-pong)
@@ -100,12 +103,22 @@ struct AttnUnit {
   uint32_t b, h, m_block;
 };
 // Where unit u is.
+inline constexpr uint32_t kAttnNoUnit = 0xFFFFFFFFu;
+inline constexpr uint32_t kAttnDynamicBand = 2;  // heads per band of kAttnDynamic
 MK_KERNEL_HD inline AttnUnit attn_unit(const AttnParams& p, uint32_t u) {
   uint32_t bh, i;
   if (p.unit_order == kAttnCostSnake) {
     const uint32_t num_bh = p.batch * p.heads_q;
     bh = u % num_bh;
     i = u / num_bh;
+  } else if (p.unit_order == kAttnDynamic) {
+    const uint32_t num_bh = p.batch * p.heads_q;
+    const uint32_t band = u / (kAttnDynamicBand * p.num_m_blocks);
+    const uint32_t first = band * kAttnDynamicBand;
+    const uint32_t width = num_bh - first < kAttnDynamicBand ? num_bh - first : kAttnDynamicBand;
+    const uint32_t r = u - band * kAttnDynamicBand * p.num_m_blocks;
+    bh = first + r % width;
+    i = r / width;
   } else {
     bh = u / p.num_m_blocks;
     i = u % p.num_m_blocks;
@@ -194,6 +207,11 @@ struct AttnSmem {
   __device__ uint64_t* k_empty(uint32_t s) const { return bars() + 2 + T::kStages + s; }
   __device__ uint64_t* v_full(uint32_t s) const { return bars() + 2 + 2 * T::kStages + s; }
   __device__ uint64_t* v_empty(uint32_t s) const { return bars() + 2 + 3 * T::kStages + s; }
+  __device__ uint64_t* sched_full(uint32_t i) const { return bars() + 2 + 4 * T::kStages + i; }
+  __device__ uint64_t* sched_empty(uint32_t i) const { return bars() + 4 + 4 * T::kStages + i; }
+  __device__ volatile uint32_t* slot(uint32_t i) const {
+    return reinterpret_cast<volatile uint32_t*>(base + T::kSlotOffset + 8 * i);
+  }
 
   // One thread; the caller synchronises the block afterwards.
   __device__ void init() const {
@@ -204,6 +222,10 @@ struct AttnSmem {
       ptx::mbar_init(k_empty(s), T::kNumConsumers);
       ptx::mbar_init(v_full(s), 1);
       ptx::mbar_init(v_empty(s), T::kNumConsumers);
+    }
+    for (uint32_t i = 0; i < 2; ++i) {
+      ptx::mbar_init(sched_full(i), 1);
+      ptx::mbar_init(sched_empty(i), 128 * T::kNumConsumers);  // every consumer thread read it
     }
     ptx::fence_mbar_init();
   }
@@ -252,7 +274,7 @@ struct Sm90AttnCore {
   // ---- producer --------------------------------------------------------------------------------
 
   struct ProducerState {
-    AttnRingPos k, v;
+    AttnRingPos k, v, sched;
     uint32_t q_phase = 0;
     bool failed = false;  // a wait failed: keep completing barriers, load nothing
     __device__ void fail() { failed = true; }
@@ -269,6 +291,17 @@ struct Sm90AttnCore {
     report(p.wait, kDevicePipelineTimeout, detail, where_tag(kStepAttnPipeline, blockIdx.x));
     st.failed = true;
     return false;
+  }
+
+  // One thread: tells the consumers which (unit, chunk) comes next (kAttnNoUnit: no more).
+  __device__ static void announce(const AttnParams& p, const Smem& sm, ProducerState& st, uint32_t unit,
+                                  uint32_t chunk) {
+    wait_empty(p, sm.sched_empty(st.sched.stage), st.sched.phase ^ 1, st, 2 * T::kStages + 1 + st.sched.stage);
+    volatile uint32_t* slot = sm.slot(st.sched.stage);
+    slot[0] = unit;
+    slot[1] = chunk;
+    ptx::mbar_arrive(sm.sched_full(st.sched.stage));  // release: the slot's stores come first
+    st.sched.template advance<2>();
   }
 
   // One thread. Loads what `consume` of the same (chunk, unit) reads.
@@ -321,7 +354,7 @@ struct Sm90AttnCore {
   // ---- consumers -------------------------------------------------------------------------------
 
   struct ConsumerState {
-    AttnRingPos k, v;
+    AttnRingPos k, v, sched;
     uint32_t q_phase = 0;
     bool failed = false;  // a wait expired: later waits try once (the error is already recorded)
   };
@@ -336,6 +369,18 @@ struct Sm90AttnCore {
       report(p.wait, kDevicePipelineTimeout, detail, where_tag(kStepAttnPipeline, blockIdx.x));
       st.failed = true;
     }
+  }
+
+  // Every consumer thread: the next (unit, chunk) its producer announced; false at the end.
+  __device__ static bool receive(const AttnParams& p, const Smem& sm, ConsumerState& st, uint32_t& unit,
+                                 uint32_t& chunk) {
+    wait_full(p, sm.sched_full(st.sched.stage), st.sched.phase, st, 2 * T::kStages + 1 + st.sched.stage);
+    volatile uint32_t* slot = sm.slot(st.sched.stage);
+    unit = slot[0];
+    chunk = slot[1];
+    ptx::mbar_arrive(sm.sched_empty(st.sched.stage));  // release: the loads above come first
+    st.sched.template advance<2>();
+    return unit != kAttnNoUnit;
   }
 
   // Consumer wg (0 or 1) lets the first consumer issue first (ping-pong).
@@ -618,6 +663,36 @@ struct Sm90AttnCore {
   }
 };
 
+// The producer's side of the schedule (params note 1): the units of this block, in order.
+struct AttnScheduler {
+  const AttnParams& p;
+  uint32_t block, grid;
+  uint32_t k = 0;
+
+  // The next unit of the current chunk, or kAttnNoUnit.
+  __device__ uint32_t next() {
+    if (p.unit_order == kAttnDynamic) {
+      const uint32_t u = k++ == 0 ? block : grid + atomicAdd(&p.sched_counters[0], 1u);
+      if (u < p.num_units) return u;
+      // This block takes no more. The last block to get here resets the counters for the next
+      // launch: every block made its last fetch before it counted itself done.
+      __threadfence();
+      if (atomicAdd(&p.sched_counters[1], 1u) == grid - 1) {
+        __threadfence();
+        atomicExch(&p.sched_counters[0], 0u);
+        atomicExch(&p.sched_counters[1], 0u);
+      }
+      return kAttnNoUnit;
+    }
+    const uint32_t rounds = attn_num_rounds(p, grid);
+    while (k < rounds) {
+      const uint32_t u = attn_unit_index(p, k++, block, grid);
+      if (u < p.num_units) return u;
+    }
+    return kAttnNoUnit;
+  }
+};
+
 // The standalone op: every chunk of p (one, unless the ring is emulated on one GPU), every unit.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -630,7 +705,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   __syncthreads();
 
   const uint32_t warpgroup = threadIdx.x / 128;
-  const uint32_t rounds = attn_num_rounds(p, gridDim.x);
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -639,11 +713,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (uint32_t c = 0; c < p.num_chunks; ++c) {
         ptx::prefetch_tensor_map(&maps.k[c]);
         ptx::prefetch_tensor_map(&maps.v[c]);
-        for (uint32_t k = 0; k < rounds; ++k) {
-          const uint32_t unit = attn_unit_index(p, k, blockIdx.x, gridDim.x);
-          if (unit < p.num_units) Core::produce(p, p.chunks[c], &maps.q, &maps.k[c], &maps.v[c], unit, sm, st);
+        AttnScheduler sched{p, blockIdx.x, gridDim.x};
+        for (uint32_t unit = sched.next(); unit != kAttnNoUnit; unit = sched.next()) {
+          Core::announce(p, sm, st, unit, c);
+          Core::produce(p, p.chunks[c], &maps.q, &maps.k[c], &maps.v[c], unit, sm, st);
         }
       }
+      Core::announce(p, sm, st, kAttnNoUnit, 0);
     }
   } else {
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
@@ -651,11 +727,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t tid = threadIdx.x % 128;
     typename Core::ConsumerState st;
     Core::consumer_begin(wg);
-    for (uint32_t c = 0; c < p.num_chunks; ++c) {
-      for (uint32_t k = 0; k < rounds; ++k) {
-        const uint32_t unit = attn_unit_index(p, k, blockIdx.x, gridDim.x);
-        if (unit < p.num_units) Core::consume(p, p.chunks[c], &maps.o, unit, sm, st, wg, tid);
-      }
+    // Bounded even if the channel carried garbage after a failed wait.
+    const uint64_t max_units = static_cast<uint64_t>(p.num_units) * p.num_chunks;
+    uint32_t unit, c;
+    for (uint64_t i = 0; i < max_units && Core::receive(p, sm, st, unit, c); ++i) {
+      if (c >= p.num_chunks || unit >= p.num_units) break;
+      Core::consume(p, p.chunks[c], &maps.o, unit, sm, st, wg, tid);
     }
     Core::consumer_end(tid);
   }

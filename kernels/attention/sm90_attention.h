@@ -19,7 +19,7 @@
 // come as up to kAttnMaxChunks separate spans, each with its own relation to the queries (full,
 // causal with an offset, skip). They are visited in order and merged with the online softmax in
 // fp32 (sm90_attention_params.h notes 2-3), exactly as the fused ring kernel visits the chunks
-// that travel around the ring. Needs attention_workspace_bytes() of scratch.
+// that travel around the ring. Needs attention_workspace_bytes() of scratch (args.workspace).
 //
 // Errors are returned (AttnResult, naming the field, its value and what is expected); nothing
 // exits or aborts. Inside the kernel every pipeline wait is bounded; an expired wait is recorded
@@ -79,7 +79,8 @@ struct AttnConfig {
   int block_n = 0;     // key block: 128, or 160 (head_dim 128)
   int pingpong = -1;   // 1: the two consumer warpgroups take turns on the tensor cores
   int num_blocks = 0;  // persistent blocks; 0 = one per SM (or fewer when there are fewer units)
-  int unit_order = -1; // AttnUnitOrder; -1: kAttnCostSnake when a chunk is causal, else kAttnHeadMajor
+  int unit_order = -1; // AttnUnitOrder; -1: kAttnDynamic for a causal launch given a workspace, else
+                       // kAttnHeadMajor (sm90_attention_params.h note 1)
 };
 
 // One span of keys/values (num_chunks > 0). k and v point at the chunk's first position, with
@@ -109,7 +110,10 @@ struct AttnArgs {
 
   int num_chunks = 0;  // 0: one chunk from k, v, seq_kv, causal
   AttnKVChunk chunks[kAttnMaxChunks];
-  void* workspace = nullptr;  // num_chunks > 1: attention_workspace_bytes()
+  // attention_workspace_bytes(), zeroed once after allocation (launches leave its counters zero
+  // again; one launch at a time per workspace). Needed by num_chunks > 1 (the running state); a
+  // causal launch without it takes its units in a static order, a few percent slower.
+  void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
   AttnConfig config;
@@ -133,7 +137,7 @@ struct AttnPlan {
 // Plans and launches. Asynchronous: kernel-side errors appear in *args.wait.status.
 [[nodiscard]] AttnResult attention_fwd(const AttnArgs& args, cudaStream_t stream);
 
-// Scratch for num_chunks > 1 (the fp32 running O and lse); 0 otherwise.
+// Scratch: 256 bytes of schedule counters, and for num_chunks > 1 the fp32 running O and lse.
 size_t attention_workspace_bytes(const AttnArgs& args);
 
 // "d128 n128 pp1 b132 snake c1", for logs and benchmarks.

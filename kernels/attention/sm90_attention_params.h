@@ -4,17 +4,24 @@
 //
 // Design notes
 //  1. A *unit* is one 128-row tile of queries of one (batch, query head): the core's grain of
-//     work. Two orders of the units, chosen per launch (never per chunk, note 4):
-//       kAttnHeadMajor  all m blocks of one head together, dealt round-robin to the blocks: the
-//                       blocks in flight share one or two heads' K and V in L2. Every unit costs
-//                       the same without a causal mask, so nothing is lost to balance;
-//       kAttnCostSnake  sorted by cost (under a causal mask the last m block has the most keys:
-//                       last m block of every head first, then the one before, ...), dealt
-//                       back and forth (block b takes positions b, 2G-1-b, 2G+b, ... of G blocks),
-//                       so each block's sum of costs is nearly the same (the head-major order left
-//                       0.93-0.97 of the work balanced at S = 8K-32K; this one 0.999). The few
-//                       units of one head in flight still read its K and V close in time.
-//     attn_unit() and attn_unit_index() are the one place this numbering lives.
+//     work. Units are ordered and handed out in one of three ways, fixed for a launch (note 4):
+//       kAttnHeadMajor  all m blocks of one head together, last m block first, dealt round-robin
+//                       to the persistent blocks: the blocks in flight share one or two heads' K
+//                       and V in L2. Without a causal mask every unit costs the same and this is
+//                       all it needs;
+//       kAttnCostSnake  sorted by cost (the last m block of every head first, then the one
+//                       before, ...), dealt back and forth (block b takes positions b, 2G-1-b,
+//                       2G+b, ... of G blocks): balanced, but the blocks in flight read every
+//                       head's K and V, which cost up to 12% in L2 misses when measured;
+//       kAttnDynamic    bands of two heads, within a band sorted by cost (last m blocks first),
+//                       taken by the blocks as they free up (the first unit of a block is its
+//                       index, the next ones come from an atomic counter in the workspace, reset
+//                       by the last block to finish): a causal launch balanced to 0.999 of its
+//                       work (replay of the schedule; head-major round-robin gave 0.93-0.97)
+//                       with the L2 locality of head-major. One chunk only (note 4).
+//     The producer of each block decides the units and announces each to its consumers through a
+//     two-slot channel in shared memory (Sm90AttnCore::announce / receive); attn_unit() and
+//     attn_unit_index() are the one place the numbering lives.
 //  2. A *chunk* is one span of keys and values (the whole sequence for the standalone op; the
 //     chunk a ring step holds for the fused op) and how the query tile relates to it:
 //       kAttnFull   every query sees every key of the chunk;
@@ -53,6 +60,7 @@ enum AttnRelation : uint32_t {
 enum AttnUnitOrder : uint32_t {
   kAttnHeadMajor = 0,
   kAttnCostSnake = 1,
+  kAttnDynamic = 2,
 };
 
 enum AttnChunkFlags : uint32_t {
@@ -88,6 +96,8 @@ struct AttnParams {
   // fp32 [batch, heads_q, q_len, head_dim] and [batch, heads_q, q_len], packed.
   float* o_run;
   float* lse_run;
+  // kAttnDynamic: [0] next unit - grid, [1] blocks done; zero before a launch, zero after it.
+  uint32_t* sched_counters;
 
   uint32_t num_chunks;
   AttnChunk chunks[kAttnMaxChunks];

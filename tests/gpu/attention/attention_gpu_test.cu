@@ -65,6 +65,8 @@ struct Tensors {
   size_t nq, nkv, nrows;
   __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
   float *lse = nullptr, *ref_o = nullptr, *ref_lse = nullptr;
+  void* ws = nullptr;  // the schedule counters (zeroed once; every launch must leave them zero)
+  bool use_ws = true;
   explicit Tensors(const Shape& s) : sh(s) {
     nq = static_cast<size_t>(s.b) * s.hq * s.sq * s.d;
     nkv = static_cast<size_t>(s.b) * s.hkv * s.skv * s.d;
@@ -76,8 +78,11 @@ struct Tensors {
     AT_CUDA(cudaMalloc(&lse, nrows * 4));
     AT_CUDA(cudaMalloc(&ref_o, nq * 4));
     AT_CUDA(cudaMalloc(&ref_lse, nrows * 4));
+    AT_CUDA(cudaMalloc(&ws, 256));
+    AT_CUDA(cudaMemset(ws, 0, 256));
   }
   ~Tensors() {
+    cudaFree(ws);
     cudaFree(q);
     cudaFree(k);
     cudaFree(v);
@@ -117,7 +122,16 @@ struct Tensors {
     a.causal = sh.causal;
     a.wait.status = g_status;
     a.wait.timeout_ns = 2'000'000'000ull;
+    if (use_ws) {
+      a.workspace = ws;
+      a.workspace_bytes = 256;
+    }
     return a;
+  }
+  bool counters_zero() const {
+    uint32_t c[2];
+    AT_CUDA(cudaMemcpy(c, ws, sizeof(c), cudaMemcpyDeviceToHost));
+    return c[0] == 0 && c[1] == 0;
   }
   // Compares O and lse with the reference; prints a line; returns pass.
   bool compare_out(const std::string& name, bool quiet_ok = false, bool expect_fail = false) {
@@ -129,8 +143,10 @@ struct Tensors {
     const auto lse_ref = to_host(ref_lse, nrows);
     const ErrorStats eo = compare(out, ref);
     const ErrorStats el = compare(lse_out, lse_ref);
+    const bool zeroed = counters_zero();
     const bool ok = st.code == mk::kDeviceOk && eo.non_finite == 0 && eo.mismatched_inf == 0 && eo.rel_fro < kTolO &&
-                    el.non_finite == 0 && el.mismatched_inf == 0 && el.max_abs < kTolLse;
+                    el.non_finite == 0 && el.mismatched_inf == 0 && el.max_abs < kTolLse && zeroed;
+    if (!zeroed) std::printf("      the schedule counters were not left at zero\n");
     if (expect_fail) {
       std::printf("%s  %-58s expected to fail: O rel err %.2e\n", ok ? "FAIL" : "ok  ", name.c_str(), eo.rel_fro);
       if (ok) ++g_failures;
@@ -154,8 +170,9 @@ struct Tensors {
 
 // Fresh inputs, reference, poisoned outputs, one launch, comparison.
 bool run_case(const Shape& s, const mk::AttnConfig& cfg, const char* label, float q_scale = 1.0f, float scale = 0.0f,
-              uint32_t debug = 0, bool expect_fail = false) {
+              uint32_t debug = 0, bool expect_fail = false, bool use_ws = true) {
   Tensors t(s);
+  t.use_ws = use_ws;
   t.fill(g_seed + 1000 * (++g_counter), q_scale);
   const float eff_scale = scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(s.d));
   t.reference(eff_scale);
@@ -237,6 +254,7 @@ void run_chunk_case(int num, int len, int rank, int d, bool causal, int hq, int 
   a.workspace_bytes = mk::attention_workspace_bytes(a);
   AT_CUDA(cudaMalloc(&ws, a.workspace_bytes));
   poison(ws, a.workspace_bytes / 4);
+  AT_CUDA(cudaMemset(ws, 0, 256));  // the counters; the running state stays poisoned
   a.workspace = ws;
   a.wait.status = g_status;
   a.wait.timeout_ns = 2'000'000'000ull;
@@ -363,6 +381,10 @@ void run_error_cases() {
   a.config.block_n = 192;
   expect_error(a, mk::AttnError::kInvalidConfig, "block_n = 192", "unbuilt config");
   a = base;
+  a.workspace = nullptr;
+  a.config.unit_order = mk::kAttnDynamic;
+  expect_error(a, mk::AttnError::kInvalidConfig, "kAttnDynamic needs one chunk", "dynamic, no workspace");
+  a = base;
   a.config.unit_order = 5;
   expect_error(a, mk::AttnError::kInvalidConfig, "unit_order = 5", "unit order");
   a = base;
@@ -427,14 +449,19 @@ int main() {
   mk::AttnConfig few;
   few.num_blocks = 7;
   run_case({2, 6, 3, 900, 900, 128, true, L::kBHSD}, few, "7 blocks");
-  // Both unit orders, forced, on a grid whose last round is partial (90 units on 13 blocks).
-  for (int order : {0, 1}) {
+  // Every unit order, forced, on a grid whose last round is partial (90 units on 13 blocks), on
+  // an odd head count (the dynamic order's last band has one head), and causal without a
+  // workspace (a static order).
+  for (int order : {0, 1, 2}) {
     mk::AttnConfig c;
     c.unit_order = order;
     c.num_blocks = 13;
     run_case({2, 5, 5, 1111, 1111, 128, true, L::kBHSD}, c, "order");
     run_case({2, 5, 5, 1111, 1111, 64, false, L::kBSHD}, c, "order");
+    c.num_blocks = 0;
+    run_case({1, 7, 7, 2000, 2000, 128, true, L::kBHSD}, c, "order");
   }
+  run_case({1, 8, 4, 1500, 1500, 128, true, L::kBHSD}, def, "no workspace", 1.0f, 0.0f, 0, false, false);
 
   // The ring's chunked form.
   for (bool causal : {false, true}) {
