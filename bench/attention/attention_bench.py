@@ -166,8 +166,7 @@ def main():
     B, H, D = 1, a.heads, 128
     variants = [("default", 0, -1, -1)]
     if a.variants:
-        variants += [("n128 heads", 128, 1, 0), ("n128 snake", 128, 1, 1), ("n128 dynamic", 128, 1, 2),
-                     ("n160", 160, 1, -1), ("n160 dynamic", 160, 1, 2), ("n128 pp0", 128, 0, -1)]
+        variants += [("n128", 128, 1, -1), ("n160", 160, 1, -1), ("static order", 0, -1, 0)]
     rows = []
     table = []
     for S in [int(s) for s in a.seqs.split(",") if s]:

@@ -376,6 +376,8 @@ void run_error_cases() {
   a.num_chunks = 2;
   a.chunks[0] = mk::AttnKVChunk{base.k, base.v, 128, mk::kAttnFull, 0};
   a.chunks[1] = mk::AttnKVChunk{base.k, base.v, 128, mk::kAttnCausal, 0};
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
   expect_error(a, mk::AttnError::kWorkspaceTooSmall, "workspace_bytes = 0", "no workspace");
   a = base;
   a.config.block_n = 192;
