@@ -1,8 +1,14 @@
 #!/bin/bash
 # run_on_h200.sh: one call on the GPU machine: the attention test, the benchmark beside SDPA (and,
-# with --variants, every built configuration), SASS counts; logs under $OUT, the table last.
+# with --variants, block_n 128 and 160, the static order and [B, S, H, D] inputs), SASS counts;
+# logs under $OUT, the table last.
 #   bench/attention/run_on_h200.sh BUNDLE_DIR COMMIT [attention_bench.py args...]
-# BUNDLE_DIR holds bin/attention_gpu_test, bin/libmkernel_attention_capi.so and attention_bench.py.
+# BUNDLE_DIR holds bin/attention_gpu_test, bin/libmkernel_attention_capi.so and attention_bench.py:
+#   cmake --build build --target attention_gpu_test mkernel_attention_capi
+#   mkdir -p B/bin && cp build/tests/gpu/attention/attention_gpu_test \
+#     build/bench/attention/libmkernel_attention_capi.so B/bin && strip --strip-debug B/bin/*
+#   cp bench/attention/attention_bench.py bench/attention/run_on_h200.sh B/
+# (both link only the CUDA runtime statically and the C/C++ runtimes, so nothing else travels).
 set -u
 BUNDLE=${1:?usage: run_on_h200.sh BUNDLE_DIR COMMIT [bench args...]}
 COMMIT=${2:?usage: run_on_h200.sh BUNDLE_DIR COMMIT [bench args...]}

@@ -12,7 +12,7 @@
 //       kAttnCostSnake  sorted by cost (the last m block of every head first, then the one
 //                       before, ...), dealt back and forth (block b takes positions b, 2G-1-b,
 //                       2G+b, ... of G blocks): balanced, but the blocks in flight read every
-//                       head's K and V, which cost up to 12% in L2 misses when measured;
+//                       head's K and V, which cost up to 14% in L2 misses when measured;
 //       kAttnDynamic    bands of two heads, within a band sorted by cost (last m blocks first),
 //                       taken by the blocks as they free up (the first unit of a block is its
 //                       index, the next ones come from an atomic counter in the workspace, reset
