@@ -3,8 +3,9 @@
 //
 //   O[b, h, i, :] = sum_j softmax_j(scale * Q[b, h, i, :] . K[b, h / group, j, :]) V[b, h / group, j, :]
 //
-// Block = 3 warpgroups (384 threads), one block per SM, grid = persistent (sm90_attention_params.h
-// notes 1 and 4: a static schedule, the same units for a block in every chunk).
+// Block = 3 warpgroups (384 threads), one block per SM, grid = persistent: the producer decides
+// which units (128-row query tiles) the block takes and announces them to the consumers
+// (sm90_attention_params.h note 1: head-major, cost-sorted or dynamic).
 //   warpgroup 0    producer: one thread issues the TMA loads of a unit's Q tile (128 rows) and of
 //                  its K and V blocks (BLOCK_N rows each) into kStages-deep rings, K and V with
 //                  their own full/empty mbarriers, in the order the consumers use them:
