@@ -62,7 +62,8 @@ enum DeviceStep : uint32_t {
   kStepForward = 7,        // spreading a shard received from the network; index: shard
   kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
   kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
-  kNumDeviceSteps = 10,
+  kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
+  kNumDeviceSteps = 11,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -104,6 +105,7 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepForward: return "forwarding shard";
     case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
     case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
+    case kStepAttnPipeline: return "attention pipeline of block";
     default: return "step";
   }
 }
