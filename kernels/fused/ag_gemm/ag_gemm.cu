@@ -110,6 +110,9 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   g.config.cluster_m = s.config.cluster_m;
   g.config.num_gemm_blocks = s.config.gemm_blocks;
   g.config.num_role_blocks = s.config.comm_blocks != 0 ? s.config.comm_blocks : ag_default_comm_blocks(s.layout);
+  // Whole tiles (or uniform split-K), no stream-K: the decomposition this op's readiness waits were
+  // tested with on the GPU; stream-K under the readiness hook is still to be measured.
+  g.config.stream_k = 0;
   g.hooks.ready_flags = ready + s.layout.nvl_op_flags();  // ready(0, 0) onwards
   g.hooks.ready_value_ptr = c.launch_counter;
   g.hooks.ready_rows_per_flag = geo.chunk_rows;
