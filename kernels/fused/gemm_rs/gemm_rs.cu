@@ -92,6 +92,10 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
                  s.m_rows};
   const RsOrder order = rs_order(geo, static_cast<uint32_t>(first.config.cluster_m), static_cast<uint32_t>(first.config.group));
   g.config = first.config;
+  // Determinism (plan note 3): split tiles are summed in the order their parts arrive
+  // (tile_scheduler.cuh note 3); with two parts the fp32 sum does not depend on that order, with
+  // three or more it may. So at most two splits.
+  g.config.num_splits = std::min(g.config.num_splits, 2);
   g.config.group = static_cast<int>(order.group);
   g.hooks.first_m_block = order.first_m_block;
   p->geo_ = geo;
