@@ -10,6 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "common/tile_scheduler.cuh"
+
 namespace mkernel::kernels {
 
 std::string rs_check_geometry(const RsGeometry& g) {
@@ -129,14 +131,17 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     const uint32_t cm = std::max<uint32_t>(1, o.cluster_m);
     const uint32_t groups = (mbs + cm - 1) / cm;
     std::vector<Cluster> cl(o.clusters);
+    // The engine's own tile order (common/tile_scheduler.cuh, kRasterAlongN as the fused ops
+    // plan it; whole tiles, cluster c taking tiles c, c + clusters, ...).
+    const uint32_t offset = (ord.first_m_block / cm) % groups;
     auto get = [&](uint32_t unit, uint32_t cta) {
-      // TileScheduler::get with kRasterAlongN (common/tile_scheduler.cuh), the raster the fused
-      // ops use; the engine's get() is device code, so the replay restates it.
-      const uint32_t band = ord.group * nbs, first = (unit / band) * ord.group;
-      const uint32_t width = std::min(ord.group, groups - first), in_band = unit % band;
-      uint32_t mg = first + in_band % width + ord.first_m_block / cm;
-      mg %= groups;
-      return std::make_pair(mg * cm + cta, in_band / width);
+      TileCoord t;
+      if (cm == 2) {
+        t = TileScheduler<2>{mbs, nbs, 1, kRasterAlongN, ord.group, offset}.tile_coord(unit, cta);
+      } else {
+        t = TileScheduler<1>{mbs, nbs, 1, kRasterAlongN, ord.group, offset}.tile_coord(unit, cta);
+      }
+      return std::make_pair(t.m_block, t.n_block);
     };
     const uint32_t units = groups * nbs;
     for (uint32_t c = 0; c < o.clusters; ++c) {
