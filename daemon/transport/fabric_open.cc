@@ -3,8 +3,59 @@
 // class is in fabric_endpoint.h.
 #include "fabric_endpoint.h"
 
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+
 namespace mkernel::daemon::net {
 namespace fabric {
+
+namespace {
+
+// libfabric's shm provider names an endpoint's shared-memory region after the process id unless
+// told otherwise, and a process killed before closing it leaves the region in /dev/shm: a later
+// process that happens to get the same id then fails in fi_enable with EBUSY. So shm endpoints
+// get names of their own, "mkernel-<pid>-<random>", and regions of that form whose process is
+// gone are removed once per process before the first one is opened.
+constexpr char kShmPrefix[] = "mkernel-";
+
+void remove_stale_shm_regions() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strncmp(e->d_name, kShmPrefix, sizeof(kShmPrefix) - 1) != 0) continue;
+    const char* digits = e->d_name + sizeof(kShmPrefix) - 1;
+    char* end = nullptr;
+    const long pid = std::strtol(digits, &end, 10);
+    if (end == digits || *end != '-' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    (void)::unlink((std::string("/dev/shm/") + e->d_name).c_str());
+  }
+  ::closedir(dir);
+}
+
+std::string shm_endpoint_name() {
+  static std::once_flag cleaned;
+  std::call_once(cleaned, remove_stale_shm_regions);
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const uint64_t token = (uint64_t{rd()} << 32) ^ rd() ^ (counter.fetch_add(1) << 48);
+  char name[64];
+  std::snprintf(name, sizeof name, "fi_shm://%s%d-%016llx", kShmPrefix, static_cast<int>(::getpid()),
+                static_cast<unsigned long long>(token));
+  return name;
+}
+
+}  // namespace
 
 fi_info* FabricTransport::make_hints(const FabricOptions& options, uint64_t extra_caps,
                                      size_t cq_data) const {
@@ -24,6 +75,12 @@ fi_info* FabricTransport::make_hints(const FabricOptions& options, uint64_t extr
   hints->domain_attr->av_type = FI_AV_TABLE;
   if (!options.provider.empty()) hints->fabric_attr->prov_name = dup_string(options.provider);
   if (!options.domain.empty()) hints->domain_attr->name = dup_string(options.domain);
+  if (options.provider == "shm") {
+    const std::string name = shm_endpoint_name();
+    hints->addr_format = FI_ADDR_STR;
+    hints->src_addr = dup_string(name);
+    hints->src_addrlen = name.size() + 1;
+  }
   return hints;
 }
 
