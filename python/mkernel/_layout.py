@@ -50,24 +50,31 @@ def is_weight_transposed(B: torch.Tensor) -> bool:
     return (K <= 1 or B.stride(0) == 1) and (N <= 1 or B.stride(1) == K)
 
 
+def _check_activation(name: str, t: Any) -> int:
+    """Refuses an activation the ops do not take (a bf16 CUDA tensor of at least 2 dimensions, none
+    empty, K a multiple of 8), naming it; returns K."""
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{name}: {type(t).__name__}; expected a torch.Tensor")
+    if t.dtype != torch.bfloat16:
+        raise ArgumentError(f"{name}: dtype {t.dtype}; expected torch.bfloat16 (bf16 in, fp32 accumulate)")
+    if t.device.type != "cuda":
+        raise ArgumentError(f"{name}: device {t.device}; expected a CUDA tensor on this rank's GPU")
+    if t.dim() < 2:
+        raise ArgumentError(f"{name}: shape {_shape(t)}; expected at least 2 dimensions ([..., K])")
+    K = t.shape[-1]
+    if t.numel() == 0:
+        raise ArgumentError(f"{name}: shape {_shape(t)}; expected no empty dimension")
+    if K % 8 != 0:
+        raise ArgumentError(f"{name}: K = {K} (last dimension); expected a multiple of 8 (16-byte rows)")
+    return K
+
+
 def check_all_gather_matmul(
     A_shard: Any, Bs: Any, gather_dim: Any, *, return_A: Any = True, allow_copy_B: Any = False
 ) -> int:
     """Refuses arguments the op does not take (ArgumentError naming the argument); returns
     gather_dim made non-negative. Reads metadata only."""
-    if not isinstance(A_shard, torch.Tensor):
-        raise ArgumentError(f"A_shard: {type(A_shard).__name__}; expected a torch.Tensor")
-    if A_shard.dtype != torch.bfloat16:
-        raise ArgumentError(f"A_shard: dtype {A_shard.dtype}; expected torch.bfloat16 (bf16 in, fp32 accumulate)")
-    if A_shard.device.type != "cuda":
-        raise ArgumentError(f"A_shard: device {A_shard.device}; expected a CUDA tensor on this rank's GPU")
-    if A_shard.dim() < 2:
-        raise ArgumentError(f"A_shard: shape {_shape(A_shard)}; expected at least 2 dimensions ([..., K])")
-    K = A_shard.shape[-1]
-    if A_shard.numel() == 0:
-        raise ArgumentError(f"A_shard: shape {_shape(A_shard)}; expected no empty dimension")
-    if K % 8 != 0:
-        raise ArgumentError(f"A_shard: K = {K} (last dimension); expected a multiple of 8 (16-byte rows)")
+    K = _check_activation("A_shard", A_shard)
     if isinstance(gather_dim, bool) or not isinstance(gather_dim, int):
         raise ArgumentError(f"gather_dim: {gather_dim!r}; expected an int")
     nd = A_shard.dim()
@@ -177,19 +184,7 @@ def check_matmul_reduce_scatter(A: Any, B: Any, reduce_op: Any, scatter_dim: Any
     """Refuses arguments fused_matmul_reduce_scatter does not take (ArgumentError naming the
     argument); returns scatter_dim made non-negative. Reads metadata only. The group's size is
     checked against A by check_scatter_world."""
-    if not isinstance(A, torch.Tensor):
-        raise ArgumentError(f"A: {type(A).__name__}; expected a torch.Tensor")
-    if A.dtype != torch.bfloat16:
-        raise ArgumentError(f"A: dtype {A.dtype}; expected torch.bfloat16 (bf16 in, fp32 accumulate)")
-    if A.device.type != "cuda":
-        raise ArgumentError(f"A: device {A.device}; expected a CUDA tensor on this rank's GPU")
-    if A.dim() < 2:
-        raise ArgumentError(f"A: shape {_shape(A)}; expected at least 2 dimensions ([..., K])")
-    K = A.shape[-1]
-    if A.numel() == 0:
-        raise ArgumentError(f"A: shape {_shape(A)}; expected no empty dimension")
-    if K % 8 != 0:
-        raise ArgumentError(f"A: K = {K} (last dimension); expected a multiple of 8 (16-byte rows)")
+    K = _check_activation("A", A)
     if not isinstance(B, torch.Tensor):
         raise ArgumentError(f"B: {type(B).__name__}; expected a torch.Tensor")
     if B.dtype != torch.bfloat16:

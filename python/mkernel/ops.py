@@ -227,6 +227,16 @@ def _fused_all_gather_matmul_fake(
     return (unflatten(A_flat) if return_A and A_flat is not None else None), [unflatten(o) for o in outs]
 
 
+def _checked_reduce_scatter(
+    A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: str, allow_copy_B: bool
+) -> tuple[int, int]:
+    """The arguments' checks both implementations share; returns (scatter_dim, world size)."""
+    sd = _layout.check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, allow_copy_B=allow_copy_B)
+    world = _world_size(group_name)
+    _layout.check_scatter_world(A, sd, world)
+    return sd, world
+
+
 def _fused_matmul_reduce_scatter(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -236,9 +246,7 @@ def _fused_matmul_reduce_scatter(
     *,
     allow_copy_B: bool = False,
 ) -> torch.Tensor:
-    sd = _layout.check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, allow_copy_B=allow_copy_B)
-    world = _world_size(group_name)
-    _layout.check_scatter_world(A, sd, world)
+    sd, world = _checked_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B)
     a = _layout.rows_of(A, sd)
     if a.data_ptr() % 16 != 0:  # a view at an odd offset: the kernel's TMA needs 16-byte rows
         a = a.clone()
@@ -260,9 +268,7 @@ def _fused_matmul_reduce_scatter_fake(
     *,
     allow_copy_B: bool = False,
 ) -> torch.Tensor:
-    sd = _layout.check_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, allow_copy_B=allow_copy_B)
-    world = _world_size(group_name)
-    _layout.check_scatter_world(A, sd, world)
+    sd, world = _checked_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B)
     out, result = _layout.scatter_output_of(A, B, sd, world)
     return result(out)
 
