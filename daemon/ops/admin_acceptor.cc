@@ -91,8 +91,8 @@ void AdminAcceptor::run() {
         const int e = errno;
         if (e == EINTR || e == ECONNABORTED) continue;
         if (is_descriptor_exhaustion(e)) {
-          // Note 2.
-          spare.shed_one(fds[i].fd);
+          // Note 2. Counted and reported before the connection is closed, so a client that sees
+          // the close also sees the report.
           out_of_descriptors_.fetch_add(1);
           resume = Clock::now() + std::chrono::milliseconds(100);
           if (report_) {
@@ -105,6 +105,7 @@ void AdminAcceptor::run() {
                          "descriptors are free",
                          std::strerror(e), out_of_descriptors_.load());
           }
+          spare.shed_one(fds[i].fd);
         }
         break;
       }

@@ -193,9 +193,8 @@ void HttpServer::run() {
         if (!fd.valid()) {
           const int e = errno;
           if (is_descriptor_exhaustion(e)) {
-            // Note 4.
-            spare.shed_one(listen_fd_.get(),
-                           response(503, "Service Unavailable", "text/plain", "out of descriptors\n", false));
+            // Note 4. The shortage is counted and reported before the 503 goes out, so whoever
+            // reads the answer also sees the report.
             out_of_descriptors_.fetch_add(1);
             accept_resume = Clock::now() + std::chrono::milliseconds(100);
             if (options_.on_out_of_descriptors) {
@@ -207,6 +206,8 @@ void HttpServer::run() {
               spdlog::warn("metrics: no descriptor to accept a scrape ({}); {} so far", std::strerror(e),
                            out_of_descriptors_.load());
             }
+            spare.shed_one(listen_fd_.get(),
+                           response(503, "Service Unavailable", "text/plain", "out of descriptors\n", false));
           }
           break;
         }

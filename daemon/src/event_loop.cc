@@ -203,8 +203,8 @@ void EventLoop::accept_clients() {
         fill_error(&refusal, why);
         std::string packet;
         (void)mp::frame_message(refusal, &packet);
+        state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, why);  // before the answer goes out
         spare_.shed_one(listen_fd_.get(), packet);
-        state_.refusals.record_anonymous(Refusal::kOutOfDescriptors, why);
         accept_resume_ = std::chrono::steady_clock::now() + kAcceptPause;
         return;
       }
