@@ -170,14 +170,38 @@ std::vector<int32_t> moe_make_routing(MoeRouteKind kind, uint32_t tokens, uint32
     for (uint32_t e = 0; e < experts; e += 3) order[pool++] = e;
   }
   const uint32_t k = std::min(top_k, pool);
-  std::vector<double> w(weight.begin(), weight.begin() + pool);
+  // Draws without replacement from the weights of order[0, pool): inverse CDF with retries on
+  // a repeat, and an exact draw over what is left after a few misses (k close to pool).
+  std::vector<double> cdf(pool);
+  double total = 0;
+  for (uint32_t i = 0; i < pool; ++i) cdf[i] = (total += weight[i]);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  std::vector<uint32_t> picked;
   for (uint32_t t = 0; t < tokens; ++t) {
     if (kind == MoeRouteKind::kNoChoices && t % 3 == 1) continue;  // a token with no choice at all
-    std::vector<double> left = w;
+    picked.clear();
     for (uint32_t j = 0; j < k; ++j) {
-      std::discrete_distribution<uint32_t> pick(left.begin(), left.end());
-      const uint32_t i = pick(rng);
-      left[i] = 0;
+      uint32_t i = pool;
+      for (int attempt = 0; attempt < 16 && i == pool; ++attempt) {
+        const auto it = std::upper_bound(cdf.begin(), cdf.end(), u01(rng) * total);
+        const uint32_t c = static_cast<uint32_t>(std::min<size_t>(it - cdf.begin(), pool - 1));
+        if (std::find(picked.begin(), picked.end(), c) == picked.end()) i = c;
+      }
+      if (i == pool) {  // exact: weighted over the experts not picked yet
+        double left = 0;
+        for (uint32_t c = 0; c < pool; ++c)
+          if (std::find(picked.begin(), picked.end(), c) == picked.end()) left += weight[c];
+        double x = u01(rng) * left;
+        for (uint32_t c = 0; c < pool && i == pool; ++c) {
+          if (std::find(picked.begin(), picked.end(), c) != picked.end()) continue;
+          x -= weight[c];
+          if (x <= 0) i = c;
+        }
+        if (i == pool)  // rounding: the last one left
+          for (uint32_t c = pool; c-- > 0 && i == pool;)
+            if (std::find(picked.begin(), picked.end(), c) == picked.end()) i = c;
+      }
+      picked.push_back(i);
       out[size_t{t} * top_k + j] = static_cast<int32_t>(order[i]);
     }
     if (kind == MoeRouteKind::kNoChoices && t % 3 == 2 && top_k > 1) out[size_t{t} * top_k] = -1;  // one masked choice
