@@ -39,7 +39,9 @@ enum DeviceError : uint32_t {
   kDevicePipelineTimeout = 5,  // detail: the stage; a shared-memory pipeline barrier of a block
                                //   did not complete (a broken launch, not slow data)
   kDevicePeerFailed = 6,       // detail: the rank whose kernel failed first and said so
-  kNumDeviceErrors = 7,
+  kDeviceMoeRouting = 7,       // detail: MoeRouteCode (fused/moe/moe_route.cuh): a bad expert in a
+                               //   token's choices, or routing over the MoE's capacity
+  kNumDeviceErrors = 8,
 };
 
 // DeviceStatus::detail of kDeviceBadArgument.
@@ -63,7 +65,14 @@ enum DeviceStep : uint32_t {
   kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
   kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
   kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
-  kNumDeviceSteps = 11,
+  kStepMoeRoute = 11,      // MoE routing; index: the token, rank, node or row count it names
+  kStepMoeCounts = 12,     // waiting for a rank's MoE count record; index: rank
+  kStepMoeTokens = 13,     // waiting for MoE tokens; index: rank * 65536 + chunk
+  kStepMoeNetwork = 14,    // waiting for MoE tokens or counts from the network; index: node * 65536 + chunk
+  kStepMoePartial = 15,    // waiting for MoE partials of a node peer; index: local * 2^32 + node * 65536 + chunk
+  kStepMoeNodeSum = 16,    // waiting for another node's MoE partials; index: node * 65536 + chunk
+  kStepMoeLayout = 17,     // waiting for the MoE row layout or a source's expansion; index: source
+  kNumDeviceSteps = 18,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -89,6 +98,7 @@ MK_KERNEL_HD constexpr const char* device_error_name(uint32_t code) {
     case kDeviceBadArgument: return "a device call had an argument out of range";
     case kDevicePipelineTimeout: return "a shared-memory pipeline barrier did not complete";
     case kDevicePeerFailed: return "a peer rank's kernel failed";
+    case kDeviceMoeRouting: return "the MoE routing names a bad expert or exceeds the MoE's capacity";
     default: return "unknown device error";
   }
 }
@@ -106,6 +116,13 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
     case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
     case kStepAttnPipeline: return "attention pipeline of block";
+    case kStepMoeRoute: return "MoE routing: token, rank, node or rows";
+    case kStepMoeCounts: return "waiting for the MoE count record of rank";
+    case kStepMoeTokens: return "waiting for MoE tokens rank*65536+chunk";
+    case kStepMoeNetwork: return "waiting for MoE network arrivals node*65536+chunk";
+    case kStepMoePartial: return "waiting for MoE partials local*2^32+node*65536+chunk";
+    case kStepMoeNodeSum: return "waiting for another node's MoE partials node*65536+chunk";
+    case kStepMoeLayout: return "waiting for the MoE row layout or the expansion of source";
     default: return "step";
   }
 }
@@ -137,6 +154,13 @@ inline std::string describe_device_status(const DeviceStatus& s, uint64_t timeou
     case kDeviceBadArgument: out += std::string(" (") + device_argument_name(s.detail) + ")"; break;
     case kDevicePipelineTimeout: out += " (stage " + std::to_string(s.detail) + ")"; break;
     case kDevicePeerFailed: out += " (rank " + std::to_string(s.detail) + " failed first)"; break;
+    case kDeviceMoeRouting:
+      out += s.detail == 1   ? " (an expert outside -1 .. experts-1, or chosen twice, in that token's choices)"
+             : s.detail == 2 ? " (more tokens to that rank than recv_tokens_per_source)"
+             : s.detail == 3 ? " (more tokens to that node than recv_tokens_per_source)"
+             : s.detail == 4 ? " (more expert rows on that rank than expert_rows_capacity)"
+                             : " (routing)";
+      break;
     default: break;
   }
   return out;

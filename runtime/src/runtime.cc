@@ -526,8 +526,9 @@ Status Communicator::check() const {
   if (st.code != kDeviceOk) {
     const StatusCode code = st.code == kDeviceWaitTimeout || st.code == kernels::kDevicePipelineTimeout
                                 ? StatusCode::kDeadlineExceeded
-                            : st.code == kDeviceBadArgument ? StatusCode::kInvalidArgument
-                                                            : StatusCode::kUnavailable;
+                            : st.code == kDeviceBadArgument || st.code == kernels::kDeviceMoeRouting
+                                ? StatusCode::kInvalidArgument
+                                : StatusCode::kUnavailable;
     Status s(code, kernels::describe_device_status(st, device_.wait_timeout_ns));
     std::lock_guard<std::mutex> lock(m.mu);
     if (!m.monitor_status.ok()) return s.with_context(m.monitor_status.message());

@@ -31,22 +31,6 @@ uint32_t moe_default_chunk_tokens(uint32_t capacity) {
 
 uint32_t MoeGeometry::chunk() const { return chunk_tokens ? chunk_tokens : moe_default_chunk_tokens(capacity()); }
 
-uint64_t MoeGeometry::nvl_bytes_needed() const {
-  const uint64_t w = layout.world(), cap = capacity();
-  return w * count_words() * 4 + w * cap * (uint64_t{hidden} * 2 + uint64_t{meta_words()} * 4) +
-         uint64_t{layout.gpus} * layout.nodes * cap * out_hidden * 2;
-}
-
-uint64_t MoeGeometry::net_bytes_needed() const {
-  if (layout.nodes == 1) return 0;
-  const uint64_t n = layout.nodes, cap = capacity();
-  const uint64_t one = uint64_t{net_count_words()} * 4 + cap * (uint64_t{hidden} * 2 + uint64_t{meta_words()} * 4) +
-                       cap * out_hidden * 2;
-  return 2 * n * one;  // incoming slots and outgoing staging
-}
-
-uint64_t MoeGeometry::local_bytes_needed() const { return rows_capacity() * (uint64_t{hidden} + out_hidden) * 2; }
-
 std::string moe_check_geometry(const MoeGeometry& g) {
   const uint32_t world = g.layout.world();
   if (g.layout.nodes == 0 || g.layout.gpus == 0)

@@ -129,14 +129,23 @@ MK_KERNEL_HD inline uint32_t moe_source_index(const FusedLayout& l, uint32_t d, 
   return l.gpus + ((ns + l.nodes - nd) % l.nodes - 1) * l.gpus + l.local_of(s);
 }
 
-// What travels with every dispatched token (notes 3 and 6): per choice, the expert (-1 when it
-// is not on the destination rank or node), the row slot within (source, expert) and the score;
-// per rank of the destination node, the token's position in that rank's region (kMoeNoChoice
-// when it does not go there). Stored as 32-bit words: [expert x top_k][slot x top_k]
-// [score bits x top_k][pos x gpus], padded to 16 bytes.
+// What travels with every dispatched token (notes 3 and 6): per choice, the expert (global
+// index; -1 when it is not on the destination node), the row slot within (source, expert) and
+// the score; per rank of the destination node, the token's position in that rank's region
+// (kMoeNoChoice when it does not go there); the token's index on its home rank. Stored as
+// 32-bit words, padded to 16 bytes (MoeMeta gives the offsets).
 MK_KERNEL_HD constexpr uint32_t moe_meta_words(uint32_t top_k, uint32_t gpus) {
-  return (3 * top_k + gpus + 3) / 4 * 4;
+  return (3 * top_k + gpus + 1 + 3) / 4 * 4;
 }
+struct MoeMeta {
+  uint32_t top_k, gpus;
+  MK_KERNEL_HD constexpr uint32_t expert(uint32_t j) const { return j; }
+  MK_KERNEL_HD constexpr uint32_t slot(uint32_t j) const { return top_k + j; }
+  MK_KERNEL_HD constexpr uint32_t score(uint32_t j) const { return 2 * top_k + j; }
+  MK_KERNEL_HD constexpr uint32_t pos(uint32_t local) const { return 3 * top_k + local; }
+  MK_KERNEL_HD constexpr uint32_t token() const { return 3 * top_k + gpus; }
+  MK_KERNEL_HD constexpr uint32_t words() const { return moe_meta_words(top_k, gpus); }
+};
 
 // ---- the plan -------------------------------------------------------------------------------------
 
@@ -181,14 +190,26 @@ struct MoeGeometry {
   }
   uint32_t net_flags_needed() const { return layout.nodes > 1 ? net_partial_flag(layout.nodes, 0) : 0; }
 
-  // Bytes. NVLink buffer (every rank the same): count records [world], token regions
-  // [world][capacity] rows and their records, partial regions [gpus][nodes][capacity]. Network
-  // workspace: per node, incoming count records, tokens + records and summed partials, and the
-  // same again as outgoing staging (puts leave from registered memory). Local workspace: the
-  // expert-ordered rows and the GEMM's output rows.
-  uint64_t nvl_bytes_needed() const;
-  uint64_t net_bytes_needed() const;
-  uint64_t local_bytes_needed() const;
+  // NVLink buffer (every rank the same), byte offsets: count records [world] (count_stride
+  // each), token rows [world][capacity][hidden], token records [world][capacity][meta_words],
+  // partial rows [gpus][nodes][capacity][out_hidden]. Everything 16-byte aligned.
+  uint64_t count_stride() const { return (uint64_t{count_words()} * 4 + 15) / 16 * 16; }
+  uint64_t off_tokens() const { return uint64_t{layout.world()} * count_stride(); }
+  uint64_t off_meta() const { return off_tokens() + uint64_t{layout.world()} * capacity() * hidden * 2; }
+  uint64_t off_partials() const { return off_meta() + uint64_t{layout.world()} * capacity() * meta_words() * 4; }
+  uint64_t nvl_bytes_needed() const {
+    return off_partials() + uint64_t{layout.gpus} * layout.nodes * capacity() * out_hidden * 2;
+  }
+  // Network workspace (nodes > 1): an incoming slot per node, then an outgoing slot per node
+  // (puts leave from registered memory). In a slot: the count record, then chunk by chunk the
+  // rows and records of the chunk's tokens (one put moves a chunk), then the partial rows.
+  uint64_t net_data() const { return (uint64_t{net_count_words()} * 4 + 15) / 16 * 16; }
+  uint64_t net_chunk_bytes() const { return uint64_t{chunk()} * (uint64_t{hidden} * 2 + uint64_t{meta_words()} * 4); }
+  uint64_t net_part() const { return net_data() + uint64_t{chunks()} * net_chunk_bytes(); }
+  uint64_t net_slot() const { return net_part() + uint64_t{capacity()} * out_hidden * 2; }
+  uint64_t net_bytes_needed() const { return layout.nodes > 1 ? 2 * uint64_t{layout.nodes} * net_slot() : 0; }
+  // The caller's buffers for the expert-ordered rows and the expert outputs.
+  uint64_t local_bytes_needed() const { return rows_capacity() * (uint64_t{hidden} + out_hidden) * 2; }
 };
 
 // 64 tokens per chunk, fewer for small capacities (at least 8 chunks per region when possible).

@@ -31,6 +31,7 @@ enum MoeRouteCode : uint32_t {
   kMoeRouteBadChoice = 1,    // index: token, value: the choice (j)
   kMoeRouteRankOverflow = 2, // index: rank, value: tokens it would receive
   kMoeRouteNodeOverflow = 3, // index: node, value: tokens it would receive
+  kMoeRouteRowsOverflow = 4, // found by a receiver: index: its rank, value: rows (capped at 2^32-1)
 };
 
 struct MoeRouteResult {

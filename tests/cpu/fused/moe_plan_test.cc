@@ -57,17 +57,24 @@ TEST(MoeGeometry, WorstCaseSizesAreDocumented) {
   EXPECT_EQ(g.capacity(), 4096u);
   EXPECT_EQ(g.rows_capacity(), uint64_t{2} * 4096 * 8);
   EXPECT_EQ(g.net_bytes_needed(), 0u);
-  EXPECT_EQ(g.meta_words(), (3 * 8 + 2 + 3) / 4 * 4u);
-  const uint64_t nvl = 2 * g.count_words() * 4 + uint64_t{2} * 4096 * (7168 * 2 + g.meta_words() * 4) +
+  EXPECT_EQ(g.meta_words(), 28u);  // 3 x 8 + 2 positions + the token, padded to 16 bytes
+  EXPECT_EQ(g.count_stride(), 528u);  // 1 + 128 words, padded to 16 bytes
+  const uint64_t nvl = 2 * 528 + uint64_t{2} * 4096 * (7168 * 2 + g.meta_words() * 4) +
                        uint64_t{2} * 1 * 4096 * 2048 * 2;
   EXPECT_EQ(g.nvl_bytes_needed(), nvl);
+  EXPECT_EQ(g.off_tokens() % 16, 0u);
+  EXPECT_EQ(g.off_meta() % 16, 0u);
+  EXPECT_EQ(g.off_partials() % 16, 0u);
   EXPECT_EQ(g.local_bytes_needed(), g.rows_capacity() * (7168 + 2048) * 2);
   // Few experts per rank bound the rows: top-8 of 8 experts on 8 ranks is one row per rank.
   auto few = geometry(FusedLayout{1, 8}, 0, 100, 8, 8);
   EXPECT_EQ(few.rows_capacity(), uint64_t{8} * 100 * 1);
   // Two nodes: flags and network workspace.
   auto two = geometry(FusedLayout{2, 4}, 5, 256, 64, 4);
-  EXPECT_GT(two.net_bytes_needed(), 0u);
+  EXPECT_EQ(two.net_bytes_needed(), 2 * 2 * two.net_slot());
+  EXPECT_EQ(two.net_data(), 160u);  // 1 + 4 x (1 + 8) words, padded
+  EXPECT_EQ(two.net_chunk_bytes() % 16, 0u);
+  EXPECT_EQ(two.net_part(), two.net_data() + two.chunks() * two.net_chunk_bytes());
   EXPECT_EQ(two.net_flags_needed(), two.net_partial_flag(2, 0));
   EXPECT_GT(two.net_partial_flag(0, 0), two.net_token_flag(1, two.chunks() - 1));
   EXPECT_GT(two.token_flag(0, 0), two.count_flag(7));

@@ -13,6 +13,12 @@
 //   GEMM+AllReduce: the same operands; every rank gets the whole sum [M, n], the same bits on every
 //     rank; M any positive number (the reduction is scattered over the ranks by bands of
 //     floor(b M / R) ... rows, then gathered).
+//   MoE dispatch and combine (expert parallelism over R ranks, E experts, E / R per rank):
+//     every rank holds T tokens [T, hidden] with top_k choices (expert or -1) and router scores;
+//     dispatch gives rank d the rows of its experts (x_expert, expert by expert, offsets on the
+//     device), each token sent once per rank and once per node; combine takes the experts'
+//     outputs in the same rows and gives every token's home rank the score-weighted sum over its
+//     choices [T, out_hidden], in a fixed order (docs/kernels.md, MoE).
 //
 // Design notes
 //  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
@@ -47,6 +53,7 @@
 namespace mkernel::kernels {
 class AgGemmPlan;
 class GemmRsPlan;
+class MoePlan;
 }
 
 namespace mkernel::rt {
@@ -162,5 +169,59 @@ Status gemm_reduce_scatter(Communicator& comm, const void* a, const void* w, voi
                            uint64_t k, cudaStream_t stream);
 Status gemm_all_reduce(Communicator& comm, const void* a, const void* w, void* c, uint64_t m, uint64_t n, uint64_t k,
                        cudaStream_t stream);
+
+// Capacities and blocks of the MoE; zeros mean "the worst case" / "choose" (docs/kernels.md).
+struct MoeConfig {
+  uint32_t recv_tokens_per_source = 0;  // tokens one rank may send one rank or node (0: tokens)
+  uint64_t expert_rows_capacity = 0;    // expert rows a rank may receive (0: the worst case)
+  uint32_t chunk_tokens = 0;            // tokens moved and flagged together
+  int blocks = 0;                       // blocks of each launch
+  bool apply_scores = true;             // combine weights the expert outputs by the router scores
+};
+
+// Options::nvlink_bytes, Options::network_workspace_bytes and Options::fused_flags an MoE of this
+// size needs.
+uint64_t moe_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
+                          uint32_t experts, uint32_t top_k, const MoeConfig& config = {});
+uint64_t moe_network_bytes(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
+                           uint32_t experts, uint32_t top_k, const MoeConfig& config = {});
+uint32_t moe_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint32_t experts, uint32_t top_k,
+                         const MoeConfig& config = {});
+
+class MoeDispatchCombine {
+ public:
+  // Collective (note 1): every rank with the same tokens, hidden, out_hidden, experts, top_k and
+  // config.
+  static StatusOr<std::unique_ptr<MoeDispatchCombine>> create(Communicator& comm, uint64_t tokens, uint64_t hidden,
+                                                              uint64_t out_hidden, uint32_t experts, uint32_t top_k,
+                                                              const MoeConfig& config = {},
+                                                              cudaStream_t stream = nullptr);
+  ~MoeDispatchCombine();
+
+  // Rows of x_expert / y_expert to allocate, and this rank's experts.
+  uint64_t rows_capacity() const;
+  uint32_t experts_per_rank() const;
+
+  // Enqueues begin_launch and the dispatch kernel: x [tokens, hidden] bf16, choices [tokens,
+  // top_k] int32 (expert or -1), scores [tokens, top_k] fp32; out: x_expert [rows_capacity,
+  // hidden] bf16, expert_offsets [experts_per_rank + 1] uint32 (rows of local expert e are
+  // [offsets[e], offsets[e + 1])), and, when not null, per row its token's home rank and index
+  // (int32) and the router score (fp32) [rows_capacity]. Routing that names a bad expert or
+  // exceeds the capacities ends the launch on every rank; Communicator::check() names it.
+  Status dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert, uint32_t* expert_offsets,
+                  int32_t* row_source, int32_t* row_token, float* row_score, cudaStream_t stream);
+  // Enqueues begin_launch and the combine kernel: y_expert [rows_capacity, out_hidden] bf16 in the
+  // rows of the last dispatch -> out [tokens, out_hidden] bf16. Must follow that dispatch with no
+  // other launch of the communicator in between (the dispatch's routing and records are read).
+  Status combine(const void* y_expert, void* out, cudaStream_t stream);
+
+  std::string describe() const;
+
+ private:
+  MoeDispatchCombine() = default;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<kernels::MoePlan> plan_;
+  uint64_t dispatch_launch_ = 0;  // comm.launches_begun() right after the last dispatch (0: none)
+};
 
 }  // namespace mkernel::rt

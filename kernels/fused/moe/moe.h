@@ -1,0 +1,78 @@
+// moe.h: host side of the MoE dispatch and combine kernels (device code: moe_comm.cuh; the
+// protocol and its CPU replay: moe_plan.h). Applications use the runtime's entry points
+// (mkernel/runtime/ops.h), which add the communicator's checks and the agreement between ranks;
+// this is the layer below, usable by anything that has a DeviceComm.
+//
+//   dispatch: x [tokens, hidden], choices [tokens, top_k] (int32, expert or -1), scores
+//             [tokens, top_k] (fp32) on every rank  ->  on rank d, x_expert [rows, hidden]: the
+//             rows of d's experts, expert by expert (expert_offsets), each row a token that chose
+//             the expert; sources in arrival order, then token order (moe_plan.h note 5).
+//   combine:  y_expert [rows, out_hidden] in the same order  ->  out [tokens, out_hidden] on the
+//             tokens' home ranks: sum over the token's choices of score x y_expert row (or
+//             without the scores), fp32 sums in a fixed order, bf16 out.
+//
+// Workspace (on the communicator, the same on every rank): MoeGeometry::nvl_bytes_needed bytes
+// of NVLink buffer and nvl_flags_needed fused-op flags; between nodes net_bytes_needed bytes of
+// network workspace and net_flags_needed fused-op flags of the flag array. The plan allocates
+// its own device memory for the routing, which the combine reads: a combine follows its dispatch
+// with no other fused launch on the communicator in between.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/comm.cuh"
+#include "fused/moe/moe_plan.h"
+
+namespace mkernel::kernels {
+
+struct MoeKernelArgs;  // moe_comm.cuh
+
+struct MoeSetup {
+  DeviceComm comm;       // the communicator's device view (host copy)
+  MoeGeometry geometry;  // layout.world() == comm.world_size, rank == comm.rank
+  int blocks = 0;        // blocks of each launch; 0: moe_default_blocks
+  bool apply_scores = true;
+};
+
+// Blocks per launch when the caller leaves it open: one SM moves about 20 GB/s of NVLink stores
+// (docs/kernels.md section 10), so enough to fill NVLink and the copies into the expert rows,
+// and no more than the GPU has. A starting rule until measured.
+int moe_default_blocks(const FusedLayout& layout, int sms);
+
+class MoePlan {
+ public:
+  // "" on success, else what is wrong (field, value, expectation). Nothing is launched.
+  static std::string create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out);
+  ~MoePlan();
+  MoePlan(const MoePlan&) = delete;
+  MoePlan& operator=(const MoePlan&) = delete;
+
+  // Enqueue one launch each (the caller enqueued begin_launch first). Pointers: device memory,
+  // 16-byte aligned; x [tokens, hidden], x_expert [rows_capacity, hidden], y_expert
+  // [rows_capacity, out_hidden], out [tokens, out_hidden] bf16; choices and scores [tokens,
+  // top_k]; expert_offsets [experts_per_rank + 1] uint32; row_source / row_token (int32) and
+  // row_score (fp32) [rows_capacity] or null. Asynchronous: routing errors and overflows land in
+  // the communicator's status word with their cause (kDeviceMoeRouting).
+  cudaError_t dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert,
+                       uint32_t* expert_offsets, int32_t* row_source, int32_t* row_token, float* row_score,
+                       cudaStream_t stream);
+  cudaError_t combine(const void* y_expert, void* out, cudaStream_t stream);
+
+  const MoeGeometry& geometry() const { return geo_; }
+  int blocks() const { return blocks_; }
+  std::string describe() const;
+
+ private:
+  MoePlan() = default;
+  MoeGeometry geo_;
+  int blocks_ = 0;
+  size_t smem_ = 0;
+  MoeKernelArgs* args_ = nullptr;  // device memory
+  void* workspace_ = nullptr;      // device memory: routing, layout, flags, counters
+};
+
+}  // namespace mkernel::kernels

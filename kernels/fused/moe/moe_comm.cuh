@@ -1,0 +1,734 @@
+// moe_comm.cuh: the device code of the MoE's dispatch and combine (host side: moe.h / moe.cu;
+// the protocol and its CPU replay: moe_plan.h). Two persistent kernels, one launch each:
+//
+//   dispatch  route (block 0) -> count records -> tokens, once per rank over NVLink and once per
+//             node through the proxies -> rail peers forward -> the receiver lays out its
+//             expert rows and expands every token into the rows of its experts here.
+//   combine   per received token, score x expert output summed over its experts here (fp32, choice
+//             order) -> one bf16 partial back the way the token came -> rail peers sum their
+//             node's partials and send one row home -> the home rank sums, in fixed order.
+//
+// Design notes
+//  1. Work items. After block 0 routed, every block takes the items of each stage round-robin,
+//     stage after stage: dispatch items (destination rank or node, chunk), forward items (source
+//     node, chunk; and the node's count records), expand items (source, chunk). An item waits
+//     only for earlier stages (of any rank) or the previous launch, and all blocks are resident
+//     (one per SM at most), so the stages cannot wait on each other in a circle.
+//  2. A warp moves a token: one row of `hidden` bf16 as 16-byte accesses per lane, and its
+//     record (moe_plan.h MoeMeta). Rows to a peer go straight into its NVLink buffer; rows to
+//     another node are staged in this rank's network workspace (host memory) chunk by chunk, a
+//     chunk's rows then records contiguous, and put with one command that raises the arrival flag.
+//  3. Flags (moe_plan.h MoeGeometry) carry launch numbers. A chunk's flag goes up after the whole
+//     block's stores, one system fence per chunk. A forwarded chunk's tokens land in several
+//     chunks of each destination's region: per (source, destination, chunk) counters in device
+//     memory collect them, and whoever completes a chunk raises its flag and zeroes the counter.
+//  4. The combine reads what the dispatch left: the routing, the count records, the token
+//     records in the NVLink regions and network slots. So a combine must follow its dispatch on
+//     the communicator with no other fused launch between (the runtime checks this), and each
+//     rank's done() flag at the end of the dispatch tells writers only that partial regions may
+//     be written (the token regions are read again by this rank's combine, and are next written
+//     by a dispatch, which waits for the done() of the combine).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+
+#include "common/comm.cuh"
+#include "fused/common/launch_state.cuh"
+#include "fused/moe/moe_plan.h"
+#include "fused/moe/moe_route.cuh"
+
+namespace mkernel::kernels {
+
+// Local flags (device memory, launch numbers): the routing is done; the row layout is done;
+// source i (arrival order) is expanded.
+inline constexpr uint32_t kMoeFlagRouted = 0;
+inline constexpr uint32_t kMoeFlagLayout = 1;
+inline constexpr uint32_t kMoeFlagExpanded = 2;  // + source index
+
+struct MoeKernelArgs {
+  DeviceComm comm;
+  FusedLayout layout;
+  uint32_t rank = 0, tokens = 0, hidden = 0, out_hidden = 0, experts = 0, top_k = 0;
+  uint32_t capacity = 0, chunk = 0, chunks = 0, meta_words = 0, count_words = 0, net_count_words = 0;
+  uint64_t rows_capacity = 0;
+  // NVLink buffer (every rank the same layout): count records [world] (count_stride bytes each),
+  // token rows [world][capacity][hidden], records [world][capacity][meta_words], partials
+  // [gpus][nodes][capacity][out_hidden].
+  uint64_t off_counts = 0, count_stride = 0, off_tokens = 0, off_meta = 0, off_partials = 0;
+  // Network workspace of this rank (host memory): incoming slot n at net_in + n * net_slot,
+  // outgoing slot n at net_out + n * net_slot; inside a slot the count record at 0, chunk c's
+  // rows and records at net_data + c * net_chunk_bytes, partial rows at net_part.
+  uint8_t* net = nullptr;
+  uint64_t net_in = 0, net_out = 0, net_slot = 0, net_data = 0, net_chunk_bytes = 0, net_part = 0;
+  // Local workspace (device memory).
+  MoeRouteArgs route;               // its outputs persist until the combine
+  uint32_t route_warps = 0;
+  uint32_t* order = nullptr;        // [world][capacity]: the token at pos
+  uint32_t* norder = nullptr;       // [nodes][capacity]: the token at npos
+  uint32_t* recv_counts = nullptr;  // [world][count_words]: the count records, kept for the combine
+  uint32_t* expert_base = nullptr;  // [epr + 1]
+  uint32_t* source_base = nullptr;  // [epr][world], by source rank
+  uint64_t* flags = nullptr;        // kMoeFlagExpanded + world local flags
+  uint32_t* fwd_count = nullptr;    // [nodes][gpus][chunks]: forwarded tokens per destination chunk (note 3)
+  uint32_t* expand_count = nullptr; // [world]: chunks expanded per source
+  uint32_t apply_scores = 1;        // the combine weights expert outputs by the router scores
+};
+
+// Per-launch pointers (kernel parameters, so a CUDA graph captures them).
+struct MoeDispatchPtrs {
+  const void* x;            // [tokens][hidden] bf16
+  const int32_t* choices;   // [tokens][top_k]
+  const float* scores;      // [tokens][top_k]
+  void* x_expert;           // [rows_capacity][hidden] bf16: the expert-ordered rows
+  uint32_t* expert_offsets; // [epr + 1]: rows of local expert e are [offsets[e], offsets[e+1])
+  int32_t* row_source;      // [rows_capacity] or null: the home rank of each row's token
+  int32_t* row_token;       // [rows_capacity] or null: the token's index on its home rank
+  float* row_score;         // [rows_capacity] or null: the router score of the row's choice
+};
+struct MoeCombinePtrs {
+  const void* y_expert;     // [rows_capacity][out_hidden] bf16, the rows dispatch laid out
+  void* out;                // [tokens][out_hidden] bf16
+};
+
+#if defined(__CUDACC__)
+
+namespace moe_detail {
+
+struct Ctx {
+  const MoeKernelArgs& a;
+  const DeviceComm& c;
+  uint64_t launch, prev;
+  WaitContext w;
+  __device__ uint32_t world() const { return a.layout.world(); }
+  __device__ uint32_t epr() const { return a.experts / world(); }
+  __device__ uint32_t own_node() const { return a.layout.node_of(a.rank); }
+  __device__ uint32_t local() const { return a.layout.local_of(a.rank); }
+  __device__ MoeShape shape() const { return MoeShape{a.layout, a.experts, a.top_k}; }
+  __device__ MoeMeta meta() const { return MoeMeta{a.top_k, a.layout.gpus}; }
+  // Flag indices (MoeGeometry).
+  __device__ uint32_t count_flag(uint32_t s) const { return a.layout.nvl_op_flags() + s; }
+  __device__ uint32_t token_flag(uint32_t s, uint32_t ch) const {
+    return a.layout.nvl_op_flags() + world() + s * a.chunks + ch;
+  }
+  __device__ uint32_t partial_flag(uint32_t l, uint32_t n, uint32_t ch) const {
+    return a.layout.nvl_op_flags() + world() * (1 + a.chunks) + (l * a.layout.nodes + n) * a.chunks + ch;
+  }
+  __device__ uint32_t net_count_flag(uint32_t n) const { return a.layout.net_op_flags() + n; }
+  __device__ uint32_t net_token_flag(uint32_t n, uint32_t ch) const {
+    return a.layout.net_op_flags() + a.layout.nodes + n * a.chunks + ch;
+  }
+  __device__ uint32_t net_partial_flag(uint32_t n, uint32_t ch) const {
+    return a.layout.net_op_flags() + a.layout.nodes * (1 + a.chunks) + n * a.chunks + ch;
+  }
+  // Places.
+  __device__ uint8_t* nvl(uint32_t r) const { return nvl_ptr(c, r); }
+  __device__ uint32_t* count_rec(uint32_t r, uint32_t s) const {
+    return reinterpret_cast<uint32_t*>(nvl(r) + a.off_counts + s * a.count_stride);
+  }
+  __device__ uint8_t* token_row(uint32_t r, uint32_t s, uint32_t p) const {
+    return nvl(r) + a.off_tokens + (uint64_t{s} * a.capacity + p) * a.hidden * 2;
+  }
+  __device__ uint32_t* meta_rec(uint32_t r, uint32_t s, uint32_t p) const {
+    return reinterpret_cast<uint32_t*>(nvl(r) + a.off_meta + (uint64_t{s} * a.capacity + p) * a.meta_words * 4);
+  }
+  __device__ uint8_t* partial_row(uint32_t r, uint32_t l, uint32_t n, uint32_t p) const {
+    return nvl(r) + a.off_partials + ((uint64_t{l} * a.layout.nodes + n) * a.capacity + p) * a.out_hidden * 2;
+  }
+  __device__ uint64_t in_slot(uint32_t n) const { return a.net_in + n * a.net_slot; }
+  __device__ uint64_t out_slot(uint32_t n) const { return a.net_out + n * a.net_slot; }
+  // Offsets inside a slot: chunk ch's rows, then its records; partial rows.
+  __device__ uint64_t slot_row(uint32_t q) const {
+    return a.net_data + uint64_t{q / a.chunk} * a.net_chunk_bytes + uint64_t{q % a.chunk} * a.hidden * 2;
+  }
+  __device__ uint64_t slot_meta(uint32_t q) const {
+    return a.net_data + uint64_t{q / a.chunk} * a.net_chunk_bytes + uint64_t{a.chunk} * a.hidden * 2 +
+           uint64_t{q % a.chunk} * a.meta_words * 4;
+  }
+  __device__ uint64_t slot_partial(uint32_t q) const { return a.net_part + uint64_t{q} * a.out_hidden * 2; }
+  __device__ uint32_t chunk_tokens(uint32_t total, uint32_t ch) const {
+    return total > ch * a.chunk ? min(a.chunk, total - ch * a.chunk) : 0;
+  }
+
+  __device__ bool wait_nvl(uint32_t idx, uint64_t value, uint64_t where) const {
+    return wait_geq(nvl_fused_flag(c, a.rank, idx), value, w, idx, where);
+  }
+  __device__ bool wait_net(uint32_t idx, uint64_t value, uint64_t where) const {
+    const uint32_t f = fused_flag_index(c, idx);
+    return wait_geq(c.flags + f, value, w, f, where);
+  }
+  __device__ bool wait_local(uint32_t idx, uint64_t value, uint64_t where) const {
+    return wait_geq(a.flags + idx, value, w, idx, where);
+  }
+};
+
+// One warp copies a row of `bytes` (a multiple of 16).
+template <LoadPolicy kPolicy>
+__device__ __forceinline__ void warp_copy(void* dst, const void* src, uint64_t bytes, uint32_t lane) {
+  auto* d = static_cast<uint4*>(dst);
+  const auto* s = static_cast<const uint4*>(src);
+  const uint32_t n = static_cast<uint32_t>(bytes / 16);
+  uint32_t i = lane;
+  for (; i + 96 < n; i += 128) {
+    const uint4 v0 = load16<kPolicy>(s + i), v1 = load16<kPolicy>(s + i + 32), v2 = load16<kPolicy>(s + i + 64),
+                v3 = load16<kPolicy>(s + i + 96);
+    d[i] = v0;
+    d[i + 32] = v1;
+    d[i + 64] = v2;
+    d[i + 96] = v3;
+  }
+  for (; i < n; i += 32) d[i] = load16<kPolicy>(s + i);
+}
+
+// A warp-wide bounded wait: lane 0 waits, every lane gets the answer.
+template <class F>
+__device__ __forceinline__ bool warp_wait(uint32_t lane, F&& wait) {
+  bool ok = true;
+  if (lane == 0) ok = wait();
+  return __shfl_sync(0xffffffffu, ok ? 1 : 0, 0) != 0;
+}
+
+// The record of token t for destination node `node` (moe_plan.h MoeMeta), by one lane.
+__device__ __forceinline__ void write_meta(const Ctx& x, const MoeDispatchPtrs& p, uint32_t t, uint32_t node,
+                                           uint32_t* m) {
+  const MoeMeta mm = x.meta();
+  const MoeShape sh = x.shape();
+  const uint32_t k = x.a.top_k;
+  for (uint32_t j = 0; j < k; ++j) {
+    const int32_t e = p.choices[size_t{t} * k + j];
+    const bool here = e >= 0 && sh.node_of_expert(static_cast<uint32_t>(e)) == node;
+    m[mm.expert(j)] = here ? static_cast<uint32_t>(e) : 0xffffffffu;
+    m[mm.slot(j)] = here ? x.a.route.slot[size_t{t} * k + j] : kMoeNoChoice;
+    m[mm.score(j)] = __float_as_uint(here ? p.scores[size_t{t} * k + j] : 0.0f);
+  }
+  for (uint32_t l = 0; l < x.a.layout.gpus; ++l)
+    m[mm.pos(l)] = x.a.route.pos[size_t{t} * x.world() + x.a.layout.rank_of(node, l)];
+  m[mm.token()] = t;
+  for (uint32_t i = mm.token() + 1; i < x.a.meta_words; ++i) m[i] = 0;
+}
+
+// After a block's stores: one thread fences (system scope) and raises `flag`.
+__device__ __forceinline__ void publish(uint64_t* flag, uint64_t launch) {
+  __syncthreads();
+  if (threadIdx.x == 0) raise_flag(flag, launch);
+  __syncthreads();
+}
+
+// ---- dispatch ---------------------------------------------------------------------------------
+
+// Block 0: routing, then count records to every rank (note 1 of moe_plan.h, note 4).
+__device__ inline bool route_and_count(const Ctx& x, const MoeDispatchPtrs& p, uint32_t* smem) {
+  const MoeKernelArgs& a = x.a;
+  MoeRouteArgs r = a.route;
+  r.choices = p.choices;
+  moe_route_block(r, smem, a.route_warps);
+  __shared__ bool ok;
+  if (threadIdx.x == 0) {
+    const MoeRouteResult res = *a.route.result;
+    ok = res.code == kMoeRouteOk;
+    if (!ok) report(x.c, kDeviceMoeRouting, res.code, where_tag(kStepMoeRoute, res.index));
+  }
+  __syncthreads();
+  if (!ok) return false;
+  // The inverse of pos() and npos(): the token at each position (for the dispatch items).
+  const uint32_t world = x.world(), nodes = a.layout.nodes;
+  for (uint32_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
+    for (uint32_t d = 0; d < world; ++d) {
+      const uint32_t q = a.route.pos[size_t{t} * world + d];
+      if (q != kMoeNoChoice) a.order[size_t{d} * a.capacity + q] = t;
+    }
+    for (uint32_t n = 0; n < nodes; ++n) {
+      const uint32_t q = a.route.npos[size_t{t} * nodes + n];
+      if (q != kMoeNoChoice) a.norder[size_t{n} * a.capacity + q] = t;
+    }
+  }
+  publish(a.flags + kMoeFlagRouted, x.launch);
+  // Count records: node peers (and this rank) over NVLink, other nodes through the rail peers.
+  const uint32_t epr = x.epr();
+  for (uint32_t i = 0; i < a.layout.gpus; ++i) {
+    const uint32_t d = i == 0 ? a.rank : a.layout.node_peer(a.rank, i);
+    if (threadIdx.x == 0 && d != a.rank)
+      ok = x.wait_nvl(a.layout.done_flag(d), x.prev, where_tag(kStepPeerFree, d));
+    __syncthreads();
+    if (!ok) return false;
+    uint32_t* rec = x.count_rec(d, a.rank);
+    for (uint32_t j = threadIdx.x; j < a.count_words; j += blockDim.x)
+      rec[j] = j == 0 ? a.route.send_tokens[d] : a.route.rows[size_t{d} * epr + j - 1];
+    publish(nvl_fused_flag(x.c, d, x.count_flag(a.rank)), x.launch);
+  }
+  for (uint32_t i = 1; i < nodes; ++i) {
+    const uint32_t n = a.layout.send_node(x.own_node(), i), f = a.layout.rail_peer(a.rank, n);
+    if (threadIdx.x == 0) ok = x.wait_net(a.layout.slot_free_flag(n), x.prev, where_tag(kStepPeerFree, f));
+    __syncthreads();
+    if (!ok) return false;
+    auto* rec = reinterpret_cast<uint32_t*>(a.net + x.out_slot(n));
+    for (uint32_t j = threadIdx.x; j < a.net_count_words; j += blockDim.x) {
+      if (j == 0) {
+        rec[0] = a.route.node_tokens[n];
+        continue;
+      }
+      const uint32_t l = (j - 1) / a.count_words, w = (j - 1) % a.count_words, d = a.layout.rank_of(n, l);
+      rec[j] = w == 0 ? a.route.send_tokens[d] : a.route.rows[size_t{d} * epr + w - 1];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      sync::fence_acq_rel_sys();
+      ok = put_signal(x.c, f, x.c.network_workspace, x.out_slot(n), x.c.network_workspace, x.in_slot(x.own_node()),
+                      uint64_t{a.net_count_words} * 4, fused_flag_index(x.c, x.net_count_flag(x.own_node())),
+                      where_tag(kStepNetworkSend, f));
+    }
+    __syncthreads();
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// A dispatch item: chunk ch of the tokens for rank d of this node, or for node n (note 2).
+__device__ inline bool dispatch_item(const Ctx& x, const MoeDispatchPtrs& p, bool to_node, uint32_t dest,
+                                     uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t total = to_node ? a.route.node_tokens[dest] : a.route.send_tokens[dest];
+  const uint32_t n_tok = x.chunk_tokens(total, ch);
+  if (n_tok == 0) return true;
+  __shared__ bool ok;
+  if (threadIdx.x == 0) {
+    if (to_node) ok = x.wait_net(a.layout.slot_free_flag(dest), x.prev, where_tag(kStepPeerFree, a.layout.rail_peer(a.rank, dest)));
+    else ok = dest == a.rank || x.wait_nvl(a.layout.done_flag(dest), x.prev, where_tag(kStepPeerFree, dest));
+  }
+  __syncthreads();
+  if (!ok) return false;
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint64_t row_bytes = uint64_t{a.hidden} * 2;
+  const uint32_t node = to_node ? dest : x.own_node();
+  for (uint32_t i = warp; i < n_tok; i += warps) {
+    const uint32_t q = ch * a.chunk + i;
+    const uint32_t t = to_node ? a.norder[size_t{dest} * a.capacity + q] : a.order[size_t{dest} * a.capacity + q];
+    const void* src = static_cast<const uint8_t*>(p.x) + size_t{t} * row_bytes;
+    if (to_node) {
+      warp_copy<LoadPolicy::kStream>(a.net + x.out_slot(dest) + x.slot_row(q), src, row_bytes, lane);
+      if (lane == 0) write_meta(x, p, t, node, reinterpret_cast<uint32_t*>(a.net + x.out_slot(dest) + x.slot_meta(q)));
+    } else {
+      warp_copy<LoadPolicy::kStream>(x.token_row(dest, a.rank, q), src, row_bytes, lane);
+      if (lane == 0) write_meta(x, p, t, node, x.meta_rec(dest, a.rank, q));
+    }
+  }
+  if (!to_node) {
+    publish(nvl_fused_flag(x.c, dest, x.token_flag(a.rank, ch)), x.launch);
+    return true;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sync::fence_acq_rel_sys();
+    const uint32_t f = a.layout.rail_peer(a.rank, dest);
+    const uint64_t at = a.net_data + uint64_t{ch} * a.net_chunk_bytes;
+    // The whole chunk (rows, then records; a short last chunk still moves its full stride).
+    ok = put_signal(x.c, f, x.c.network_workspace, x.out_slot(dest) + at, x.c.network_workspace,
+                    x.in_slot(x.own_node()) + at, a.net_chunk_bytes,
+                    fused_flag_index(x.c, x.net_token_flag(x.own_node(), ch)), where_tag(kStepNetworkSend, f));
+  }
+  __syncthreads();
+  return ok;
+}
+
+// Forward items: the count records of node n (ch == chunks), or its token chunk ch.
+__device__ inline bool forward_item(const Ctx& x, uint32_t n, uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t s = a.layout.rail_peer(a.rank, n);  // the sender on node n
+  __shared__ bool ok;
+  if (threadIdx.x == 0) ok = x.wait_net(x.net_count_flag(n), x.launch, where_tag(kStepMoeNetwork, uint64_t{n} * 65536 + 0xffff));
+  __syncthreads();
+  if (!ok) return false;
+  const auto* rec = reinterpret_cast<const volatile uint32_t*>(a.net + x.in_slot(n));
+  if (ch == a.chunks) {  // spread the count records to this node's ranks
+    for (uint32_t l = 0; l < a.layout.gpus; ++l) {
+      const uint32_t d = a.layout.rank_of(x.own_node(), l);
+      if (threadIdx.x == 0) ok = d == a.rank || x.wait_nvl(a.layout.done_flag(d), x.prev, where_tag(kStepPeerFree, d));
+      __syncthreads();
+      if (!ok) return false;
+      uint32_t* dst = x.count_rec(d, s);
+      for (uint32_t j = threadIdx.x; j < a.count_words; j += blockDim.x) dst[j] = rec[1 + l * a.count_words + j];
+      publish(nvl_fused_flag(x.c, d, x.count_flag(s)), x.launch);
+    }
+    return true;
+  }
+  const uint32_t n_tok = x.chunk_tokens(rec[0], ch);
+  if (n_tok == 0) return true;
+  if (threadIdx.x == 0)
+    ok = x.wait_net(x.net_token_flag(n, ch), x.launch, where_tag(kStepMoeNetwork, uint64_t{n} * 65536 + ch));
+  __syncthreads();
+  if (!ok) return false;
+  // Every destination of this node must have finished its previous launch (once per item: a
+  // flag read each).
+  if (threadIdx.x < a.layout.gpus) {
+    const uint32_t d = a.layout.rank_of(x.own_node(), threadIdx.x);
+    if (d != a.rank && !x.wait_nvl(a.layout.done_flag(d), x.prev, where_tag(kStepPeerFree, d))) ok = false;
+  }
+  __syncthreads();
+  if (!ok) return false;
+  const MoeMeta mm = x.meta();
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint64_t row_bytes = uint64_t{a.hidden} * 2;
+  for (uint32_t i = warp; i < n_tok; i += warps) {
+    const uint32_t q = ch * a.chunk + i;
+    const uint8_t* row = a.net + x.in_slot(n) + x.slot_row(q);
+    const auto* m = reinterpret_cast<const uint32_t*>(a.net + x.in_slot(n) + x.slot_meta(q));
+    for (uint32_t l = 0; l < a.layout.gpus; ++l) {
+      const uint32_t pos = __ldcv(m + mm.pos(l));
+      if (pos == kMoeNoChoice) continue;
+      const uint32_t d = a.layout.rank_of(x.own_node(), l);
+      warp_copy<LoadPolicy::kVolatile>(x.token_row(d, s, pos), row, row_bytes, lane);
+      uint32_t* dm = x.meta_rec(d, s, pos);
+      for (uint32_t j = lane; j < a.meta_words; j += 32) dm[j] = __ldcv(m + j);
+    }
+  }
+  // Count what this chunk put into each destination's chunks; complete chunks get their flag
+  // (note 3). Positions grow with q, so the chunk's tokens for one destination are a range.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sync::fence_acq_rel_sys();
+    const uint32_t q0 = ch * a.chunk;
+    for (uint32_t l = 0; l < a.layout.gpus && ok; ++l) {
+      const uint32_t d = a.layout.rank_of(x.own_node(), l);
+      const uint32_t total_d = rec[1 + l * a.count_words];
+      uint32_t cur = 0xffffffffu, run = 0;
+      auto flush = [&](uint32_t dc) {
+        uint32_t* cnt = a.fwd_count + (size_t{n} * a.layout.gpus + l) * a.chunks + dc;
+        const uint32_t want = x.chunk_tokens(total_d, dc);
+        if (atomicAdd(cnt, run) + run == want) {
+          *cnt = 0;
+          sync::fence_acq_rel_sys();
+          raise_flag(nvl_fused_flag(x.c, d, x.token_flag(s, dc)), x.launch);
+        }
+      };
+      for (uint32_t i = 0; i < n_tok; ++i) {
+        const auto* m = reinterpret_cast<const uint32_t*>(a.net + x.in_slot(n) + x.slot_meta(q0 + i));
+        const uint32_t pos = __ldcv(m + mm.pos(l));
+        if (pos == kMoeNoChoice) continue;
+        const uint32_t dc = pos / a.chunk;
+        if (dc != cur) {
+          if (run) flush(cur);
+          cur = dc;
+          run = 0;
+        }
+        ++run;
+      }
+      if (run) flush(cur);
+    }
+  }
+  __syncthreads();
+  return ok;
+}
+
+// The row layout, once every count record is in (moe_plan.h note 5); by block 0.
+__device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t world = x.world(), epr = x.epr();
+  __shared__ bool ok;
+  __shared__ uint32_t bad;
+  for (uint32_t i = 0; i < world; ++i) {
+    const uint32_t s = moe_source_order(a.layout, a.rank, i);
+    if (threadIdx.x == 0) ok = x.wait_nvl(x.count_flag(s), x.launch, where_tag(kStepMoeCounts, s));
+    __syncthreads();
+    if (!ok) return false;
+    for (uint32_t j = threadIdx.x; j < a.count_words; j += blockDim.x)
+      a.recv_counts[size_t{s} * a.count_words + j] = __ldcg(x.count_rec(a.rank, s) + j);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  // Per expert: sources in arrival order. One thread per expert, then a scan over the experts.
+  for (uint32_t e = threadIdx.x; e < epr; e += blockDim.x) {
+    uint32_t within = 0;
+    for (uint32_t i = 0; i < world; ++i) {
+      const uint32_t s = moe_source_order(a.layout, a.rank, i);
+      a.source_base[size_t{e} * world + s] = within;
+      within += a.recv_counts[size_t{s} * a.count_words + 1 + e];
+    }
+    a.expert_base[e + 1] = within;  // sizes for now
+  }
+  for (uint32_t s = threadIdx.x; s < world; s += blockDim.x)
+    if (a.recv_counts[size_t{s} * a.count_words] > a.capacity) bad = 1;  // a sender's check failed to stop it
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint64_t run = 0;
+    a.expert_base[0] = 0;
+    for (uint32_t e = 0; e < epr; ++e) {
+      run += a.expert_base[e + 1];
+      a.expert_base[e + 1] = static_cast<uint32_t>(run < 0xffffffffull ? run : 0xffffffffull);
+    }
+    ok = bad == 0 && run <= a.rows_capacity;
+    if (!ok)
+      report(x.c, kDeviceMoeRouting, bad ? kMoeRouteRankOverflow : kMoeRouteRowsOverflow,
+             where_tag(kStepMoeRoute, bad ? a.rank : run));
+  }
+  __syncthreads();
+  if (!ok) return false;
+  for (uint32_t e = threadIdx.x; e <= epr; e += blockDim.x) p.expert_offsets[e] = a.expert_base[e];
+  // Sources that send nothing are expanded already.
+  for (uint32_t i = threadIdx.x; i < world; i += blockDim.x)
+    if (a.recv_counts[size_t{moe_source_order(a.layout, a.rank, i)} * a.count_words] == 0)
+      raise_flag(a.flags + kMoeFlagExpanded + i, x.launch);
+  publish(a.flags + kMoeFlagLayout, x.launch);
+  return true;
+}
+
+// An expand item: chunk ch of source index i (arrival order) into the expert rows.
+__device__ inline bool expand_item(const Ctx& x, const MoeDispatchPtrs& p, uint32_t i, uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t s = moe_source_order(a.layout, a.rank, i), world = x.world(), epr = x.epr();
+  __shared__ bool ok;
+  if (threadIdx.x == 0) ok = x.wait_local(kMoeFlagLayout, x.launch, where_tag(kStepMoeLayout, i));
+  __syncthreads();
+  if (!ok) return false;
+  const uint32_t total = a.recv_counts[size_t{s} * a.count_words];
+  const uint32_t n_tok = x.chunk_tokens(total, ch);
+  if (n_tok == 0) return true;
+  if (threadIdx.x == 0)
+    ok = x.wait_nvl(x.token_flag(s, ch), x.launch, where_tag(kStepMoeTokens, uint64_t{s} * 65536 + ch));
+  __syncthreads();
+  if (!ok) return false;
+  const MoeMeta mm = x.meta();
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint64_t row_bytes = uint64_t{a.hidden} * 2;
+  const uint32_t first = a.rank * epr;
+  for (uint32_t t = warp; t < n_tok; t += warps) {
+    const uint32_t pos = ch * a.chunk + t;
+    const uint32_t* m = x.meta_rec(a.rank, s, pos);
+    const uint8_t* src = x.token_row(a.rank, s, pos);
+    for (uint32_t j = 0; j < a.top_k; ++j) {
+      const uint32_t e = __ldcg(m + mm.expert(j));
+      if (e == 0xffffffffu || e < first || e >= first + epr) continue;
+      const uint32_t el = e - first;
+      const uint32_t row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));
+      warp_copy<LoadPolicy::kL2>(static_cast<uint8_t*>(p.x_expert) + uint64_t{row} * row_bytes, src, row_bytes, lane);
+      if (lane == 0) {
+        if (p.row_source) p.row_source[row] = static_cast<int32_t>(s);
+        if (p.row_token) p.row_token[row] = static_cast<int32_t>(__ldcg(m + mm.token()));
+        if (p.row_score) p.row_score[row] = __uint_as_float(__ldcg(m + mm.score(j)));
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t want = (total + a.chunk - 1) / a.chunk;
+    if (atomicAdd(&a.expand_count[i], 1u) + 1 == want) {
+      a.expand_count[i] = 0;
+      raise_flag(a.flags + kMoeFlagExpanded + i, x.launch);
+    }
+  }
+  __syncthreads();
+  return true;
+}
+
+// ---- combine ----------------------------------------------------------------------------------
+
+// A combine item: the partials of chunk ch of source index i's tokens on this rank.
+__device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint32_t i, uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t s = moe_source_order(a.layout, a.rank, i), world = x.world(), epr = x.epr();
+  const uint32_t total = a.recv_counts[size_t{s} * a.count_words];
+  const uint32_t n_tok = x.chunk_tokens(total, ch);
+  if (n_tok == 0) return true;
+  const bool same_node = a.layout.node_of(s) == x.own_node();
+  const uint32_t target = same_node ? s : a.layout.rank_of(x.own_node(), a.layout.local_of(s));
+  __shared__ bool ok;
+  if (threadIdx.x == 0)
+    ok = target == a.rank || x.wait_nvl(a.layout.done_flag(target), x.prev, where_tag(kStepPeerFree, target));
+  __syncthreads();
+  if (!ok) return false;
+  const MoeMeta mm = x.meta();
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint32_t first = a.rank * epr, vecs = a.out_hidden / 8;
+  const auto* y = static_cast<const uint4*>(p.y_expert);
+  for (uint32_t t = warp; t < n_tok; t += warps) {
+    const uint32_t pos = ch * a.chunk + t;
+    const uint32_t* m = x.meta_rec(a.rank, s, pos);
+    auto* dst = reinterpret_cast<uint4*>(x.partial_row(target, x.local(), a.layout.node_of(s), pos));
+    for (uint32_t v = lane; v < vecs; v += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (uint32_t j = 0; j < a.top_k; ++j) {
+        const uint32_t e = __ldcg(m + mm.expert(j));
+        if (e == 0xffffffffu || e < first || e >= first + epr) continue;
+        const uint32_t el = e - first;
+        const uint32_t row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));
+        const float sc = a.apply_scores ? __uint_as_float(__ldcg(m + mm.score(j))) : 1.0f;
+        const uint4 u = __ldcg(y + uint64_t{row} * vecs + v);
+        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __bfloat1622float2(h[q]);
+          acc[2 * q] += sc * f.x;
+          acc[2 * q + 1] += sc * f.y;
+        }
+      }
+      uint4 o;
+      auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) oh[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+      dst[v] = o;
+    }
+  }
+  publish(nvl_fused_flag(x.c, target, x.partial_flag(x.local(), a.layout.node_of(s), ch)), x.launch);
+  return true;
+}
+
+// Adds one bf16 row (8 values per uint4) into fp32 accumulators.
+__device__ __forceinline__ void add8(float* acc, const uint4& u) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    acc[2 * q] += f.x;
+    acc[2 * q + 1] += f.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float* acc) {
+  uint4 o;
+  auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) oh[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return o;
+}
+
+// An aggregate item (nodes > 1): this rank sums its node's partials of the tokens it forwarded
+// from node n (chunk ch of its slot) and sends one row per token home.
+__device__ inline bool aggregate_item(const Ctx& x, uint32_t n, uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const auto* rec = reinterpret_cast<const volatile uint32_t*>(a.net + x.in_slot(n));
+  const uint32_t n_tok = x.chunk_tokens(rec[0], ch);
+  if (n_tok == 0) return true;
+  const uint32_t home = a.layout.rail_peer(a.rank, n);
+  __shared__ bool ok;
+  __shared__ bool failed;
+  if (threadIdx.x == 0) {
+    ok = x.wait_net(a.layout.slot_free_flag(n), x.prev, where_tag(kStepPeerFree, home));
+    failed = false;
+  }
+  __syncthreads();
+  if (!ok) return false;
+  const MoeMeta mm = x.meta();
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint32_t vecs = a.out_hidden / 8;
+  for (uint32_t i = warp; i < n_tok && !failed; i += warps) {
+    const uint32_t q = ch * a.chunk + i;
+    const auto* m = reinterpret_cast<const uint32_t*>(a.net + x.in_slot(n) + x.slot_meta(q));
+    auto* dst = reinterpret_cast<uint4*>(a.net + x.out_slot(n) + x.slot_partial(q));
+    // Wait for every partial of this token, then sum in local-index order.
+    bool good = true;
+    for (uint32_t l = 0; l < a.layout.gpus && good; ++l) {
+      const uint32_t pos = __ldcv(m + mm.pos(l));
+      if (pos == kMoeNoChoice) continue;
+      good = warp_wait(lane, [&] {
+        return x.wait_nvl(x.partial_flag(l, n, pos / a.chunk), x.launch,
+                          where_tag(kStepMoePartial, (uint64_t{l} << 32) | (uint64_t{n} * 65536 + pos / a.chunk)));
+      });
+    }
+    if (!good) {
+      if (lane == 0) failed = true;
+      break;
+    }
+    for (uint32_t v = lane; v < vecs; v += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (uint32_t l = 0; l < a.layout.gpus; ++l) {
+        const uint32_t pos = __ldcv(m + mm.pos(l));
+        if (pos == kMoeNoChoice) continue;
+        add8(acc, __ldcg(reinterpret_cast<const uint4*>(x.partial_row(a.rank, l, n, pos)) + v));
+      }
+      dst[v] = pack8(acc);
+    }
+  }
+  __syncthreads();
+  if (failed) return false;
+  if (threadIdx.x == 0) {
+    sync::fence_acq_rel_sys();
+    const uint64_t at = x.slot_partial(ch * a.chunk);
+    ok = put_signal(x.c, home, x.c.network_workspace, x.out_slot(n) + at, x.c.network_workspace,
+                    x.in_slot(x.own_node()) + at, uint64_t{n_tok} * a.out_hidden * 2,
+                    fused_flag_index(x.c, x.net_partial_flag(x.own_node(), ch)), where_tag(kStepNetworkSend, home));
+  }
+  __syncthreads();
+  return ok;
+}
+
+// A home item: the output rows of this rank's tokens [ch * chunk, ...).
+__device__ inline bool home_item(const Ctx& x, const MoeCombinePtrs& p, uint32_t ch) {
+  const MoeKernelArgs& a = x.a;
+  const uint32_t world = x.world(), nodes = a.layout.nodes, own = x.own_node();
+  const uint32_t n_tok = x.chunk_tokens(a.tokens, ch);
+  __shared__ bool failed;
+  if (threadIdx.x == 0) failed = false;
+  __syncthreads();
+  const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const uint32_t vecs = a.out_hidden / 8;
+  for (uint32_t i = warp; i < n_tok && !failed; i += warps) {
+    const uint32_t t = ch * a.chunk + i;
+    bool good = true;
+    for (uint32_t l = 0; l < a.layout.gpus && good; ++l) {
+      const uint32_t pos = a.route.pos[size_t{t} * world + a.layout.rank_of(own, l)];
+      if (pos == kMoeNoChoice) continue;
+      good = warp_wait(lane, [&] {
+        return x.wait_nvl(x.partial_flag(l, own, pos / a.chunk), x.launch,
+                          where_tag(kStepMoePartial, (uint64_t{l} << 32) | (uint64_t{own} * 65536 + pos / a.chunk)));
+      });
+    }
+    for (uint32_t n = 0; n < nodes && good; ++n) {
+      const uint32_t q = a.route.npos[size_t{t} * nodes + n];
+      if (q == kMoeNoChoice) continue;
+      good = warp_wait(lane, [&] {
+        return x.wait_net(x.net_partial_flag(n, q / a.chunk), x.launch,
+                          where_tag(kStepMoeNodeSum, uint64_t{n} * 65536 + q / a.chunk));
+      });
+    }
+    if (!good) {
+      if (lane == 0) failed = true;
+      break;
+    }
+    auto* dst = static_cast<uint4*>(p.out) + uint64_t{t} * vecs;
+    for (uint32_t v = lane; v < vecs; v += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (uint32_t l = 0; l < a.layout.gpus; ++l) {
+        const uint32_t pos = a.route.pos[size_t{t} * world + a.layout.rank_of(own, l)];
+        if (pos != kMoeNoChoice) add8(acc, __ldcg(reinterpret_cast<const uint4*>(x.partial_row(a.rank, l, own, pos)) + v));
+      }
+      for (uint32_t n = 0; n < nodes; ++n) {
+        const uint32_t q = a.route.npos[size_t{t} * nodes + n];
+        if (q != kMoeNoChoice)
+          add8(acc, __ldcv(reinterpret_cast<const uint4*>(a.net + x.in_slot(n) + x.slot_partial(q)) + v));
+      }
+      dst[v] = pack8(acc);
+    }
+  }
+  __syncthreads();
+  return !failed;
+}
+
+// ---- end of a launch --------------------------------------------------------------------------
+
+// Thread 0 of every block after its work: the last block ends the launch (launch_state.cuh).
+__device__ inline void end_launch(const MoeKernelArgs& a) {
+  const DeviceComm& c = a.comm;
+  if (!count_block_exit(c)) return;
+  const uint64_t launch = launch_number(c);
+  record_fused_launch(c, launch);
+  sync::fence_acq_rel_sys();
+  for (uint32_t i = 1; i < a.layout.gpus; ++i) {
+    const uint32_t peer = a.layout.node_peer(a.rank, i);
+    sync::st_relaxed_sys(nvl_fused_flag(c, peer, a.layout.done_flag(a.rank)), launch);
+  }
+  const uint32_t node = a.layout.node_of(a.rank);
+  for (uint32_t i = 1; i < a.layout.nodes; ++i) {
+    const uint32_t to = a.layout.rail_peer(a.rank, a.layout.send_node(node, i));
+    if (!signal(c, to, fused_flag_index(c, a.layout.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
+  }
+  if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+}
+
+}  // namespace moe_detail
+
+#endif  // __CUDACC__
+
+}  // namespace mkernel::kernels

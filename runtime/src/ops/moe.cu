@@ -1,0 +1,140 @@
+// moe.cu: MoE dispatch and combine on a Communicator (ops.h): the layout from the communicator,
+// the checks, the agreement between ranks, then the kernel-level plan (kernels/fused/moe).
+#include <cuda_runtime.h>
+
+#include "agree.h"
+#include "fused/moe/moe.h"
+#include "mkernel/runtime/ops.h"
+#include "op_common.h"
+
+namespace mkernel::rt {
+
+namespace mk = mkernel::kernels;
+
+using ops_detail::layout_of;
+
+namespace {
+
+mk::MoeGeometry geometry(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
+                         uint32_t experts, uint32_t top_k, const MoeConfig& c) {
+  mk::MoeGeometry g;
+  g.layout = mk::FusedLayout{nodes, gpus};
+  g.tokens = static_cast<uint32_t>(tokens);
+  g.hidden = static_cast<uint32_t>(hidden);
+  g.out_hidden = static_cast<uint32_t>(out_hidden);
+  g.experts = experts;
+  g.top_k = top_k;
+  g.recv_tokens_per_source = c.recv_tokens_per_source;
+  g.expert_rows_capacity = c.expert_rows_capacity;
+  g.chunk_tokens = c.chunk_tokens;
+  return g;
+}
+
+Status from_cuda(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status(e == cudaErrorInvalidValue ? StatusCode::kInvalidArgument : StatusCode::kDeviceError,
+                what + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+uint64_t moe_nvlink_bytes(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
+                          uint32_t experts, uint32_t top_k, const MoeConfig& config) {
+  return geometry(nodes, gpus, tokens, hidden, out_hidden, experts, top_k, config).nvl_bytes_needed();
+}
+uint64_t moe_network_bytes(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
+                           uint32_t experts, uint32_t top_k, const MoeConfig& config) {
+  return geometry(nodes, gpus, tokens, hidden, out_hidden, experts, top_k, config).net_bytes_needed();
+}
+uint32_t moe_fused_flags(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint32_t experts, uint32_t top_k,
+                         const MoeConfig& config) {
+  const mk::MoeGeometry g = geometry(nodes, gpus, tokens, 8, 8, experts, top_k, config);
+  const uint64_t most = std::max<uint64_t>(g.nvl_flags_needed(),
+                                           uint64_t{g.net_flags_needed()} + uint64_t{nodes} * gpus * mk::kAgreeWords);
+  return static_cast<uint32_t>(std::min<uint64_t>(most, 0xFFFFFFFFu));
+}
+
+MoeDispatchCombine::~MoeDispatchCombine() = default;
+
+StatusOr<std::unique_ptr<MoeDispatchCombine>> MoeDispatchCombine::create(Communicator& comm, uint64_t tokens,
+                                                                         uint64_t hidden, uint64_t out_hidden,
+                                                                         uint32_t experts, uint32_t top_k,
+                                                                         const MoeConfig& config, cudaStream_t stream) {
+  const std::string what = "moe";
+  auto bad = [&](const std::string& field, uint64_t v, const std::string& expected) {
+    return Status(StatusCode::kInvalidArgument, what + ": " + field + " = " + std::to_string(v) + "; expected " + expected);
+  };
+  if (tokens == 0 || tokens > 0x7FFFFFFFu) return bad("tokens", tokens, "1 .. 2^31 - 1 tokens per rank");
+  if (hidden == 0 || hidden % 8 != 0 || hidden > 0x7FFFFFFFu)
+    return bad("hidden", hidden, "a positive multiple of 8 (16-byte rows)");
+  if (out_hidden == 0 || out_hidden % 8 != 0 || out_hidden > 0x7FFFFFFFu)
+    return bad("out_hidden", out_hidden, "a positive multiple of 8 (16-byte rows)");
+  if (config.blocks < 0) return bad("config.blocks", static_cast<uint64_t>(config.blocks), "0 (choose) or more");
+  MK_RETURN_IF_ERROR(ops_detail::check_device(comm, what));
+  MK_ASSIGN_OR_RETURN(mk::FusedLayout layout, layout_of(comm));
+  mk::MoeGeometry g = geometry(layout.nodes, layout.gpus, tokens, hidden, out_hidden, experts, top_k, config);
+  g.rank = comm.rank();
+  if (std::string e = mk::moe_check_geometry(g); !e.empty()) return Status(StatusCode::kInvalidArgument, what + ": " + e);
+  const mk::DeviceComm& c = comm.device();
+  MK_RETURN_IF_ERROR(agree(comm, what,
+                           {4u, static_cast<uint32_t>(tokens), static_cast<uint32_t>(hidden),
+                            static_cast<uint32_t>(out_hidden), experts, top_k, layout.nodes,
+                            config.recv_tokens_per_source, static_cast<uint32_t>(g.rows_capacity()),
+                            config.chunk_tokens | (config.apply_scores ? 0x80000000u : 0u), c.nvl_fused_flags,
+                            static_cast<uint32_t>(c.nvl_bytes)},
+                           {"the op", "tokens", "hidden", "out_hidden", "experts", "top_k", "the number of nodes",
+                            "recv_tokens_per_source", "expert_rows_capacity", "chunk_tokens and apply_scores",
+                            "the NVLink buffer's fused-op flags", "Options::nvlink_bytes (low 32 bits)"},
+                           stream));
+  mk::MoeSetup s;
+  s.comm = c;
+  s.geometry = g;
+  s.blocks = config.blocks;
+  s.apply_scores = config.apply_scores;
+  std::unique_ptr<MoeDispatchCombine> op(new MoeDispatchCombine());
+  op->comm_ = &comm;
+  if (std::string e = mk::MoePlan::create(s, &op->plan_); !e.empty()) {
+    const bool space = e.rfind("NVLink", 0) == 0 || e.rfind("network", 0) == 0 || e.rfind("fused-op", 0) == 0 ||
+                       e.rfind("workspace", 0) == 0;
+    return Status(space ? StatusCode::kResourceExhausted : StatusCode::kInvalidArgument, what + ": " + e);
+  }
+  return StatusOr<std::unique_ptr<MoeDispatchCombine>>(std::move(op));
+}
+
+uint64_t MoeDispatchCombine::rows_capacity() const { return plan_->geometry().rows_capacity(); }
+uint32_t MoeDispatchCombine::experts_per_rank() const { return plan_->geometry().experts_per_rank(); }
+
+Status MoeDispatchCombine::dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert,
+                                    uint32_t* expert_offsets, int32_t* row_source, int32_t* row_token,
+                                    float* row_score, cudaStream_t stream) {
+  MK_RETURN_IF_ERROR(ops_detail::check_pointers(
+      *comm_, "moe dispatch",
+      {{"x", x, false}, {"choices", choices, false}, {"scores", scores, false}, {"x_expert", x_expert, false},
+       {"expert_offsets", expert_offsets, false}, {"row_source", row_source, true}, {"row_token", row_token, true},
+       {"row_score", row_score, true}}));
+  MK_RETURN_IF_ERROR(comm_->begin_launch(stream));
+  MK_RETURN_IF_ERROR(from_cuda(
+      plan_->dispatch(x, choices, scores, x_expert, expert_offsets, row_source, row_token, row_score, stream),
+      "moe dispatch"));
+  dispatch_launch_ = comm_->launches_begun();
+  return Status::Ok();
+}
+
+Status MoeDispatchCombine::combine(const void* y_expert, void* out, cudaStream_t stream) {
+  if (dispatch_launch_ == 0)
+    return Status(StatusCode::kFailedPrecondition, "moe combine: no dispatch before it; expected dispatch, then combine");
+  if (comm_->launches_begun() != dispatch_launch_)
+    return Status(StatusCode::kFailedPrecondition,
+                  "moe combine: " + std::to_string(comm_->launches_begun() - dispatch_launch_) +
+                      " other launch(es) of the communicator since the dispatch (which may have overwritten its "
+                      "records); expected the combine right after its dispatch");
+  MK_RETURN_IF_ERROR(
+      ops_detail::check_pointers(*comm_, "moe combine", {{"y_expert", y_expert, false}, {"out", out, false}}));
+  MK_RETURN_IF_ERROR(comm_->begin_launch(stream));
+  dispatch_launch_ = 0;
+  return from_cuda(plan_->combine(y_expert, out, stream), "moe combine");
+}
+
+std::string MoeDispatchCombine::describe() const { return plan_->describe(); }
+
+}  // namespace mkernel::rt

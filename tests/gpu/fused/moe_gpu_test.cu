@@ -1,0 +1,433 @@
+// MoE dispatch and combine correctness (ops.h), on emulated layouts (fused_harness.h): one GPU
+// alone, one node of 2 ranks (NVLink), two nodes of one rank (the proxies, libfabric shm), two
+// nodes of two ranks (both paths and the rail peers' forwarding and node sums).
+//
+// Every rank's tokens come from seeds every rank knows, so each rank rebuilds the whole cluster's
+// inputs and routing on the host (moe_make_routing, moe_route, moe_row_layout: the plan's host
+// reference) and checks:
+//  - dispatch: expert_offsets; every expert row's home rank, token index and score; the row's
+//    data equal, bit for bit, to that token's row of x on its home rank;
+//  - combine: the "experts" are y = bf16(x * w_e) (w_e = 1 + (e mod 7) / 8, elementwise, by a
+//    small kernel on the dispatched rows); out[t] against the fp64 sum over the token's choices
+//    of score x y, within bf16 roundings of every partial that travelled (2^-7 of the sum of
+//    magnitudes) plus the output's own (2^-8); tokens without a choice give zero rows;
+//  - bit-identical results for the same inputs; three launches in a row with new routing each
+//    (uniform, Zipf, all tokens to rank 0, masked choices); a CUDA graph of dispatch + experts +
+//    combine replayed with routing changed between replays;
+//  - errors: a bad expert and routing over recv_tokens_per_source end the launch on every rank,
+//    and check() names the cause; a combine without its dispatch is refused.
+// Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fused/moe/moe_plan.h"
+#include "fused_harness.h"
+#include "gemm/gemm_test_util.cuh"
+#include "mkernel/runtime/ops.h"
+#include "mkernel/runtime/runtime.h"
+
+namespace {
+
+namespace rt = mkernel::rt;
+namespace mk = mkernel::kernels;
+using gemm_test::fill_random;
+
+uint64_t g_seed = 0;
+std::mutex g_print;
+
+#define RANK_CHECK(cond, ...)                                          \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::lock_guard<std::mutex> lock_(g_print);                      \
+      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
+      std::printf(__VA_ARGS__);                                        \
+      std::printf("\n");                                               \
+      ++fails;                                                         \
+    }                                                                  \
+  } while (0)
+
+struct Case {
+  fused_test::Topology topo;
+  uint32_t tokens, hidden, experts, top_k;
+  uint32_t chunk_tokens = 0;
+};
+
+float expert_weight(uint32_t e) { return 1.0f + static_cast<float>(e % 7) / 8.0f; }
+
+// y[row] = bf16(x_expert[row] * w_e) for the rows of local expert e (offsets on the device).
+__global__ void fake_experts(const __nv_bfloat16* x, __nv_bfloat16* y, const uint32_t* offsets, uint32_t epr,
+                             uint32_t first_expert, uint32_t hidden) {
+  for (uint32_t e = 0; e < epr; ++e) {
+    const float w = 1.0f + static_cast<float>((first_expert + e) % 7) / 8.0f;
+    const uint64_t r0 = offsets[e], r1 = offsets[e + 1];
+    for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < (r1 - r0) * hidden;
+         i += uint64_t{gridDim.x} * blockDim.x)
+      y[r0 * hidden + i] = __float2bfloat16(__bfloat162float(x[r0 * hidden + i]) * w);
+  }
+}
+
+uint64_t x_seed(uint64_t launch_seed, uint32_t q) { return launch_seed * 7919 + q * 104729 + 3; }
+uint64_t route_seed(uint64_t launch_seed) { return launch_seed * 31 + 17; }
+
+std::vector<float> make_scores(uint32_t tokens, uint32_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.1f, 1.0f);
+  std::vector<float> s(size_t{tokens} * k);
+  for (float& v : s) v = u(rng);
+  return s;
+}
+
+mk::MoeRouteKind kind_of(int launch) {
+  const mk::MoeRouteKind kinds[] = {mk::MoeRouteKind::kUniform, mk::MoeRouteKind::kZipf, mk::MoeRouteKind::kAllToOneRank,
+                                    mk::MoeRouteKind::kNoChoices};
+  return kinds[launch % 4];
+}
+
+int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu,
+             const fused_test::RankSync& sync) {
+  int fails = 0;
+  const uint32_t R = cs.topo.world(), T = cs.tokens, H = cs.hidden, k = cs.top_k;
+  rt::MoeConfig cfg;
+  cfg.chunk_tokens = cs.chunk_tokens;
+  if (shared_gpu) cfg.blocks = std::max(2, 120 / static_cast<int>(R) / 2);
+  auto made = rt::MoeDispatchCombine::create(comm, T, H, H, cs.experts, k, cfg, stream);
+  RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
+  if (!made.ok()) return fails;
+  rt::MoeDispatchCombine& op = *made.value();
+  const uint64_t rows_cap = op.rows_capacity();
+  const uint32_t epr = op.experts_per_rank();
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::printf("      plan: %s\n", op.describe().c_str());
+  }
+  __nv_bfloat16 *x = nullptr, *xe = nullptr, *ye = nullptr, *out = nullptr, *scratch = nullptr;
+  int32_t *choices = nullptr, *row_source = nullptr, *row_token = nullptr;
+  float *scores = nullptr, *row_score = nullptr;
+  uint32_t* offsets = nullptr;
+  GT_CUDA(cudaMalloc(&x, sizeof(__nv_bfloat16) * T * H));
+  GT_CUDA(cudaMalloc(&scratch, sizeof(__nv_bfloat16) * T * H));
+  GT_CUDA(cudaMalloc(&xe, sizeof(__nv_bfloat16) * rows_cap * H));
+  GT_CUDA(cudaMalloc(&ye, sizeof(__nv_bfloat16) * rows_cap * H));
+  GT_CUDA(cudaMalloc(&out, sizeof(__nv_bfloat16) * T * H));
+  GT_CUDA(cudaMalloc(&choices, sizeof(int32_t) * T * k));
+  GT_CUDA(cudaMalloc(&scores, sizeof(float) * T * k));
+  GT_CUDA(cudaMalloc(&row_source, sizeof(int32_t) * rows_cap));
+  GT_CUDA(cudaMalloc(&row_token, sizeof(int32_t) * rows_cap));
+  GT_CUDA(cudaMalloc(&row_score, sizeof(float) * rows_cap));
+  GT_CUDA(cudaMalloc(&offsets, sizeof(uint32_t) * (epr + 1)));
+  GT_CUDA(cudaStreamSynchronize(stream));
+  sync();
+
+  mk::MoeGeometry g;
+  g.layout = mk::FusedLayout{cs.topo.nodes, cs.topo.gpus};
+  g.tokens = T;
+  g.hidden = H;
+  g.out_hidden = H;
+  g.experts = cs.experts;
+  g.top_k = k;
+  g.chunk_tokens = cs.chunk_tokens;
+
+  // Every rank's x (bf16 bits) and routing for a launch seed, rebuilt here.
+  struct World {
+    std::vector<std::vector<uint16_t>> x;
+    std::vector<std::vector<int32_t>> choices;
+    std::vector<std::vector<float>> scores;
+  };
+  auto world_inputs = [&](uint64_t seed, mk::MoeRouteKind kind) {
+    World w;
+    for (uint32_t q = 0; q < R; ++q) {
+      fill_random(scratch, uint64_t{T} * H, x_seed(seed, q), 1.0f, stream);
+      GT_CUDA(cudaStreamSynchronize(stream));
+      w.x.emplace_back(size_t{T} * H);
+      GT_CUDA(cudaMemcpy(w.x.back().data(), scratch, size_t{T} * H * 2, cudaMemcpyDeviceToHost));
+      w.choices.push_back(mk::moe_make_routing(kind, T, cs.experts, k, R, q, route_seed(seed)));
+      w.scores.push_back(make_scores(T, k, route_seed(seed) + q));
+    }
+    return w;
+  };
+  auto prepare = [&](const World& w) {
+    fill_random(x, uint64_t{T} * H, 0, 1.0f, stream);  // overwritten below; keeps the stream busy like a model
+    GT_CUDA(cudaMemcpyAsync(x, w.x[rank].data(), size_t{T} * H * 2, cudaMemcpyHostToDevice, stream));
+    GT_CUDA(cudaMemcpyAsync(choices, w.choices[rank].data(), size_t{T} * k * 4, cudaMemcpyHostToDevice, stream));
+    GT_CUDA(cudaMemcpyAsync(scores, w.scores[rank].data(), size_t{T} * k * 4, cudaMemcpyHostToDevice, stream));
+    gemm_test::poison(xe, rows_cap * H, stream);
+    gemm_test::poison(out, uint64_t{T} * H, stream);
+    GT_CUDA(cudaStreamSynchronize(stream));
+  };
+  auto experts_kernel = [&] {
+    fake_experts<<<264, 256, 0, stream>>>(xe, ye, offsets, epr, rank * epr, H);
+    GT_CUDA(cudaGetLastError());
+  };
+  auto bf = [](uint16_t b) {
+    uint32_t u = uint32_t{b} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<uint16_t> last_out;
+  auto check = [&](const World& w, const std::string& what) {
+    GT_CUDA(cudaStreamSynchronize(stream));
+    const mkernel::Status st = comm.check();
+    RANK_CHECK(st.ok(), "%s: check(): %s", what.c_str(), st.to_string().c_str());
+    if (!st.ok()) return;
+    // The host reference of this rank's rows.
+    std::vector<mk::MoeRouting> routing(R);
+    std::vector<std::vector<uint32_t>> counts(R);
+    for (uint32_t q = 0; q < R; ++q) {
+      mk::MoeGeometry gq = g;
+      gq.rank = q;
+      routing[q] = mk::moe_route(gq, w.choices[q].data());
+      counts[q].push_back(routing[q].send_tokens[rank]);
+      for (uint32_t e = 0; e < epr; ++e) counts[q].push_back(routing[q].rows[size_t{rank} * epr + e]);
+    }
+    mk::MoeGeometry gr = g;
+    gr.rank = rank;
+    const mk::MoeRowLayout lay = mk::moe_row_layout(gr, counts);
+    RANK_CHECK(lay.error.empty(), "%s: reference layout: %s", what.c_str(), lay.error.c_str());
+    std::vector<uint32_t> off(epr + 1);
+    GT_CUDA(cudaMemcpy(off.data(), offsets, off.size() * 4, cudaMemcpyDeviceToHost));
+    for (uint32_t e = 0; e <= epr; ++e)
+      RANK_CHECK(off[e] == lay.expert_base[e], "%s: expert_offsets[%u] = %u, expected %llu", what.c_str(), e, off[e],
+                 static_cast<unsigned long long>(lay.expert_base[e]));
+    const uint64_t rows = lay.total_rows;
+    std::vector<int32_t> src(rows), tok(rows);
+    std::vector<float> sc(rows);
+    std::vector<uint16_t> xr(rows * H);
+    if (rows) {
+      GT_CUDA(cudaMemcpy(src.data(), row_source, rows * 4, cudaMemcpyDeviceToHost));
+      GT_CUDA(cudaMemcpy(tok.data(), row_token, rows * 4, cudaMemcpyDeviceToHost));
+      GT_CUDA(cudaMemcpy(sc.data(), row_score, rows * 4, cudaMemcpyDeviceToHost));
+      GT_CUDA(cudaMemcpy(xr.data(), xe, rows * H * 2, cudaMemcpyDeviceToHost));
+    }
+    size_t bad_rows = 0;
+    for (uint32_t q = 0; q < R; ++q)
+      for (uint32_t t = 0; t < T; ++t)
+        for (uint32_t j = 0; j < k; ++j) {
+          const int32_t e = w.choices[q][size_t{t} * k + j];
+          if (e < 0 || static_cast<uint32_t>(e) / epr != rank) continue;
+          const uint64_t row = lay.row_of(e % epr, q, routing[q].slot[size_t{t} * k + j]);
+          const bool ok = row < rows && src[row] == static_cast<int32_t>(q) && tok[row] == static_cast<int32_t>(t) &&
+                          sc[row] == w.scores[q][size_t{t} * k + j] &&
+                          std::equal(xr.begin() + row * H, xr.begin() + (row + 1) * H, w.x[q].begin() + size_t{t} * H);
+          if (!ok && bad_rows++ < 3)
+            RANK_CHECK(false, "%s: expert %d row %llu (rank %u token %u): source %d token %d score %g, data %s",
+                       what.c_str(), e, static_cast<unsigned long long>(row), q, t, row < rows ? src[row] : -1,
+                       row < rows ? tok[row] : -1, row < rows ? sc[row] : -1.0f,
+                       row < rows && std::equal(xr.begin() + row * H, xr.begin() + (row + 1) * H,
+                                                w.x[q].begin() + size_t{t} * H)
+                           ? "equal"
+                           : "different");
+        }
+    RANK_CHECK(bad_rows == 0, "%s: %zu expert rows wrong", what.c_str(), bad_rows);
+    // The combine.
+    std::vector<uint16_t> o(size_t{T} * H);
+    GT_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    double worst = 0;
+    for (uint32_t t = 0; t < T; ++t)
+      for (uint32_t c = 0; c < H; ++c) {
+        double ref = 0, mag = 0;
+        for (uint32_t j = 0; j < k; ++j) {
+          const int32_t e = w.choices[rank][size_t{t} * k + j];
+          if (e < 0) continue;
+          const float y = __bfloat162float(__float2bfloat16(bf(w.x[rank][size_t{t} * H + c]) * expert_weight(e)));
+          const double term = double{w.scores[rank][size_t{t} * k + j]} * y;
+          ref += term;
+          mag += std::fabs(term);
+        }
+        const double got = bf(o[size_t{t} * H + c]);
+        const double tol = std::ldexp(mag, -7) + std::ldexp(std::fabs(ref), -8) + 1e-6;
+        const double d = std::fabs(got - ref);
+        if (!(d <= tol) && bad++ < 3)
+          RANK_CHECK(false, "%s: out[%u][%u] = %g, expected %g (bound %g)", what.c_str(), t, c, got, ref, tol);
+        worst = std::max(worst, std::isfinite(d) ? d / tol : 1e30);
+      }
+    RANK_CHECK(bad == 0, "%s: %zu output elements outside the bound (worst %.3f of it)", what.c_str(), bad, worst);
+    last_out = o;
+  };
+
+  // Three launches with new routing each, then the first again (bit-identical).
+  std::vector<uint16_t> first_out;
+  for (int l = 0; l < 4; ++l) {
+    const uint64_t seed = g_seed + (l == 3 ? 0 : l);
+    const World w = world_inputs(seed, kind_of(l == 3 ? 0 : l));
+    prepare(w);
+    sync();
+    mkernel::Status s = op.dispatch(x, choices, scores, xe, offsets, row_source, row_token, row_score, stream);
+    RANK_CHECK(s.ok(), "dispatch %d: %s", l, s.to_string().c_str());
+    experts_kernel();
+    const mkernel::Status sc = op.combine(ye, out, stream);
+    RANK_CHECK(sc.ok(), "combine %d: %s", l, sc.to_string().c_str());
+    check(w, "launch " + std::to_string(l) + " routing " + std::to_string(static_cast<int>(kind_of(l == 3 ? 0 : l))));
+    if (l == 0) first_out = last_out;
+    if (l == 3) RANK_CHECK(last_out == first_out, "the same inputs gave different output bits");
+  }
+  // A graph of dispatch, experts and combine, replayed with new routing.
+  {
+    const World w0 = world_inputs(g_seed + 50, mk::MoeRouteKind::kUniform);
+    prepare(w0);
+    sync();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    mkernel::Status s = op.dispatch(x, choices, scores, xe, offsets, row_source, row_token, row_score, stream);
+    experts_kernel();
+    mkernel::Status s2 = op.combine(ye, out, stream);
+    GT_CUDA(cudaStreamEndCapture(stream, &graph));
+    RANK_CHECK(s.ok() && s2.ok(), "capture: %s / %s", s.to_string().c_str(), s2.to_string().c_str());
+    GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int l = 0; l < 3; ++l) {
+      const World w = world_inputs(g_seed + 60 + l, kind_of(l + 1));
+      prepare(w);
+      sync();
+      GT_CUDA(cudaGraphLaunch(exec, stream));
+      check(w, "graph replay " + std::to_string(l));
+    }
+    GT_CUDA(cudaGraphExecDestroy(exec));
+    GT_CUDA(cudaGraphDestroy(graph));
+  }
+  sync();
+  cudaFree(x);
+  cudaFree(scratch);
+  cudaFree(xe);
+  cudaFree(ye);
+  cudaFree(out);
+  cudaFree(choices);
+  cudaFree(scores);
+  cudaFree(row_source);
+  cudaFree(row_token);
+  cudaFree(row_score);
+  cudaFree(offsets);
+  return fails;
+}
+
+rt::Options options_for(const Case& cs, const rt::MoeConfig& cfg = {}) {
+  rt::Options o;
+  o.nvlink_bytes = std::max<uint64_t>(
+      1 << 20, rt::moe_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, cs.hidden, cs.experts, cs.top_k, cfg));
+  o.network_workspace_bytes =
+      rt::moe_network_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, cs.hidden, cs.experts, cs.top_k, cfg);
+  o.fused_flags = std::max<uint32_t>(4096, rt::moe_fused_flags(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.experts, cs.top_k, cfg));
+  o.device_wait_timeout_ns = 10'000'000'000ull;
+  o.rendezvous_timeout = std::chrono::milliseconds(60000);
+  return o;
+}
+
+int run_case(const Case& cs) {
+  fused_test::Cluster cluster(cs.topo, "moe");
+  if (!cluster.start()) return 1;
+  std::printf("case %s: T %u H %u E %u top-%u chunk %u%s\n", cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts,
+              cs.top_k, cs.chunk_tokens, cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, options_for(cs), {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        return run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
+      });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s  %s T %u: %d rank(s) failed (%.1f s)\n", failed == 0 ? "ok  " : "FAIL", cs.topo.name().c_str(),
+              cs.tokens, failed, s);
+  return failed == 0 ? 0 : 1;
+}
+
+// Errors on the GPU end the launch on every rank with the cause; host-side misuse is refused.
+int run_error_case(const fused_test::Topology& topo, const char* name, uint32_t capacity, bool bad_expert,
+                   const char* must) {
+  const Case cs{topo, 96, 64, 8, 2};
+  rt::MoeConfig cfg;
+  cfg.recv_tokens_per_source = capacity;
+  fused_test::Cluster cluster(topo, "moeerr");
+  if (!cluster.start()) return 1;
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, options_for(cs, cfg), {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        int fails = 0;
+        if (cluster.shared_gpu()) cfg.blocks = 8;
+        auto made = rt::MoeDispatchCombine::create(comm, cs.tokens, cs.hidden, cs.hidden, cs.experts, cs.top_k, cfg, stream);
+        RANK_CHECK(made.ok(), "create: %s", made.status().to_string().c_str());
+        if (!made.ok()) return fails;
+        auto& op = *made.value();
+        const uint64_t rows = op.rows_capacity();
+        __nv_bfloat16 *x, *xe, *ye, *out;
+        int32_t* ch;
+        float* sc;
+        uint32_t* off;
+        GT_CUDA(cudaMalloc(&x, 2ull * cs.tokens * cs.hidden));
+        GT_CUDA(cudaMalloc(&xe, 2ull * rows * cs.hidden));
+        GT_CUDA(cudaMalloc(&ye, 2ull * rows * cs.hidden));
+        GT_CUDA(cudaMalloc(&out, 2ull * cs.tokens * cs.hidden));
+        GT_CUDA(cudaMalloc(&ch, 4ull * cs.tokens * cs.top_k));
+        GT_CUDA(cudaMalloc(&sc, 4ull * cs.tokens * cs.top_k));
+        GT_CUDA(cudaMalloc(&off, 4ull * (op.experts_per_rank() + 1)));
+        const mkernel::Status early = op.combine(ye, out, stream);
+        RANK_CHECK(!early.ok() && early.message().find("no dispatch before it") != std::string::npos,
+                   "combine first: %s", early.to_string().c_str());
+        auto choices = mk::moe_make_routing(mk::MoeRouteKind::kAllToOneRank, cs.tokens, cs.experts, cs.top_k,
+                                            topo.world(), rank, 3);
+        if (bad_expert && rank == topo.world() - 1) choices[5 * cs.top_k + 1] = static_cast<int32_t>(cs.experts);
+        const auto scores = make_scores(cs.tokens, cs.top_k, 9);
+        GT_CUDA(cudaMemcpy(ch, choices.data(), choices.size() * 4, cudaMemcpyHostToDevice));
+        GT_CUDA(cudaMemcpy(sc, scores.data(), scores.size() * 4, cudaMemcpyHostToDevice));
+        fill_random(x, uint64_t{cs.tokens} * cs.hidden, rank + 1, 1.0f, stream);
+        GT_CUDA(cudaStreamSynchronize(stream));
+        sync();
+        const mkernel::Status s = op.dispatch(x, ch, sc, xe, off, nullptr, nullptr, nullptr, stream);
+        RANK_CHECK(s.ok(), "dispatch enqueue: %s", s.to_string().c_str());
+        const auto t0 = std::chrono::steady_clock::now();
+        GT_CUDA(cudaStreamSynchronize(stream));
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const mkernel::Status st = comm.check();
+        RANK_CHECK(!st.ok() && (st.message().find(must) != std::string::npos ||
+                                st.message().find("peer rank's kernel failed") != std::string::npos),
+                   "%s: expected '%s' (or a peer's failure), got '%s'", name, must, st.to_string().c_str());
+        RANK_CHECK(waited < 5.0, "%s: the launch took %.1f s to end", name, waited);
+        sync();
+        cudaFree(x);
+        cudaFree(xe);
+        cudaFree(ye);
+        cudaFree(out);
+        cudaFree(ch);
+        cudaFree(sc);
+        cudaFree(off);
+        return fails;
+      });
+  std::printf("%s  errors: %s on %s\n", failed == 0 ? "ok  " : "FAIL", name, topo.name().c_str());
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  mkt::require_gpus_or_skip("moe_gpu_test", 1);
+  const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
+  g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)
+                    : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
+  std::printf("moe_gpu_test: seed %llu (MKERNEL_TEST_SEED replays it)\n", static_cast<unsigned long long>(g_seed));
+  int failed = 0;
+  const Case cases[] = {
+      {{1, 1, "shm"}, 200, 256, 16, 4, 32},
+      {{1, 2, "shm"}, 333, 512, 64, 8, 0},
+      {{1, 2, "shm"}, 1000, 7168, 256, 8, 0},
+      {{2, 1, "shm"}, 129, 256, 16, 4, 16},
+      {{2, 2, "shm"}, 150, 128, 32, 6, 32},
+  };
+  for (const Case& cs : cases) failed += run_case(cs);
+  failed += run_error_case({1, 2, "shm"}, "capacity", 40, false, "recv_tokens_per_source");
+  failed += run_error_case({1, 2, "shm"}, "bad expert", 0, true, "bad expert");
+  failed += run_error_case({2, 1, "shm"}, "capacity between nodes", 40, false, "recv_tokens_per_source");
+  std::printf("%s\n", failed == 0 ? "moe_gpu_test: PASS" : "moe_gpu_test: FAIL");
+  return failed == 0 ? 0 : 1;
+}
