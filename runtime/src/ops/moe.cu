@@ -2,6 +2,8 @@
 // the checks, the agreement between ranks, then the kernel-level plan (kernels/fused/moe).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "agree.h"
 #include "fused/moe/moe.h"
 #include "mkernel/runtime/ops.h"
@@ -107,11 +109,15 @@ uint32_t MoeDispatchCombine::experts_per_rank() const { return plan_->geometry()
 Status MoeDispatchCombine::dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert,
                                     uint32_t* expert_offsets, int32_t* row_source, int32_t* row_token,
                                     float* row_score, cudaStream_t stream) {
-  MK_RETURN_IF_ERROR(ops_detail::check_pointers(
-      *comm_, "moe dispatch",
-      {{"x", x, false}, {"choices", choices, false}, {"scores", scores, false}, {"x_expert", x_expert, false},
-       {"expert_offsets", expert_offsets, false}, {"row_source", row_source, true}, {"row_token", row_token, true},
-       {"row_score", row_score, true}}));
+  const void* now[8] = {x, choices, scores, x_expert, expert_offsets, row_source, row_token, row_score};
+  if (!std::equal(now, now + 8, checked_)) {  // checked once per set of pointers (note 1: cheap launches)
+    MK_RETURN_IF_ERROR(ops_detail::check_pointers(
+        *comm_, "moe dispatch",
+        {{"x", x, false}, {"choices", choices, false}, {"scores", scores, false}, {"x_expert", x_expert, false},
+         {"expert_offsets", expert_offsets, false}, {"row_source", row_source, true}, {"row_token", row_token, true},
+         {"row_score", row_score, true}}));
+    std::copy(now, now + 8, checked_);
+  }
   MK_RETURN_IF_ERROR(comm_->begin_launch(stream));
   MK_RETURN_IF_ERROR(from_cuda(
       plan_->dispatch(x, choices, scores, x_expert, expert_offsets, row_source, row_token, row_score, stream),
@@ -128,8 +134,12 @@ Status MoeDispatchCombine::combine(const void* y_expert, void* out, cudaStream_t
                   "moe combine: " + std::to_string(comm_->launches_begun() - dispatch_launch_) +
                       " other launch(es) of the communicator since the dispatch (which may have overwritten its "
                       "records); expected the combine right after its dispatch");
-  MK_RETURN_IF_ERROR(
-      ops_detail::check_pointers(*comm_, "moe combine", {{"y_expert", y_expert, false}, {"out", out, false}}));
+  if (y_expert != checked_[8] || out != checked_[9]) {
+    MK_RETURN_IF_ERROR(
+        ops_detail::check_pointers(*comm_, "moe combine", {{"y_expert", y_expert, false}, {"out", out, false}}));
+    checked_[8] = y_expert;
+    checked_[9] = out;
+  }
   MK_RETURN_IF_ERROR(comm_->begin_launch(stream));
   dispatch_launch_ = 0;
   return from_cuda(plan_->combine(y_expert, out, stream), "moe combine");

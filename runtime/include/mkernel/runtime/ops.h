@@ -222,6 +222,7 @@ class MoeDispatchCombine {
   Communicator* comm_ = nullptr;
   std::unique_ptr<kernels::MoePlan> plan_;
   uint64_t dispatch_launch_ = 0;  // comm.launches_begun() right after the last dispatch (0: none)
+  const void* checked_[10] = {};  // the pointers the last launches checked (dispatch's 8, combine's 2)
 };
 
 }  // namespace mkernel::rt
