@@ -48,6 +48,7 @@ enum DeviceArgument : uint32_t {
   kArgBuffer = 2,
   kArgRange = 3,
   kArgFlag = 4,
+  kArgGroupOffsets = 5,  // a grouped GEMM's offsets decrease or pass the rows' capacity
 };
 
 // The top byte of DeviceStatus::where (note 3).
@@ -63,7 +64,9 @@ enum DeviceStep : uint32_t {
   kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
   kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
   kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
-  kNumDeviceSteps = 11,
+  kStepGroupOffsets = 11,  // grouped GEMM reading its groups' offsets; index: the first bad group
+  kStepGroupReady = 12,    // grouped GEMM waiting for the rows of a group; index: group
+  kNumDeviceSteps = 13,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -106,6 +109,8 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
     case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
     case kStepAttnPipeline: return "attention pipeline of block";
+    case kStepGroupOffsets: return "grouped GEMM offsets of group";
+    case kStepGroupReady: return "grouped GEMM waiting for the rows of group";
     default: return "step";
   }
 }
@@ -116,6 +121,7 @@ MK_KERNEL_HD constexpr const char* device_argument_name(uint32_t a) {
     case kArgBuffer: return "buffer";
     case kArgRange: return "range";
     case kArgFlag: return "flag";
+    case kArgGroupOffsets: return "group offsets (decreasing, or past the capacity of rows)";
     default: return "argument";
   }
 }
