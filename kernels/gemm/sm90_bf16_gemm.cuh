@@ -478,6 +478,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const CUtensorMap* map_a = &tma_a;
         int32_t a_row = 0, w_row = 0;
         uint32_t rot = 0;
+        bool own_weight_tile = false;  // grouped split tile: no multicast (map note 1)
         const uint32_t len = item.k_end - item.k_begin;
         if constexpr (T::kGrouped) {
           // The group's packed rows (rows past its end are loaded but never stored) once the
@@ -499,6 +500,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           a_row = static_cast<int32_t>(gt.row_begin);
           w_row = static_cast<int32_t>(gt.group * p.n + gt.n_block * T::kBlockN);
+          own_weight_tile = gt.split != 0;
         } else {
           const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
           // Which copy of A this tile reads: the locally held rows (never waited for) when the
@@ -540,6 +542,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           if constexpr (T::kClusterM == 1) {
             ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
+          } else if (own_weight_tile) {
+            // The cluster's CTAs work on different n blocks: each loads both halves of its own
+            // weight tile (same bytes for its full barrier as with the peer's multicast half).
+            constexpr int kHalfN = T::kBlockN / 2;
+            ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
+            ptx::tma_load_2d(b_dst + T::kBBytes / 2, &tma_b, &full_bar[stage], k0, w_row + kHalfN);
           } else {
             constexpr int kHalfN = T::kBlockN / 2;
             ptx::tma_load_2d_multicast(b_dst + cta_rank * (T::kBBytes / 2), &tma_b,

@@ -46,16 +46,22 @@ int choose_block_n(int64_t n) {
 }
 
 // The cluster size, from the bounds only (the counts are not known here). Expected m blocks
-// B = capacity / 128 + G / 2 (a group's last m block is half full on average); clusters of 2
-// pad one CTA in every group with an odd m block count (about G / 2 CTA tiles) but run a k block
-// faster (per CTA, all SMs busy, measured for the dense engine: 0.835 vs 1.0 us with 256-wide
-// tiles, 0.535 vs 0.56 us with 128-wide ones). Take 2 when 2's cost (B + G / 2) * t2 is lower
-// than B * t1: with 256-wide tiles, at more than about 260 rows per group.
-int choose_cluster(int64_t capacity, int64_t groups, int block_n) {
+// B = capacity / 128 + G / 2 (a group's last m block is half full on average), of which about
+// G / 2 are the odd last m block of a group. With clusters of 2 the paired m blocks share
+// (multicast) each weight tile and run a k block faster (per CTA, all SMs busy, the dense
+// engine's calibration: 0.835 vs 1.0 us with 256-wide tiles, 0.535 vs 0.56 us with 128-wide
+// ones); the odd last m blocks run as split tiles at the speed of clusters of 1, and with an odd
+// n block count each pads one CTA for one tile (map note 1). Take 2 when its cost is lower; with
+// an even n block count (n = 2048, 7168) that is always.
+int choose_cluster(int64_t capacity, int64_t groups, int64_t n_blocks, int block_n) {
   const double t1 = block_n == 256 ? 1.0 : 0.56;
   const double t2 = block_n == 256 ? 0.835 : 0.535;
-  const double b = static_cast<double>(capacity) / kBlockM + 0.5 * static_cast<double>(groups);
-  return (b + 0.5 * static_cast<double>(groups)) * t2 < b * t1 ? 2 : 1;
+  const double odd = 0.5 * static_cast<double>(groups);
+  const double b = static_cast<double>(capacity) / kBlockM + odd;
+  const double nb = static_cast<double>(n_blocks);
+  const double cost1 = t1 * b * nb;
+  const double cost2 = t2 * (b - odd) * nb + t1 * odd * (nb + static_cast<double>(n_blocks % 2));
+  return cost2 < cost1 ? 2 : 1;
 }
 
 GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGemmConfig* c) {
@@ -72,7 +78,7 @@ GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGem
                                                ", num_role_blocks = " + std::to_string(c->num_role_blocks) +
                                                "; expected 0 or more");
   if (c->block_n == 0) c->block_n = choose_block_n(a.n);
-  if (c->cluster_m == 0) c->cluster_m = choose_cluster(a.capacity, a.num_groups, c->block_n);
+  if (c->cluster_m == 0) c->cluster_m = choose_cluster(a.capacity, a.num_groups, ceil_div(a.n, c->block_n), c->block_n);
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->band == 0) c->band = 8;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);

@@ -4,9 +4,13 @@
 //
 // Design notes
 //  1. Groups. Group g owns the packed rows [offsets[g], offsets[g + 1]) of A and D (any count,
-//     0 included) and the weight W[g] ([n, k]). Its tiles are ceil(m_g / 128) m blocks, taken in
-//     m groups of kClusterM (the CTAs of a cluster share the weight tile, so both must lie in
-//     the same group; an odd count pads one CTA that has no rows), times num_n_blocks.
+//     0 included) and the weight W[g] ([n, k]). Its tiles are ceil(m_g / 128) m blocks times
+//     num_n_blocks. With clusters of 2 the two CTAs of a cluster tile normally take two
+//     consecutive m blocks of one group and share (multicast) the weight tile; a group with an
+//     odd m block count runs its last m block as "split" cluster tiles instead: the two CTAs
+//     take the same m block and two consecutive n blocks, each loading its own weight tile. So
+//     no CTA idles for a whole row of n blocks; only when num_n_blocks is odd does the last
+//     split tile pad one CTA (no rows).
 //  2. Order. Tile indices run group by group (all tiles of group 0, then group 1, ...); inside a
 //     group they follow the dense engine's swizzled raster (TileScheduler::tile_coord with the
 //     group's own m block count), so the tiles in flight share the group's weight columns and A
@@ -62,11 +66,12 @@ struct GroupedTable {
 // What one CTA of a cluster tile works on.
 struct GroupedTile {
   uint32_t group;
-  uint32_t m_block;       // m block inside the group (past its last one for a padding CTA)
-  uint32_t n_block;
+  uint32_t m_block;       // m block inside the group
+  uint32_t n_block;       // num_n_blocks for a padding CTA (note 1)
   uint32_t row_begin;     // packed row of the tile's first row: offsets[group] + m_block * 128
   uint32_t row_end;       // min(row_begin + 128, offsets[group + 1]); == row_begin: no rows
   uint32_t flat_m_block;  // note 5
+  uint32_t split;         // 1: the cluster's CTAs share the m block, not the weight tile (note 1)
   MKERNEL_HOST_DEVICE uint32_t rows() const { return row_end - row_begin; }
 };
 
@@ -157,8 +162,11 @@ struct GroupedTileMap {
 #endif
   }
   MKERNEL_HOST_DEVICE static uint32_t m_blocks_of(uint32_t rows) { return (rows + kGroupedBlockM - 1) / kGroupedBlockM; }
+  // Cluster tiles of a group of m_blocks m blocks (note 1): pairs of m blocks times the n blocks,
+  // then for an odd count the split tiles of the last m block (pairs of n blocks).
   MKERNEL_HOST_DEVICE uint32_t tiles_of(uint32_t m_blocks) const {
-    return (m_blocks + kClusterM - 1) / kClusterM * p.num_n_blocks;
+    if (kClusterM == 1) return m_blocks * p.num_n_blocks;
+    return m_blocks / 2 * p.num_n_blocks + (m_blocks % 2) * ((p.num_n_blocks + 1) / 2);
   }
 
   // Totals of chunk c, checking every group's offsets on the way (note 4).
@@ -242,16 +250,27 @@ struct GroupedTileMap {
       hi = offset(cur.group + 1);
       mb = m_blocks_of(hi - lo);
     }
-    TileScheduler<kClusterM> in_group{mb, p.num_n_blocks, 1, p.raster, p.band, 0};
-    const TileCoord tc = in_group.tile_coord(tile - cur.tile_base, cta_rank);
+    // Whole m groups in the engine's raster (an even m block count with clusters of 2, so no
+    // padding), then the split tiles of an odd last m block.
+    const uint32_t paired = kClusterM == 1 ? mb : mb - mb % 2;
+    const uint32_t local = tile - cur.tile_base;
     GroupedTile out;
     out.group = cur.group;
-    out.m_block = tc.m_block;
-    out.n_block = tc.n_block;
-    out.row_begin = lo + tc.m_block * kGroupedBlockM;
-    out.row_end = tc.m_block < mb ? (hi - out.row_begin < kGroupedBlockM ? hi : out.row_begin + kGroupedBlockM)
-                                  : out.row_begin;
-    out.flat_m_block = cur.m_block_base + tc.m_block;
+    out.split = 0;
+    if (local < paired / kClusterM * p.num_n_blocks) {
+      TileScheduler<kClusterM> in_group{paired, p.num_n_blocks, 1, p.raster, p.band, 0};
+      const TileCoord tc = in_group.tile_coord(local, cta_rank);
+      out.m_block = tc.m_block;
+      out.n_block = tc.n_block;
+    } else {
+      out.split = 1;
+      out.m_block = mb - 1;
+      out.n_block = 2 * (local - paired / kClusterM * p.num_n_blocks) + cta_rank;
+    }
+    out.row_begin = lo + out.m_block * kGroupedBlockM;
+    out.row_end = out.n_block < p.num_n_blocks ? (hi - out.row_begin < kGroupedBlockM ? hi : out.row_begin + kGroupedBlockM)
+                                               : out.row_begin;
+    out.flat_m_block = cur.m_block_base + out.m_block;
     return out;
   }
 };

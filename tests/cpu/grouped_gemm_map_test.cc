@@ -55,12 +55,14 @@ void check_mapping(const std::vector<uint32_t>& offsets, uint32_t capacity, cons
   map.build_serial(table);
   ASSERT_EQ(table.bad_group, mk::kGroupedNoBadGroup);
 
-  // The enumeration: group g has ceil(m_g / 128) m blocks, padded to whole clusters.
+  // The enumeration: group g has ceil(m_g / 128) m blocks; with clusters of 2, pairs of them
+  // times the n blocks, and an odd last one in split tiles over pairs of n blocks.
   uint64_t expect_tiles = 0, m_blocks_total = 0;
   std::vector<uint32_t> flat_base(groups + 1, 0);
   for (uint32_t g = 0; g < groups; ++g) {
     const uint32_t mb = (offsets[g + 1] - offsets[g] + 127) / 128;
-    expect_tiles += static_cast<uint64_t>((mb + kClusterM - 1) / kClusterM) * l.num_n_blocks;
+    expect_tiles += kClusterM == 1 ? static_cast<uint64_t>(mb) * l.num_n_blocks
+                                   : static_cast<uint64_t>(mb / 2) * l.num_n_blocks + (mb % 2) * ((l.num_n_blocks + 1) / 2);
     flat_base[g + 1] = flat_base[g] + mb;
     m_blocks_total += mb;
   }
@@ -82,17 +84,25 @@ void check_mapping(const std::vector<uint32_t>& offsets, uint32_t capacity, cons
       ASSERT_LT(gt.group, groups);
       ASSERT_GE(gt.group, last_group) << "tiles run group by group";
       last_group = gt.group;
-      ASSERT_LT(gt.n_block, l.num_n_blocks);
       const uint32_t lo = offsets[gt.group], hi = offsets[gt.group + 1];
       ASSERT_LT(lo, hi) << "an empty group has no tiles";
       ASSERT_EQ(gt.row_begin, lo + gt.m_block * 128);
+      ASSERT_LT(gt.row_begin, hi);
       if (gt.rows() == 0) {
-        // A padding CTA: the cluster's second m block past the group's last one.
+        // A padding CTA: the second half of the last split tile when the n blocks are odd.
         ASSERT_EQ(kClusterM, 2);
         ASSERT_EQ(rank, 1u);
-        ASSERT_GE(gt.row_begin, hi);
+        ASSERT_EQ(gt.split, 1u);
+        ASSERT_EQ(gt.n_block, l.num_n_blocks);
+        ASSERT_EQ(l.num_n_blocks % 2, 1u);
         ++padding;
         continue;
+      }
+      ASSERT_LT(gt.n_block, l.num_n_blocks);
+      if (gt.split) {
+        ASSERT_EQ(kClusterM, 2) << "split tiles only with clusters of 2";
+        ASSERT_EQ(gt.m_block, (hi - lo + 127) / 128 - 1) << "only an odd last m block is split";
+        ASSERT_EQ((hi - lo + 127) / 128 % 2, 1u);
       }
       ASSERT_LE(gt.row_end, hi) << "a tile must not own rows of the next group";
       ASSERT_EQ(gt.row_end, std::min(gt.row_begin + 128, hi));
@@ -104,15 +114,22 @@ void check_mapping(const std::vector<uint32_t>& offsets, uint32_t capacity, cons
     }
     if (kClusterM == 2) {
       const mk::GroupedTile a = by_tile[static_cast<size_t>(t) * 2], b = by_tile[static_cast<size_t>(t) * 2 + 1];
-      ASSERT_EQ(a.group, b.group) << "a cluster's CTAs share the weight tile: same group";
-      ASSERT_EQ(a.n_block, b.n_block);
-      ASSERT_EQ(b.m_block, a.m_block + 1);
+      ASSERT_EQ(a.group, b.group) << "a cluster's CTAs are in one group";
+      ASSERT_EQ(a.split, b.split);
+      if (a.split) {
+        ASSERT_EQ(a.m_block, b.m_block);
+        ASSERT_EQ(b.n_block, a.n_block + 1);
+        ASSERT_EQ(a.n_block % 2, 0u);
+      } else {
+        ASSERT_EQ(a.n_block, b.n_block) << "the CTAs share (multicast) the weight tile";
+        ASSERT_EQ(b.m_block, a.m_block + 1);
+      }
     }
   }
   uint64_t expect_padding = 0;
   for (uint32_t g = 0; g < groups; ++g) {
     const uint32_t mb = (offsets[g + 1] - offsets[g] + 127) / 128;
-    if (kClusterM == 2 && mb % 2 == 1) expect_padding += l.num_n_blocks;
+    if (kClusterM == 2 && mb % 2 == 1) expect_padding += l.num_n_blocks % 2;
     for (uint32_t m = 0; m < mb; ++m)
       for (uint32_t n = 0; n < l.num_n_blocks; ++n) {
         auto it = seen.find({g, m, n});
