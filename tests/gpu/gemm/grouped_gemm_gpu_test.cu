@@ -8,7 +8,8 @@
 // Zipf), empty groups, one group holding nearly all rows, counts that are not multiples of 128,
 // n and k multiples of 8 but not of 64, G = 1 and G = 1024, every tile width and cluster size;
 // the readiness hook with a second stream raising group flags late (rows copied in just before
-// each flag), flags that never come (bounded wait, status names the group); per-tile flags;
+// each flag), flags that never come (bounded wait, status names the group); per-tile flags; a
+// role that owns the epilogue of grouped tiles (it must learn the group and the rows);
 // offsets the device must reject; a CUDA graph replayed with counts changed between replays;
 // bit-identical repeats; argument errors. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "gemm/gemm_test_util.cuh"
 #include "gemm/sm90_bf16_grouped_gemm.h"
+#include "gemm/sm90_bf16_grouped_gemm_instance.cuh"
 #include "mkernel/protocol/sync.cuh"
 
 namespace mk = mkernel::kernels;
@@ -516,6 +518,81 @@ void run_graph_case() {
   GT_CUDA(cudaStreamDestroy(s));
 }
 
+// ---- a role that owns the epilogue of grouped tiles -----------------------------------------
+
+// Stores each tile itself (masked stores of the engine, for every row of the tile's group) and
+// counts, per group, the rows its n block 0 tiles own (role_args: uint32[G]), so the test sees
+// that the epilogue learnt the group and the row range.
+struct GroupedRecordRole {
+  static constexpr bool kHasBlockExit = false;
+  static constexpr bool kHasEpilogue = true;
+  struct EpilogueState {
+    uint32_t tiles = 0;
+  };
+  __device__ static void run(const mk::GemmParams&, uint32_t, uint32_t) {}
+  template <class T>
+  __device__ static void epilogue(const mk::GemmParams& p, EpilogueState& st, float (&acc)[T::kBlockN / 2],
+                                  const mk::GroupedTile& tile, uint32_t ctid, const CUtensorMap*, uint8_t* smem_epi) {
+    const uint32_t cw = ctid / 128, lane = ctid % 32, warp_in_wg = (ctid / 32) % 4;
+    const uint32_t half_row0 = tile.row_begin + cw * 64;
+    const uint32_t rows = tile.row_end > half_row0 ? min(tile.row_end - half_row0, 64u) : 0u;
+    if (rows > 0) {
+      mk::detail::store_tile_masked<T>(p, acc, smem_epi + cw * 2 * T::kEpiChunkBytes, half_row0, rows,
+                                       tile.n_block * T::kBlockN, warp_in_wg, lane, ctid % 128 == 0, 3 + cw);
+    }
+    if (ctid == 0 && tile.n_block == 0) atomicAdd(static_cast<uint32_t*>(p.role_args) + tile.group, tile.rows());
+    ++st.tiles;
+  }
+  template <class T>
+  __device__ static void epilogue_end(const mk::GemmParams&, EpilogueState&, uint32_t) {}
+};
+
+template <int kBlockN, int kClusterM>
+void run_role_case_with() {
+  std::mt19937_64 rng(g_seed + 71 + kBlockN + kClusterM);
+  const int64_t groups = 20, n = 1032, k = 264, capacity = 2600;
+  auto counts = routed_counts(rng, groups, 2500, 1.1);
+  counts[4] = 0;
+  const auto off = offsets_from_counts(counts);
+  Problem p(capacity, groups, n, k);
+  p.fill(g_seed + 72);
+  p.set_offsets(off);
+  p.references();
+  poison(p.d, static_cast<size_t>(capacity) * n);
+  uint32_t* rows_seen = nullptr;
+  GT_CUDA(cudaMalloc(&rows_seen, sizeof(uint32_t) * groups));
+  GT_CUDA(cudaMemset(rows_seen, 0, sizeof(uint32_t) * groups));
+  mk::GroupedGemmConfig cfg;
+  cfg.block_n = kBlockN;
+  cfg.cluster_m = kClusterM;
+  mk::GroupedGemmArgs args = p.args(cfg);
+  args.hooks.role_args = rows_seen;
+  mk::GroupedGemmPlan plan;
+  mk::GemmResult r = mk::grouped_gemm_plan(args, &plan);
+  check(r.ok(), "role plan: " + r.message);
+  if (!r.ok()) return;
+  r = mk::launch_sm90_bf16_gemm<mk::GroupedGemmTraits<kBlockN, kClusterM>, GroupedRecordRole>(plan.engine, nullptr);
+  check(r.ok(), "role launch: " + r.message);
+  GT_CUDA(cudaDeviceSynchronize());
+  std::vector<uint32_t> seen(groups);
+  GT_CUDA(cudaMemcpy(seen.data(), rows_seen, sizeof(uint32_t) * groups, cudaMemcpyDeviceToHost));
+  size_t wrong = 0;
+  for (int64_t g = 0; g < groups; ++g) wrong += seen[g] != counts[g];
+  const mk::DeviceStatus st = p.take_status();
+  const Verdict v = verify(p);
+  const bool ok = st.code == mk::kDeviceOk && wrong == 0 && v.ok;
+  std::printf("%s  role epilogue n%d c%d: %s, rows per group seen by the epilogue %s, rel err %.2e%s%s\n",
+              ok ? "ok  " : "FAIL", kBlockN, kClusterM, describe(off).c_str(), wrong == 0 ? "right" : "WRONG",
+              v.worst_ref, v.ok ? "" : ": ", v.why.c_str());
+  if (!ok) ++g_failures;
+  GT_CUDA(cudaFree(rows_seen));
+}
+
+void run_role_cases() {
+  run_role_case_with<256, 1>();
+  run_role_case_with<128, 2>();
+}
+
 // ---- argument errors -------------------------------------------------------------------------
 
 void expect_error(const char* what, mk::GroupedGemmArgs args, mk::GemmError code, const char* needle) {
@@ -628,6 +705,7 @@ int main() {
   }
 
   run_tile_flag_case();
+  run_role_cases();
   run_readiness_cases();
   run_bad_offsets_case();
   run_graph_case();
