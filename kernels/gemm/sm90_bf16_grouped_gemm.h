@@ -26,7 +26,7 @@
 //     same inputs and counts give the same bits whichever block computes a tile.
 //  5. Limits (checked by grouped_gemm_plan, message naming the field, the value and what is
 //     expected): num_groups >= 1; capacity >= 1; n and k positive multiples of 8 (TMA's 16-byte
-//     rows; neither needs to be a multiple of the tile); num_groups * n < 2^31; pointers
+//     rows; neither needs to be a multiple of the tile); num_groups * n <= 2^31 - 1025; pointers
 //     16-byte aligned, offsets 4-byte aligned; a compute capability 9.0 device.
 #pragma once
 

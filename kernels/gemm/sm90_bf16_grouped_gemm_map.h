@@ -114,9 +114,11 @@ inline std::string grouped_bounds_error(int64_t capacity, int64_t num_groups, in
     return "k = " + std::to_string(k) + " is not supported: it must be a positive multiple of 8 (rows of A and of "
            "the weight must be 16-byte aligned for TMA)";
   }
-  if (num_groups * n > kMax) {
+  if (num_groups * n > kMax - 1024) {
+    // The kernel addresses weight rows up to num_groups * n + 2.5 tiles (a padding CTA's loads)
+    // as 32-bit TMA coordinates.
     return "num_groups * n = " + std::to_string(num_groups * n) +
-           " is too large: the weights' rows are addressed as one [num_groups * n, k] tensor (at most 2^31 - 1 rows)";
+           " is too large: the weights' rows are addressed as one [num_groups * n, k] tensor (at most 2^31 - 1025 rows)";
   }
   const int64_t n_blocks = (n + block_n - 1) / block_n;
   const uint64_t flags = grouped_max_m_blocks(static_cast<uint64_t>(capacity), static_cast<uint64_t>(num_groups)) *
