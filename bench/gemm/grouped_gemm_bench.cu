@@ -107,7 +107,11 @@ std::vector<Case> make_cases(const Options& o) {
         c.n = c.proj == "up" ? 2048 : 7168;
         c.k = c.proj == "up" ? 7168 : 2048;
         c.name = c.proj + "_T" + std::to_string(t) + "_" + routing;
-        c.counts = route(t, routing, o.seed + 1000003ull * t + (c.routing == "zipf" ? 1 : c.routing == "empty" ? 2 : 0));
+        c.counts = route(t, routing,
+                         o.seed + 1000003ull * t +
+                             (c.routing == "zipf"    ? 1
+                              : c.routing == "empty" ? 2
+                                                     : 0));
         out.push_back(c);
       }
   return out;
@@ -351,13 +355,20 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--json") o.json = next("--json");
-    else if (a == "--cases-out") o.cases_out = next("--cases-out");
-    else if (a == "--commit") o.commit = next("--commit");
-    else if (a == "--machine") o.machine = next("--machine");
-    else if (a == "--quick") o.quick = true;
-    else if (a == "--iters") o.iters = std::max(5, std::atoi(next("--iters").c_str()));
-    else if (a == "--seed") o.seed = std::strtoull(next("--seed").c_str(), nullptr, 10);
+    if (a == "--json")
+      o.json = next("--json");
+    else if (a == "--cases-out")
+      o.cases_out = next("--cases-out");
+    else if (a == "--commit")
+      o.commit = next("--commit");
+    else if (a == "--machine")
+      o.machine = next("--machine");
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--iters")
+      o.iters = std::max(5, std::atoi(next("--iters").c_str()));
+    else if (a == "--seed")
+      o.seed = std::strtoull(next("--seed").c_str(), nullptr, 10);
     else if (a == "--config") {
       const std::string v = next("--config");
       if (std::sscanf(v.c_str(), "%d,%d", &o.block_n, &o.cluster) != 2) {
@@ -414,11 +425,11 @@ int main(int argc, char** argv) {
     }
     std::printf("%-22s %7lld %6u %6u | %9.1f %9.1f %9.1f %9.1f | %8.3f %8.3f\n", c.name.c_str(),
                 static_cast<long long>(c.rows()), mx, empty, tflops(c, all[i].t.median_ms),
-                tflops(c, all[i + 1].t.median_ms), tflops(c, all[i + 2].t.median_ms),
-                tflops(c, all[i + 3].t.median_ms), all[i + 1].t.median_ms / all[i].t.median_ms,
-                all[i + 2].t.median_ms / all[i].t.median_ms);
+                tflops(c, all[i + 1].t.median_ms), tflops(c, all[i + 2].t.median_ms), tflops(c, all[i + 3].t.median_ms),
+                all[i + 1].t.median_ms / all[i].t.median_ms, all[i + 2].t.median_ms / all[i].t.median_ms);
   }
-  std::printf("(TFLOP/s from medians; 'vs loop' = cuBLAS loop time / mkernel time, 'vs dense' = mkernel dense "
-              "time on the same rows / mkernel grouped time: the issue's goal is >= 0.9 with uniform routing)\n");
+  std::printf(
+      "(TFLOP/s from medians; 'vs loop' = cuBLAS loop time / mkernel time, 'vs dense' = mkernel dense "
+      "time on the same rows / mkernel grouped time: the issue's goal is >= 0.9 with uniform routing)\n");
   return 0;
 }

@@ -67,12 +67,15 @@ int choose_cluster(int64_t capacity, int64_t groups, int64_t n_blocks, int block
 GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGemmConfig* c) {
   *c = a.config;
   if (c->block_n != 0 && c->block_n != 128 && c->block_n != 256)
-    return fail(GemmError::kInvalidConfig, "config.block_n = " + std::to_string(c->block_n) + "; expected 0, 128 or 256");
+    return fail(GemmError::kInvalidConfig,
+                "config.block_n = " + std::to_string(c->block_n) + "; expected 0, 128 or 256");
   if (c->cluster_m != 0 && c->cluster_m != 1 && c->cluster_m != 2)
-    return fail(GemmError::kInvalidConfig, "config.cluster_m = " + std::to_string(c->cluster_m) + "; expected 0, 1 or 2");
+    return fail(GemmError::kInvalidConfig,
+                "config.cluster_m = " + std::to_string(c->cluster_m) + "; expected 0, 1 or 2");
   if (c->raster < -1 || c->raster > 1)
     return fail(GemmError::kInvalidConfig, "config.raster = " + std::to_string(c->raster) + "; expected -1, 0 or 1");
-  if (c->band < 0) return fail(GemmError::kInvalidConfig, "config.band = " + std::to_string(c->band) + "; expected 0 or more");
+  if (c->band < 0)
+    return fail(GemmError::kInvalidConfig, "config.band = " + std::to_string(c->band) + "; expected 0 or more");
   if (c->num_gemm_blocks < 0 || c->num_role_blocks < 0)
     return fail(GemmError::kInvalidConfig, "config.num_gemm_blocks = " + std::to_string(c->num_gemm_blocks) +
                                                ", num_role_blocks = " + std::to_string(c->num_role_blocks) +
@@ -124,9 +127,10 @@ GemmResult check_pointers(const void* a, const void* w, const void* d, const uin
     }
   }
   if (offsets == nullptr || reinterpret_cast<uintptr_t>(offsets) % 4 != 0) {
-    return fail(GemmError::kInvalidPointer, "pointer offsets = " + std::to_string(reinterpret_cast<uintptr_t>(offsets)) +
-                                                " is not supported: expected non-null and 4-byte aligned (device memory, "
-                                                "num_groups + 1 entries)");
+    return fail(GemmError::kInvalidPointer,
+                "pointer offsets = " + std::to_string(reinterpret_cast<uintptr_t>(offsets)) +
+                    " is not supported: expected non-null and 4-byte aligned (device memory, "
+                    "num_groups + 1 entries)");
   }
   return {};
 }
@@ -161,8 +165,10 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
   r = detail::gemm_device_query(&num_sms, &major, &minor);
   if (!r.ok()) return r;
   if (major != 9 || minor != 0) {
-    return fail(GemmError::kUnsupportedDevice, "the grouped GEMM needs compute capability 9.0 (Hopper, sm_90a); this "
-                                               "device is " + std::to_string(major) + "." + std::to_string(minor));
+    return fail(GemmError::kUnsupportedDevice,
+                "the grouped GEMM needs compute capability 9.0 (Hopper, sm_90a); this "
+                "device is " +
+                    std::to_string(major) + "." + std::to_string(minor));
   }
   if (cudaGetDevice(&device) != cudaSuccess) return fail(GemmError::kCudaError, "cudaGetDevice failed");
 
@@ -198,7 +204,8 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
   p.ready_value_ptr = h.ready_value_ptr;
   p.ready_rows_per_flag = h.ready_rows_per_flag;
   p.ready_shard_rows = static_cast<uint32_t>(args.capacity);
-  p.ready_chunks_per_shard = static_cast<uint32_t>(ceil_div(args.capacity, std::max<uint32_t>(1, h.ready_rows_per_flag)));
+  p.ready_chunks_per_shard =
+      static_cast<uint32_t>(ceil_div(args.capacity, std::max<uint32_t>(1, h.ready_rows_per_flag)));
   p.tile_flags = h.tile_flags;
   p.tile_flag_value = h.tile_flag_value;
   p.wait = args.wait;
@@ -282,7 +289,8 @@ uint64_t grouped_gemm_num_tile_flags(const GroupedGemmArgs& args) {
 }
 
 GemmResult grouped_gemm_check_offsets(const uint32_t* host_offsets, int64_t num_groups, int64_t capacity) {
-  if (num_groups < 1) return fail(GemmError::kInvalidGroups, "num_groups = " + std::to_string(num_groups) + "; expected at least 1");
+  if (num_groups < 1)
+    return fail(GemmError::kInvalidGroups, "num_groups = " + std::to_string(num_groups) + "; expected at least 1");
   const std::string e = grouped_offsets_error(host_offsets, num_groups, capacity);
   if (!e.empty()) return fail(GemmError::kInvalidGroups, e);
   return {};

@@ -116,8 +116,7 @@ uint64_t grouped_gemm_num_tile_flags(const GroupedGemmArgs& args);
 
 // Host check of offsets the caller holds in host memory (note 3): non-decreasing, and
 // offsets[num_groups] <= capacity. The message names the first bad entry.
-[[nodiscard]] GemmResult grouped_gemm_check_offsets(const uint32_t* host_offsets, int64_t num_groups,
-                                                    int64_t capacity);
+[[nodiscard]] GemmResult grouped_gemm_check_offsets(const uint32_t* host_offsets, int64_t num_groups, int64_t capacity);
 
 // "grouped n256 c1 rN b8 blocks132 G128 cap32768" (tile width, cluster, raster, band, blocks, bounds).
 std::string grouped_gemm_config_string(const GroupedGemmPlan& plan);

@@ -45,9 +45,9 @@ inline constexpr uint32_t kGroupedNoBadGroup = 0xFFFFFFFFu;
 
 // The launch's view of its groups (part of GemmParams; set by the host from bounds only).
 struct GroupedMapParams {
-  const uint32_t* offsets;    // num_groups + 1 entries, device memory (or host memory in tests)
+  const uint32_t* offsets;  // num_groups + 1 entries, device memory (or host memory in tests)
   uint32_t num_groups;
-  uint32_t capacity;          // rows of the packed A and D buffers
+  uint32_t capacity;  // rows of the packed A and D buffers
   uint32_t num_n_blocks;
   uint32_t raster;            // GemmRaster inside a group
   uint32_t band;              // width of the swizzled raster's bands (m groups or n blocks)
@@ -79,8 +79,8 @@ struct GroupedTile {
 struct GroupCursor {
   uint32_t chunk = 0xFFFFFFFFu;  // chunk of `group` (none yet)
   uint32_t group = 0;
-  uint32_t tile_base = 0;        // first tile of `group`
-  uint32_t m_block_base = 0;     // first flat m block of `group`
+  uint32_t tile_base = 0;     // first tile of `group`
+  uint32_t m_block_base = 0;  // first flat m block of `group`
 };
 
 // Totals of one chunk (note 3) and whether its offsets are valid.
@@ -107,18 +107,21 @@ inline std::string grouped_bounds_error(int64_t capacity, int64_t num_groups, in
     return "capacity = " + std::to_string(capacity) + " is not supported: expected 1 .. 2^31 - 1 rows";
   }
   if (n < 8 || n % 8 != 0 || n > kMax) {
-    return "n = " + std::to_string(n) + " is not supported: it must be a positive multiple of 8 (rows of the weight "
+    return "n = " + std::to_string(n) +
+           " is not supported: it must be a positive multiple of 8 (rows of the weight "
            "and of the output must start on 16-byte boundaries for TMA)";
   }
   if (k < 8 || k % 8 != 0 || k > kMax) {
-    return "k = " + std::to_string(k) + " is not supported: it must be a positive multiple of 8 (rows of A and of "
+    return "k = " + std::to_string(k) +
+           " is not supported: it must be a positive multiple of 8 (rows of A and of "
            "the weight must be 16-byte aligned for TMA)";
   }
   if (num_groups * n > kMax - 1024) {
     // The kernel addresses weight rows up to num_groups * n + 2.5 tiles (a padding CTA's loads)
     // as 32-bit TMA coordinates.
     return "num_groups * n = " + std::to_string(num_groups * n) +
-           " is too large: the weights' rows are addressed as one [num_groups * n, k] tensor (at most 2^31 - 1025 rows)";
+           " is too large: the weights' rows are addressed as one [num_groups * n, k] tensor (at most 2^31 - 1025 "
+           "rows)";
   }
   const int64_t n_blocks = (n + block_n - 1) / block_n;
   const uint64_t flags = grouped_max_m_blocks(static_cast<uint64_t>(capacity), static_cast<uint64_t>(num_groups)) *
@@ -163,7 +166,9 @@ struct GroupedTileMap {
     return p.offsets[g];
 #endif
   }
-  MKERNEL_HOST_DEVICE static uint32_t m_blocks_of(uint32_t rows) { return (rows + kGroupedBlockM - 1) / kGroupedBlockM; }
+  MKERNEL_HOST_DEVICE static uint32_t m_blocks_of(uint32_t rows) {
+    return (rows + kGroupedBlockM - 1) / kGroupedBlockM;
+  }
   // Cluster tiles of a group of m_blocks m blocks (note 1): pairs of m blocks times the n blocks,
   // then for an odd count the split tiles of the last m block (pairs of n blocks).
   MKERNEL_HOST_DEVICE uint32_t tiles_of(uint32_t m_blocks) const {
@@ -270,8 +275,9 @@ struct GroupedTileMap {
       out.n_block = 2 * (local - paired / kClusterM * p.num_n_blocks) + cta_rank;
     }
     out.row_begin = lo + out.m_block * kGroupedBlockM;
-    out.row_end = out.n_block < p.num_n_blocks ? (hi - out.row_begin < kGroupedBlockM ? hi : out.row_begin + kGroupedBlockM)
-                                               : out.row_begin;
+    out.row_end = out.n_block < p.num_n_blocks
+                      ? (hi - out.row_begin < kGroupedBlockM ? hi : out.row_begin + kGroupedBlockM)
+                      : out.row_begin;
     out.flat_m_block = cur.m_block_base + out.m_block;
     return out;
   }

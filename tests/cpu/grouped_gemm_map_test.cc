@@ -30,8 +30,8 @@ struct Layout {
 mk::GroupedMapParams params_for(const std::vector<uint32_t>& offsets, uint32_t capacity, const Layout& l) {
   const uint32_t groups = static_cast<uint32_t>(offsets.size() - 1);
   const uint32_t per_chunk = mk::grouped_groups_per_chunk(groups);
-  return mk::GroupedMapParams{offsets.data(), groups,   capacity, l.num_n_blocks, l.raster,
-                              l.band,         per_chunk, (groups + per_chunk - 1) / per_chunk};
+  return mk::GroupedMapParams{offsets.data(), groups, capacity,  l.num_n_blocks,
+                              l.raster,       l.band, per_chunk, (groups + per_chunk - 1) / per_chunk};
 }
 
 std::vector<uint32_t> offsets_from_counts(const std::vector<uint32_t>& counts, uint32_t first = 0) {
@@ -61,8 +61,9 @@ void check_mapping(const std::vector<uint32_t>& offsets, uint32_t capacity, cons
   std::vector<uint32_t> flat_base(groups + 1, 0);
   for (uint32_t g = 0; g < groups; ++g) {
     const uint32_t mb = (offsets[g + 1] - offsets[g] + 127) / 128;
-    expect_tiles += kClusterM == 1 ? static_cast<uint64_t>(mb) * l.num_n_blocks
-                                   : static_cast<uint64_t>(mb / 2) * l.num_n_blocks + (mb % 2) * ((l.num_n_blocks + 1) / 2);
+    expect_tiles += kClusterM == 1
+                        ? static_cast<uint64_t>(mb) * l.num_n_blocks
+                        : static_cast<uint64_t>(mb / 2) * l.num_n_blocks + (mb % 2) * ((l.num_n_blocks + 1) / 2);
     flat_base[g + 1] = flat_base[g] + mb;
     m_blocks_total += mb;
   }
@@ -143,19 +144,19 @@ void check_mapping(const std::vector<uint32_t>& offsets, uint32_t capacity, cons
   // Strided walks, one cursor per cluster and role; and fresh cursors.
   for (uint32_t c = 0; c < clusters; ++c) {
     for (uint32_t rank = 0; rank < static_cast<uint32_t>(kClusterM); ++rank) {
-    mk::GroupCursor cc;
-    for (uint32_t t = c; t < table.total_tiles; t += clusters) {
-      const mk::GroupedTile gt = map.locate(table, t, rank, cc);
-      const mk::GroupedTile& want = by_tile[static_cast<size_t>(t) * kClusterM + rank];
-      ASSERT_EQ(gt.group, want.group);
-      ASSERT_EQ(gt.m_block, want.m_block);
-      ASSERT_EQ(gt.n_block, want.n_block);
-      ASSERT_EQ(gt.flat_m_block, want.flat_m_block);
-      mk::GroupCursor fresh;
-      const mk::GroupedTile f = map.locate(table, t, rank, fresh);
-      ASSERT_EQ(f.row_begin, want.row_begin);
-      ASSERT_EQ(f.row_end, want.row_end);
-    }
+      mk::GroupCursor cc;
+      for (uint32_t t = c; t < table.total_tiles; t += clusters) {
+        const mk::GroupedTile gt = map.locate(table, t, rank, cc);
+        const mk::GroupedTile& want = by_tile[static_cast<size_t>(t) * kClusterM + rank];
+        ASSERT_EQ(gt.group, want.group);
+        ASSERT_EQ(gt.m_block, want.m_block);
+        ASSERT_EQ(gt.n_block, want.n_block);
+        ASSERT_EQ(gt.flat_m_block, want.flat_m_block);
+        mk::GroupCursor fresh;
+        const mk::GroupedTile f = map.locate(table, t, rank, fresh);
+        ASSERT_EQ(f.row_begin, want.row_begin);
+        ASSERT_EQ(f.row_end, want.row_end);
+      }
     }
   }
 }

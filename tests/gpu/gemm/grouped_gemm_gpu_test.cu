@@ -151,7 +151,8 @@ Verdict verify(const Problem& p) {
   const auto cub = to_host_float(p.dc, count);
   const auto bits = p.output_bits();
   for (int64_t g = 0; g < p.groups; ++g) {
-    const size_t lo = static_cast<size_t>(p.host_offsets[g]) * p.n, hi = static_cast<size_t>(p.host_offsets[g + 1]) * p.n;
+    const size_t lo = static_cast<size_t>(p.host_offsets[g]) * p.n,
+                 hi = static_cast<size_t>(p.host_offsets[g + 1]) * p.n;
     if (lo == hi) continue;
     const std::vector<float> o(out.begin() + lo, out.begin() + hi), r(ref.begin() + lo, ref.begin() + hi),
         c(cub.begin() + lo, cub.begin() + hi);
@@ -203,7 +204,8 @@ void run_case(const char* label, const std::vector<uint32_t>& off, int64_t capac
   p.references();
   mk::GroupedGemmPlan plan;
   mk::GemmResult r = mk::grouped_gemm_plan(p.args(cfg), &plan);
-  const std::string name = std::string(label) + " " + describe(off) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+  const std::string name =
+      std::string(label) + " " + describe(off) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
   if (!r.ok()) {
     check(false, name + ": plan failed: " + r.message);
     return;
@@ -230,9 +232,10 @@ void run_case(const char* label, const std::vector<uint32_t>& off, int64_t capac
     }
     const bool ok = v.ok && same;
     if (!ok || rep == 1) {
-      std::printf("%s  %-60s [%s] rep %d: worst group rel err vs fp32 %.2e, vs cuBLAS %.2e%s%s%s\n", ok ? "ok  " : "FAIL",
-                  name.c_str(), mk::grouped_gemm_config_string(plan).c_str(), rep, v.worst_ref, v.worst_cublas,
-                  same ? ", repeat bit-identical" : ", REPEAT DIFFERS", v.ok ? "" : ": ", v.why.c_str());
+      std::printf("%s  %-60s [%s] rep %d: worst group rel err vs fp32 %.2e, vs cuBLAS %.2e%s%s%s\n",
+                  ok ? "ok  " : "FAIL", name.c_str(), mk::grouped_gemm_config_string(plan).c_str(), rep, v.worst_ref,
+                  v.worst_cublas, same ? ", repeat bit-identical" : ", REPEAT DIFFERS", v.ok ? "" : ": ",
+                  v.why.c_str());
     }
     if (!ok) ++g_failures;
   }
@@ -318,10 +321,11 @@ void run_readiness_cases() {
     const mk::DeviceStatus st = p.take_status();
     const Verdict v = verify(p);
     const bool ok = st.code == mk::kDeviceOk && v.ok;
-    std::printf("%s  readiness c%d: %s, rows delivered group by group from a second stream (0.2 ms apart, last group "
-                "first), GEMM done after %.1f ms, worst rel err %.2e, status '%s'%s%s\n",
-                ok ? "ok  " : "FAIL", cluster, describe(off).c_str(), ms, v.worst_ref,
-                mk::describe_device_status(st, 0).c_str(), v.ok ? "" : ": ", v.why.c_str());
+    std::printf(
+        "%s  readiness c%d: %s, rows delivered group by group from a second stream (0.2 ms apart, last group "
+        "first), GEMM done after %.1f ms, worst rel err %.2e, status '%s'%s%s\n",
+        ok ? "ok  " : "FAIL", cluster, describe(off).c_str(), ms, v.worst_ref,
+        mk::describe_device_status(st, 0).c_str(), v.ok ? "" : ": ", v.why.c_str());
     if (!ok) ++g_failures;
   }
 
@@ -509,7 +513,8 @@ void run_graph_case() {
     if (i + 1 == runs.size()) same = p.output_bits() == first_bits;
     const bool ok = st.code == mk::kDeviceOk && v.ok && same;
     std::printf("%s  graph replay %zu: %s, worst rel err %.2e%s%s%s\n", ok ? "ok  " : "FAIL", i, describe(off).c_str(),
-                v.worst_ref, i + 1 == runs.size() ? (same ? ", same bits as replay 0" : ", BITS DIFFER FROM REPLAY 0") : "",
+                v.worst_ref,
+                i + 1 == runs.size() ? (same ? ", same bits as replay 0" : ", BITS DIFFER FROM REPLAY 0") : "",
                 v.ok ? "" : ": ", v.why.c_str());
     if (!ok) ++g_failures;
   }
