@@ -104,7 +104,11 @@ def time_cases(args):
 
 
 def report(args):
-    recs = [json.loads(l) for l in open(args.report) if l.strip()]
+    try:
+        recs = [json.loads(l) for l in open(args.report) if l.strip()]
+    except FileNotFoundError:
+        print(f"no records: {args.report} does not exist (did the benchmark run?)")
+        return 1
     recs = [r for r in recs if r.get("benchmark") == "grouped_gemm"]
     if not recs:
         print("no grouped_gemm records in", args.report)

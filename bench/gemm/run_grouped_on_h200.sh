@@ -5,11 +5,21 @@
 # (default ./grouped-out); records appended to $OUT/grouped_gemm.jsonl (copy them into
 # bench/results/grouped_gemm.jsonl).
 #   bench/gemm/run_grouped_on_h200.sh BIN_DIR [bench args...]
-# BIN_DIR holds grouped_gemm_gpu_test and grouped_gemm_bench built for sm_90a; run from the
-# repository root (the torch script is read from bench/gemm/).
+# BIN_DIR holds grouped_gemm_gpu_test and grouped_gemm_bench built for sm_90a (a directory with
+# both, or a build directory: tests/gpu/gemm/ and bench/gemm/ are searched too). COMMIT names the
+# tree measured when git is not at hand.
 set -u
 BIN=${1:?usage: run_grouped_on_h200.sh BIN_DIR [bench args...]}
 shift
+find_bin() {
+  for d in "$BIN" "$BIN/tests/gpu/gemm" "$BIN/bench/gemm"; do
+    [ -x "$d/$1" ] && { echo "$d/$1"; return; }
+  done
+  echo "run_grouped_on_h200.sh: $1 not found under $BIN" >&2
+  echo "/nonexistent/$1"
+}
+TEST=$(find_bin grouped_gemm_gpu_test)
+BENCH=$(find_bin grouped_gemm_bench)
 OUT=${OUT:-./grouped-out}
 mkdir -p "$OUT"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,16 +28,18 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cublas/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
 done
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then COMMIT="$COMMIT+wip"; fi
+if [ -z "${COMMIT:-}" ]; then
+  COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then COMMIT="$COMMIT+wip"; fi
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 
 echo "== grouped_gemm_gpu_test"
-timeout 300 "$BIN/grouped_gemm_gpu_test" 2>&1 | tee "$OUT/test.log"
+timeout 300 "$TEST" 2>&1 | tee "$OUT/test.log"
 echo "test exit: ${PIPESTATUS[0]}"
 
 echo "== grouped_gemm_bench $*"
-timeout 420 "$BIN/grouped_gemm_bench" --json "$OUT/grouped_gemm.jsonl" --cases-out "$OUT/cases.json" \
+timeout 420 "$BENCH" --json "$OUT/grouped_gemm.jsonl" --cases-out "$OUT/cases.json" \
   --commit "$COMMIT" "$@" 2>&1 | tee "$OUT/bench.log"
 echo "bench exit: ${PIPESTATUS[0]}"
 
