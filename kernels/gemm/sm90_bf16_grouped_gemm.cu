@@ -157,7 +157,9 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
                                   {"hooks.ready_flags", h.ready_flags},
                                   {"hooks.tile_flags", h.tile_flags}}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 8 != 0) {
-      return fail(GemmError::kInvalidPointer, std::string(name) + " is not 8-byte aligned");
+      return fail(GemmError::kInvalidPointer, std::string(name) + " = " +
+                                                  std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
+                                                  " is not supported: expected null or 8-byte aligned (uint64 flags)");
     }
   }
 
