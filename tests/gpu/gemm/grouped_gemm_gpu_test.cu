@@ -630,6 +630,9 @@ void run_argument_errors() {
   a.offsets = nullptr;
   expect_error("offsets", a, mk::GemmError::kInvalidPointer, "pointer offsets");
   a = good;
+  a.hooks.group_ready = reinterpret_cast<const uint64_t*>(reinterpret_cast<uintptr_t>(good.a) + 4);
+  expect_error("misaligned group flags", a, mk::GemmError::kInvalidPointer, "hooks.group_ready");
+  a = good;
   a.config.block_n = 192;
   expect_error("block_n", a, mk::GemmError::kInvalidConfig, "config.block_n = 192");
 }
