@@ -50,6 +50,7 @@ enum DeviceArgument : uint32_t {
   kArgBuffer = 2,
   kArgRange = 3,
   kArgFlag = 4,
+  kArgGroupOffsets = 5,  // a grouped GEMM's offsets decrease or pass the rows' capacity
 };
 
 // The top byte of DeviceStatus::where (note 3).
@@ -65,14 +66,16 @@ enum DeviceStep : uint32_t {
   kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
   kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
   kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
-  kStepMoeRoute = 11,      // MoE routing; index: the token, rank, node or row count it names
-  kStepMoeCounts = 12,     // waiting for a rank's MoE count record; index: rank
-  kStepMoeTokens = 13,     // waiting for MoE tokens; index: rank * 65536 + chunk
-  kStepMoeNetwork = 14,    // waiting for MoE tokens or counts from the network; index: node * 65536 + chunk
-  kStepMoePartial = 15,    // waiting for MoE partials of a node peer; index: local * 2^32 + node * 65536 + chunk
-  kStepMoeNodeSum = 16,    // waiting for another node's MoE partials; index: node * 65536 + chunk
-  kStepMoeLayout = 17,     // waiting for the MoE row layout or a source's expansion; index: source
-  kNumDeviceSteps = 18,
+  kStepGroupOffsets = 11,  // grouped GEMM reading its groups' offsets; index: the first bad group
+  kStepGroupReady = 12,    // grouped GEMM waiting for the rows of a group; index: group
+  kStepMoeRoute = 13,      // MoE routing; index: the token, rank, node or row count it names
+  kStepMoeCounts = 14,     // waiting for a rank's MoE count record; index: rank
+  kStepMoeTokens = 15,     // waiting for MoE tokens; index: rank * 65536 + chunk
+  kStepMoeNetwork = 16,    // waiting for MoE tokens or counts from the network; index: node * 65536 + chunk
+  kStepMoePartial = 17,    // waiting for MoE partials of a node peer; index: local * 2^32 + node * 65536 + chunk
+  kStepMoeNodeSum = 18,    // waiting for another node's MoE partials; index: node * 65536 + chunk
+  kStepMoeLayout = 19,     // waiting for the MoE row layout or a source's expansion; index: source
+  kNumDeviceSteps = 20,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -116,6 +119,8 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
     case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
     case kStepAttnPipeline: return "attention pipeline of block";
+    case kStepGroupOffsets: return "grouped GEMM offsets of group";
+    case kStepGroupReady: return "grouped GEMM waiting for the rows of group";
     case kStepMoeRoute: return "MoE routing: token, rank, node or rows";
     case kStepMoeCounts: return "waiting for the MoE count record of rank";
     case kStepMoeTokens: return "waiting for MoE tokens rank*65536+chunk";
@@ -133,6 +138,7 @@ MK_KERNEL_HD constexpr const char* device_argument_name(uint32_t a) {
     case kArgBuffer: return "buffer";
     case kArgRange: return "range";
     case kArgFlag: return "flag";
+    case kArgGroupOffsets: return "group offsets (decreasing, or past the capacity of rows)";
     default: return "argument";
   }
 }

@@ -359,6 +359,25 @@ uint32_t gemm_num_tiles(const GemmArgs& args) {
   return sched.m_blocks * sched.n_blocks;
 }
 
+namespace detail {
+
+GemmResult gemm_device_query(int* num_sms, int* major, int* minor) {
+  DeviceInfo dev;
+  GemmResult r = device_info(&dev);
+  if (!r.ok()) return r;
+  *num_sms = dev.num_sms;
+  *major = dev.major;
+  *minor = dev.minor;
+  return {};
+}
+
+GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
+                                  uint32_t box_rows, uint32_t box_cols, const char* name) {
+  return make_tensor_map(map, ptr, rows, k, ld, box_rows, box_cols, name);
+}
+
+}  // namespace detail
+
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
   return plan.config.block_n == 256 ? detail::launch_block_n<256>(plan, stream)
                                     : detail::launch_block_n<128>(plan, stream);

@@ -22,6 +22,14 @@
 // Hooks for fused kernels (all off by default, see GemmParams): a bounded wait on an input
 // readiness flag before a tile's loads, a role split (blocks past num_gemm_blocks run
 // Role::run), the atomic-add epilogue and a per-tile flag raised after the stores are visible.
+//
+// Grouped instantiations (Traits::kGrouped, gemm/sm90_bf16_grouped_gemm.h) run the same
+// pipeline over the tiles of many groups (experts): every block reads the groups' offsets at its
+// start and builds a small table in shared memory (gemm/sm90_bf16_grouped_gemm_map.h); a tile's
+// A rows are its group's packed rows, its weight tile comes from the group's [n, k] slice of a
+// [groups * n, k] map, and the epilogue stores only rows inside the group (whole 64-row halves
+// with TMA, a partial half through shared memory with masked 16-byte stores). Whole tiles only
+// (no stream-K), so the results are bitwise reproducible.
 #pragma once
 
 #include <cuda.h>
@@ -64,13 +72,18 @@ namespace mkernel::kernels {
 //   epilogue_end<T>(p, st, ctid)
 //       called by the same threads once after their last tile (the place for work that must
 //       follow all of the block's tiles).
+//   epilogue<T>(p, st, acc, const GroupedTile& tile, ctid, tma_d, smem_epi)
+//       the same for grouped instantiations (T::kGrouped): `tile` names the group, the m block
+//       inside it, the n block, the packed rows [row_begin, row_end) the tile owns (rows past
+//       row_end belong to the next group and must not be written) and flat_m_block (the index
+//       of per-tile flags). Never called for a padding CTA (no rows).
 struct NoRole {
   static constexpr bool kHasBlockExit = false;
   __device__ static void run(const GemmParams&, uint32_t /*role_block*/, uint32_t /*num_role_blocks*/) {}
   __device__ static void block_exit(const GemmParams&) {}
 };
 
-template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_>
+template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false>
 struct Sm90GemmTraits {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockN_;
@@ -90,10 +103,14 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
   static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
   static constexpr uint32_t kBarrierBytes = 2 * kStages * 8 + 16;
-  static constexpr uint32_t kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + kBarrierBytes;
+  // Grouped GEMM: the groups' table (sm90_bf16_grouped_gemm_map.h) after the barriers.
+  static constexpr bool kGrouped = kGrouped_;
+  static constexpr uint32_t kGroupedBytes = kGrouped ? (sizeof(GroupedTable) + 15) / 16 * 16 : 0;
+  static constexpr uint32_t kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + kBarrierBytes + kGroupedBytes;
   static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
+  static_assert(!kGrouped || kEpilogue == kEpilogueStore, "grouped GEMM: store epilogue only");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kNumConsumers <= 65536,
                 "register budget over the 64K registers of an SM");
 };
@@ -207,6 +224,103 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   }
 }
 
+// Stores one consumer's 64 x BLOCK_N slice of which only the first `rows` rows are written
+// (grouped GEMM: the rows after them belong to the next group). The slice goes through the same
+// swizzled shared-memory chunks as store_tile_tma, then each 128-byte row segment is written by 8
+// consecutive threads with 16-byte stores, masked by row and by column (n is a multiple of 8, so
+// a 16-byte piece is in or out as a whole). The leader first waits until every earlier TMA store
+// has read its buffer (this path commits none of its own).
+template <class T>
+__device__ __forceinline__ void store_tile_masked(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+                                                  uint8_t* bufs, uint32_t row0, uint32_t rows, uint32_t col0,
+                                                  uint32_t warp_in_wg, uint32_t lane, bool leader, uint32_t bar_id) {
+  const uint32_t base = ptx::smem_addr(bufs);
+  const uint32_t row = warp_in_wg * 16 + lane / 4;
+  const uint32_t swz = lane / 4;
+  const uint32_t t = warp_in_wg * 32 + lane;  // 0..127
+  auto* d = static_cast<uint16_t*>(p.d);
+#pragma unroll
+  for (int c = 0; c < T::kBlockN / 64; ++c) {
+    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
+    if (leader) ptx::bulk_wait_group_read<0>();
+    ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int j = c * 8 + jj;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t addr = buf + (row + 8 * h) * 128 + ((jj ^ swz) * 16) + 4 * (lane % 4);
+        ptx::st_shared_b32(addr, ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+      }
+    }
+    ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t piece = t + 128 * i;  // 64 rows x 8 pieces of 16 bytes
+      const uint32_t r = piece / 8, j = piece % 8;
+      const uint32_t col = col0 + c * 64 + j * 8;
+      if (r < rows && col < p.n) {
+        const uint4 v = ptx::ld_shared_v4_b32(buf + r * 128 + ((j ^ (r % 8)) * 16));
+        ptx::st_global_v4_b32(d + static_cast<uint64_t>(row0 + r) * p.ldd + col, v);
+      }
+    }
+  }
+}
+
+// Grouped GEMM: the groups' table in shared memory (sm90_bf16_grouped_gemm_map.h, note 3), built
+// by all threads of a GEMM block: one thread per chunk sums its groups, then warp 0 turns the
+// sums into prefix sums. t->bad_group must hold kGroupedNoBadGroup before the block's first
+// barrier. Ends with a block barrier; block 0 reports invalid offsets.
+template <int kClusterM>
+__device__ __forceinline__ void build_grouped_table(const GroupedTileMap<kClusterM>& map, GroupedTable* t,
+                                                    const GemmParams& p) {
+  const uint32_t n = map.p.num_chunks;
+  for (uint32_t c = threadIdx.x; c < n; c += blockDim.x) {
+    const GroupedChunkTotals ct = map.chunk_totals(c);
+    t->tiles_before[c + 1] = ct.tiles;
+    t->m_blocks_before[c + 1] = ct.m_blocks;
+    if (ct.bad_group != kGroupedNoBadGroup) atomicMin(&t->bad_group, ct.bad_group);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const uint32_t lane = threadIdx.x;
+    const uint32_t per = (n + 31) / 32;
+    const uint32_t b = 1 + lane * per;
+    const uint32_t e = min(b + per, n + 1);
+    uint32_t own_t = 0, own_m = 0;
+    for (uint32_t i = b; i < e; ++i) {
+      own_t += t->tiles_before[i];
+      own_m += t->m_blocks_before[i];
+    }
+    uint32_t inc_t = own_t, inc_m = own_m;
+#pragma unroll
+    for (uint32_t off = 1; off < 32; off <<= 1) {
+      const uint32_t x = __shfl_up_sync(0xFFFFFFFFu, inc_t, off);
+      const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, inc_m, off);
+      if (lane >= off) {
+        inc_t += x;
+        inc_m += y;
+      }
+    }
+    uint32_t run_t = inc_t - own_t, run_m = inc_m - own_m;
+    for (uint32_t i = b; i < e; ++i) {
+      run_t += t->tiles_before[i];
+      run_m += t->m_blocks_before[i];
+      t->tiles_before[i] = run_t;
+      t->m_blocks_before[i] = run_m;
+    }
+    if (lane == 0) {
+      t->tiles_before[0] = 0;
+      t->m_blocks_before[0] = 0;
+    }
+    if (lane == 31) t->total_tiles = t->bad_group == kGroupedNoBadGroup ? inc_t : 0u;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && blockIdx.x == 0 && t->bad_group != kGroupedNoBadGroup) {
+    report(p.wait, kDeviceBadArgument, kArgGroupOffsets, where_tag(kStepGroupOffsets, t->bad_group));
+  }
+}
+
 // Atomic add with acquire-release semantics at gpu scope: releases what this thread (and, through
 // the barrier before it, its block) stored, and acquires what earlier adders released.
 __device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
@@ -308,6 +422,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   uint64_t* empty_bar = full_bar + T::kStages;
   auto* abort_flag = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
   auto* split_last = abort_flag + 1;
+  [[maybe_unused]] auto* grouped_table = reinterpret_cast<GroupedTable*>(smem_epi + T::kEpiBytes + T::kBarrierBytes);
 
   const uint32_t warpgroup = threadIdx.x / 128;
   const uint32_t cta_rank = T::kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
@@ -320,6 +435,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kClusterM);
     }
     *abort_flag = 0;
+    if constexpr (T::kGrouped) grouped_table->bad_group = kGroupedNoBadGroup;
     ptx::fence_mbar_init();
   }
   if constexpr (T::kClusterM > 1) {
@@ -334,6 +450,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   sched.dp_tiles = p.dp_tiles;
   sched.sk_units = p.sk_units;
   sched.sk_per_tile = p.sk_per_tile;
+  // Grouped: the tiles of all groups are the data-parallel region; how many there are is known
+  // only once the offsets have been read.
+  [[maybe_unused]] const GroupedTileMap<T::kClusterM> gmap{p.grouped};
+  if constexpr (T::kGrouped) {
+    detail::build_grouped_table(gmap, grouped_table, p);
+    sched.dp_tiles = grouped_table->total_tiles;
+    sched.sk_units = 0;
+  }
 
   if (warpgroup == 0) {
     // ---- producer ------------------------------------------------------------------------------
@@ -349,26 +473,55 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
       WorkCursor cursor = sched.begin(cluster_idx);
       WorkItem item;
+      [[maybe_unused]] GroupCursor gcursor;
       while (!aborted && sched.next(cursor, num_clusters, item)) {
-        const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
-        // Which copy of A this tile reads: the locally held rows (never waited for) when the
-        // tile lies inside them, else the (gathered) A once its rows are flagged ready.
-        const uint32_t row0 = tc.m_block * T::kBlockM;
-        const uint32_t row_end = min(row0 + T::kBlockM, p.m);
-        const bool local = row0 >= p.local_rows_begin && row_end <= p.local_rows_end;
-        if (!local && p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
-          if (!detail::wait_rows_ready(p, ready_value, row0, row_end, tc.m_block)) aborted = true;
-        }
-        const CUtensorMap* map_a = local ? &tma_a_local : &tma_a;
-        const int32_t a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
-        // With a single m block (small m: the weight is streamed once) whole tiles start their k
-        // loop at a different place per cluster, so the SMs do not all read the same columns of
-        // the weight at the same time (they would crowd the same DRAM channels). With more m
-        // blocks the tiles in flight share A's k slices in L2, so they keep the same order.
+        const CUtensorMap* map_a = &tma_a;
+        int32_t a_row = 0, w_row = 0;
+        uint32_t rot = 0;
+        bool own_weight_tile = false;  // grouped split tile: no multicast (map note 1)
         const uint32_t len = item.k_end - item.k_begin;
-        const uint32_t rot = (p.num_m_blocks == 1 && item.unit == WorkItem::kWholeTile)
-                                 ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
-                                 : 0u;
+        if constexpr (T::kGrouped) {
+          // The group's packed rows (rows past its end are loaded but never stored) once the
+          // group, and the rows' bands, are flagged ready; the group's slice of the weight.
+          const GroupedTile gt = gmap.locate(*grouped_table, item.tile, cta_rank, gcursor);
+          if (gt.row_end > gt.row_begin) {
+            if (p.group_ready_flags != nullptr) {
+              if (wait_geq(p.group_ready_flags + gt.group, ready_value, p.wait, gt.group,
+                           where_tag(kStepGroupReady, gt.group))) {
+                sync::fence_proxy_async_global();
+              } else {
+                aborted = true;
+              }
+            }
+            if (!aborted && p.ready_flags != nullptr &&
+                !detail::wait_rows_ready(p, ready_value, gt.row_begin, gt.row_end, gt.flat_m_block)) {
+              aborted = true;
+            }
+          }
+          a_row = static_cast<int32_t>(gt.row_begin);
+          w_row = static_cast<int32_t>(gt.group * p.n + gt.n_block * T::kBlockN);
+          own_weight_tile = gt.split != 0;
+        } else {
+          const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
+          // Which copy of A this tile reads: the locally held rows (never waited for) when the
+          // tile lies inside them, else the (gathered) A once its rows are flagged ready.
+          const uint32_t row0 = tc.m_block * T::kBlockM;
+          const uint32_t row_end = min(row0 + T::kBlockM, p.m);
+          const bool local = row0 >= p.local_rows_begin && row_end <= p.local_rows_end;
+          if (!local && p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
+            if (!detail::wait_rows_ready(p, ready_value, row0, row_end, tc.m_block)) aborted = true;
+          }
+          map_a = local ? &tma_a_local : &tma_a;
+          a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
+          w_row = static_cast<int32_t>(tc.n_block * T::kBlockN);
+          // With a single m block (small m: the weight is streamed once) whole tiles start their
+          // k loop at a different place per cluster, so the SMs do not all read the same columns
+          // of the weight at the same time (they would crowd the same DRAM channels). With more
+          // m blocks the tiles in flight share A's k slices in L2, so they keep the same order.
+          rot = (p.num_m_blocks == 1 && item.unit == WorkItem::kWholeTile)
+                    ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
+                    : 0u;
+        }
         for (uint32_t i = 0; i < len || aborted; ++i) {
           uint32_t kb = i + rot;
           kb = item.k_begin + (kb >= len ? kb - len : kb);
@@ -388,14 +541,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
           ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           if constexpr (T::kClusterM == 1) {
-            ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0,
-                             static_cast<int32_t>(tc.n_block * T::kBlockN));
+            ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
+          } else if (own_weight_tile) {
+            // The cluster's CTAs work on different n blocks: each loads both halves of its own
+            // weight tile (same bytes for its full barrier as with the peer's multicast half).
+            constexpr int kHalfN = T::kBlockN / 2;
+            ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
+            ptx::tma_load_2d(b_dst + T::kBBytes / 2, &tma_b, &full_bar[stage], k0, w_row + kHalfN);
           } else {
             constexpr int kHalfN = T::kBlockN / 2;
             ptx::tma_load_2d_multicast(b_dst + cta_rank * (T::kBBytes / 2), &tma_b,
                                        &full_bar[stage], k0,
-                                       static_cast<int32_t>(tc.n_block * T::kBlockN +
-                                                            cta_rank * kHalfN),
+                                       w_row + static_cast<int32_t>(cta_rank * kHalfN),
                                        static_cast<uint16_t>((1u << T::kClusterM) - 1));
           }
           if (++stage == T::kStages) {
@@ -420,15 +577,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
     WorkCursor cursor = sched.begin(cluster_idx);
     WorkItem item;
+    [[maybe_unused]] GroupCursor gcursor;
     while (!aborted && sched.next(cursor, num_clusters, item)) {
-      const TileCoord tc = sched.tile_coord(item.tile, cta_rank);
+      TileCoord tc;
+      [[maybe_unused]] GroupedTile gt;
+      bool rows_live;
+      if constexpr (T::kGrouped) {
+        gt = gmap.locate(*grouped_table, item.tile, cta_rank, gcursor);
+        tc = TileCoord{gt.m_block, gt.n_block, 0};
+        rows_live = gt.row_begin + cw * 64 < gt.row_end;
+      } else {
+        tc = sched.tile_coord(item.tile, cta_rank);
+        rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
+      }
       const uint32_t kb_begin = item.k_begin;
       const uint32_t kb_end = item.k_end;
 
       // -- main loop: one k-block of wgmma in flight, the stage before it released. A consumer
-      //    whose 64 rows all lie past m (small m, or the last m block) issues no MMA: it only
-      //    follows the stages and hands them back, and its fragment is zero --
-      const bool rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
+      //    whose 64 rows all lie past m (small m, or the last m block; grouped: past the
+      //    group's end) issues no MMA: it only follows the stages and hands them back, and its
+      //    fragment is zero --
       uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
         if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns)) {
@@ -473,8 +641,39 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
       }
 
-      // -- stream-K / split-K fix-up (tile_scheduler.cuh, notes 3 and 4): the last participant
-      //    to arrive takes the sum of all partials and runs the epilogue --
+      // -- grouped epilogue: rows of the tile's group only; whole 64-row halves with TMA, a
+      //    partial half with masked stores; the flag indexed by the flat m block --
+      if constexpr (T::kGrouped) {
+        if (gt.row_end <= gt.row_begin) continue;  // a cluster's padding CTA: no rows
+        if constexpr (detail::role_epilogue<Role>()) {
+          Role::template epilogue<T>(p, epi_state, acc, gt, ctid, &tma_d, smem_epi);
+        } else {
+          const uint32_t half_row0 = gt.row_begin + cw * 64;
+          const uint32_t half_rows = gt.row_end > half_row0 ? min(gt.row_end - half_row0, 64u) : 0u;
+          uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
+          if (half_rows == 64) {
+            detail::store_tile_tma<T>(&tma_d, acc, bufs, static_cast<int32_t>(half_row0),
+                                      static_cast<int32_t>(tc.n_block * T::kBlockN), warp_in_wg, lane, signals,
+                                      3 + cw);
+          } else if (half_rows > 0) {
+            detail::store_tile_masked<T>(p, acc, bufs, half_row0, half_rows, tc.n_block * T::kBlockN, warp_in_wg,
+                                         lane, signals, 3 + cw);
+          }
+          if (p.tile_flags != nullptr) {
+            if (signals) ptx::bulk_wait_group_all();
+            ptx::named_barrier_sync(2, 256);
+            if (ctid == 0) {
+              sync::fence_acq_rel_sys();
+              sync::st_release_sys(p.tile_flags + gt.flat_m_block * p.num_n_blocks + gt.n_block, p.tile_flag_value);
+            }
+          }
+        }
+        continue;
+      }
+
+      // -- (grouped tiles never get here) stream-K / split-K fix-up (tile_scheduler.cuh, notes 3
+      //    and 4): the last participant to arrive takes the sum of all partials and runs the
+      //    epilogue --
       const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
       const uint32_t parts = sched.participants(item.tile);
       if (parts > 1) {
@@ -485,7 +684,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
 
       // -- epilogue --
-      if constexpr (detail::role_epilogue<Role>()) {
+      if constexpr (detail::role_epilogue<Role>() && !T::kGrouped) {
         if (tc.m_block < p.num_m_blocks)
           Role::template epilogue<T>(p, epi_state, acc, tc.m_block, tc.n_block, ctid, &tma_d, smem_epi);
         continue;  // the role raises whatever flags its tiles need

@@ -41,6 +41,7 @@ enum class GemmError : int {
   kWorkspaceTooSmall,
   kUnsupportedDevice,
   kCudaError,
+  kInvalidGroups,  // grouped GEMM: num_groups, capacity or offsets
 };
 
 struct GemmResult {

@@ -17,4 +17,18 @@ GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream);
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms);
 
+// The grouped instantiations (sm90_bf16_grouped_gemm_n*.cu, generated like the above).
+template <int kBlockN>
+GemmResult launch_grouped_block_n(const GemmPlan& plan, cudaStream_t stream);
+
+template <int kBlockN>
+int max_resident_grouped_block_n(int cluster_m, int num_sms);
+
+// Shared with the grouped GEMM's host code (sm90_bf16_gemm.cu): the device's SM count and
+// compute capability (cached per device), and a 2-D bf16 tensor map with 128-byte swizzle
+// (out-of-bounds elements read as zero, stores clipped).
+GemmResult gemm_device_query(int* num_sms, int* major, int* minor);
+GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
+                                  uint32_t box_rows, uint32_t box_cols, const char* name);
+
 }  // namespace mkernel::kernels::detail

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/wait.cuh"
+#include "gemm/sm90_bf16_grouped_gemm_map.h"
 
 namespace mkernel::kernels {
 
@@ -60,6 +61,14 @@ struct GemmParams {
   // tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value (nullptr: no flags).
   uint64_t* tile_flags;
   uint64_t tile_flag_value;
+
+  // Grouped GEMM only (Traits::kGrouped; gemm/sm90_bf16_grouped_gemm.h): the groups, read from
+  // device memory at the start of the launch (sm90_bf16_grouped_gemm_map.h), and the per-group
+  // readiness hook: before loading rows of group g, wait until group_ready_flags[g] >= the ready
+  // value (nullptr: no wait). The row readiness above applies too, with packed row indices.
+  // Weight rows of group g start at row g * n of W's [num_groups * n, k] tensor map.
+  GroupedMapParams grouped;
+  const uint64_t* group_ready_flags;
 
   // Errors: where the first error of the launch goes, what else ends a wait, and the bound on
   // every wait (common/wait.cuh).
