@@ -160,11 +160,11 @@ RsReplayReport rs_replay(const FusedLayout& L, uint32_t m_local, const RsReplayO
     // forwards first (note 7).
     if (o.all_reduce) {
       uint32_t item = 0;
-      const uint32_t n = L.node_of(r), g = L.local_of(r);
+      const uint32_t n = L.node_of(r), local = L.local_of(r);
       for (uint32_t phase = 0; phase < 2; ++phase)
         for (uint32_t b = 0; b < world; ++b) {
           if (b == r) continue;
-          const bool forward = L.node_of(b) != n && L.local_of(b) == g;
+          const bool forward = L.node_of(b) != n && L.local_of(b) == local;
           if (forward != (phase == 0)) continue;
           for (uint32_t mb = g0.band_mb_begin(b); mb < g0.band_mb_end(b); ++mb)
             for (uint32_t nb = 0; nb < nbs; ++nb) {
