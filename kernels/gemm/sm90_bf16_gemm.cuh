@@ -153,6 +153,11 @@ __device__ __forceinline__ bool wait_rows_ready(const GemmParams& p, uint64_t va
   return true;
 }
 
+// The value a finished tile's flag gets (GemmParams::tile_flag_value / tile_flag_value_ptr).
+__device__ __forceinline__ uint64_t tile_flag_value(const GemmParams& p) {
+  return p.tile_flag_value_ptr != nullptr ? sync::ld_acquire_gpu(p.tile_flag_value_ptr) : p.tile_flag_value;
+}
+
 template <class T>
 __device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
   if constexpr (T::kClusterM == 1) {
@@ -454,8 +459,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // only once the offsets have been read.
   [[maybe_unused]] const GroupedTileMap<T::kClusterM> gmap{p.grouped};
   if constexpr (T::kGrouped) {
+    // Offsets written by other blocks of this launch: wait for them first (bounded); a block
+    // whose wait failed runs no tile (the error is recorded).
+    __shared__ uint32_t offsets_missing;
+    if (p.grouped_offsets_ready != nullptr) {
+      if (threadIdx.x == 0) {
+        const uint64_t v = p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
+        offsets_missing = wait_geq(p.grouped_offsets_ready, v, p.wait, 0, where_tag(kStepGroupOffsets, 0xFFFFFFFFu)) ? 0u : 1u;
+      }
+      __syncthreads();
+    }
     detail::build_grouped_table(gmap, grouped_table, p);
-    sched.dp_tiles = grouped_table->total_tiles;
+    sched.dp_tiles = (p.grouped_offsets_ready != nullptr && offsets_missing) ? 0u : grouped_table->total_tiles;
     sched.sk_units = 0;
   }
 
@@ -664,7 +679,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ptx::named_barrier_sync(2, 256);
             if (ctid == 0) {
               sync::fence_acq_rel_sys();
-              sync::st_release_sys(p.tile_flags + gt.flat_m_block * p.num_n_blocks + gt.n_block, p.tile_flag_value);
+              sync::st_release_sys(p.tile_flags + gt.flat_m_block * p.num_n_blocks + gt.n_block, detail::tile_flag_value(p));
             }
           }
         }
@@ -707,7 +722,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         ptx::named_barrier_sync(2, 256);
         if (ctid == 0) {
           sync::fence_acq_rel_sys();
-          sync::st_release_sys(p.tile_flags + tile_idx, p.tile_flag_value);
+          sync::st_release_sys(p.tile_flags + tile_idx, detail::tile_flag_value(p));
         }
       }
     }

@@ -61,6 +61,7 @@ struct GemmParams {
   // tile_flags[m_block * num_n_blocks + n_block] = tile_flag_value (nullptr: no flags).
   uint64_t* tile_flags;
   uint64_t tile_flag_value;
+  const unsigned long long* tile_flag_value_ptr;  // when set, tile_flag_value is *tile_flag_value_ptr (a launch counter)
 
   // Grouped GEMM only (Traits::kGrouped; gemm/sm90_bf16_grouped_gemm.h): the groups, read from
   // device memory at the start of the launch (sm90_bf16_grouped_gemm_map.h), and the per-group
@@ -69,6 +70,10 @@ struct GemmParams {
   // Weight rows of group g start at row g * n of W's [num_groups * n, k] tensor map.
   GroupedMapParams grouped;
   const uint64_t* group_ready_flags;
+  // When set, every GEMM block waits until *grouped_offsets_ready >= the ready value before it
+  // reads the offsets: a fused kernel whose other blocks write them during the launch (they are
+  // then read with coherent loads, GroupedMapParams::coherent).
+  const uint64_t* grouped_offsets_ready;
 
   // Errors: where the first error of the launch goes, what else ends a wait, and the bound on
   // every wait (common/wait.cuh).
@@ -78,7 +83,7 @@ struct GemmParams {
   // prepared once), and pointers that change from launch to launch (kernel parameters, so a
   // CUDA graph captures them).
   void* role_args;
-  const void* role_ptrs[2];
+  const void* role_ptrs[4];
 };
 
 }  // namespace mkernel::kernels

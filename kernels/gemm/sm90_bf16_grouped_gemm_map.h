@@ -53,6 +53,7 @@ struct GroupedMapParams {
   uint32_t band;              // width of the swizzled raster's bands (m groups or n blocks)
   uint32_t groups_per_chunk;  // note 3
   uint32_t num_chunks;        // ceil(num_groups / groups_per_chunk) <= kGroupedMaxChunks
+  uint32_t coherent;          // 1: the offsets were written during this launch (read through L2, not the read-only path)
 };
 
 // The per-launch table (note 3): shared memory on the device.
@@ -161,7 +162,7 @@ struct GroupedTileMap {
 
   MKERNEL_HOST_DEVICE uint32_t offset(uint32_t g) const {
 #if defined(__CUDA_ARCH__)
-    return __ldg(p.offsets + g);
+    return p.coherent ? __ldcg(p.offsets + g) : __ldg(p.offsets + g);
 #else
     return p.offsets[g];
 #endif

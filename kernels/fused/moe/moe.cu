@@ -9,6 +9,8 @@
 
 namespace mkernel::kernels {
 
+GemmResult moe_fused_launch(const GemmPlan& engine, cudaStream_t stream);  // moe_fused.cu
+
 namespace {
 
 constexpr int kThreads = 512;
@@ -21,49 +23,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_dispatch_kernel(const MoeKern
   const MoeKernelArgs& a = *args;
   extern __shared__ uint32_t route_smem[];
   const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), wait_context(a.comm)};
-  __shared__ bool ok;
-  if (threadIdx.x == 0) ok = true;
-  __syncthreads();
-  if (blockIdx.x == 0) {
-    const bool r = route_and_count(x, p, route_smem);
-    if (threadIdx.x == 0) ok = r;
-  } else if (threadIdx.x == 0) {
-    ok = x.wait_local(kMoeFlagRouted, x.launch, where_tag(kStepMoeRoute, 0));
-  }
-  __syncthreads();
-  const uint32_t gpus = a.layout.gpus, nodes = a.layout.nodes, world = a.layout.world();
-  // Dispatch items, chunk-major so every destination's link is busy at once (note 1).
-  const uint32_t dests = gpus + nodes - 1;
-  for (uint32_t it = blockIdx.x; ok && it < dests * a.chunks; it += gridDim.x) {
-    const uint32_t ch = it / dests, di = it % dests;
-    const bool to_node = di >= gpus;
-    const uint32_t dest = to_node ? a.layout.send_node(a.layout.node_of(a.rank), di - gpus + 1)
-                                  : (di == 0 ? a.rank : a.layout.node_peer(a.rank, di));
-    const bool r = dispatch_item(x, p, to_node, dest, ch);
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  // Forward items: per other node, its count records (ch == chunks) first, then its chunks.
-  for (uint32_t it = blockIdx.x; ok && it < (nodes - 1) * (a.chunks + 1); it += gridDim.x) {
-    const uint32_t ni = it % (nodes - 1), k = it / (nodes - 1);
-    const uint32_t n = a.layout.recv_node(a.layout.node_of(a.rank), ni + 1);
-    const bool r = forward_item(x, n, k == 0 ? a.chunks : k - 1);
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  if (blockIdx.x == 0 && ok) {
-    MoeDispatchPtrs q = p;
-    const bool r = lay_out_rows(x, q);
-    if (threadIdx.x == 0) ok = r;
-    __syncthreads();
-  }
-  // Expand items, chunk-major over the sources in arrival order.
-  for (uint32_t it = blockIdx.x; ok && it < world * a.chunks; it += gridDim.x) {
-    const bool r = expand_item(x, p, it % world, it / world);
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  __syncthreads();
+  (void)dispatch_stages(x, p, route_smem, blockIdx.x, gridDim.x);
   if (threadIdx.x == 0) end_launch(a);
 }
 
@@ -71,28 +31,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_combine_kernel(const MoeKerne
   using namespace moe_detail;
   const MoeKernelArgs& a = *args;
   const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), wait_context(a.comm)};
-  __shared__ bool ok;
-  if (threadIdx.x == 0) ok = true;
-  __syncthreads();
-  const uint32_t nodes = a.layout.nodes, world = a.layout.world();
-  for (uint32_t it = blockIdx.x; ok && it < world * a.chunks; it += gridDim.x) {
-    const bool r = combine_item(x, p, it % world, it / world);
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  for (uint32_t it = blockIdx.x; ok && it < (nodes - 1) * a.chunks; it += gridDim.x) {
-    const uint32_t n = a.layout.recv_node(a.layout.node_of(a.rank), it % (nodes - 1) + 1);
-    const bool r = aggregate_item(x, n, it / (nodes - 1));
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  const uint32_t home_items = (a.tokens + a.chunk - 1) / a.chunk;
-  for (uint32_t it = blockIdx.x; ok && it < home_items; it += gridDim.x) {
-    const bool r = home_item(x, p, it);
-    if (threadIdx.x == 0) ok = ok && r;
-    __syncthreads();
-  }
-  __syncthreads();
+  (void)combine_stages(x, p, blockIdx.x, gridDim.x);
   if (threadIdx.x == 0) end_launch(a);
 }
 
@@ -139,7 +78,8 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
 
   const MoeShape shape = g.shape();
   const uint32_t world = g.layout.world(), nodes = g.layout.nodes, epr = g.experts_per_rank();
-  const uint32_t route_warps = std::min<uint32_t>(kThreads / 32, moe_route_warps(shape, kRouteSmemBudget));
+  const uint32_t threads = setup.fused ? kMoeFusedThreads : static_cast<uint32_t>(kThreads);
+  const uint32_t route_warps = std::min<uint32_t>(threads / 32, moe_route_warps(shape, kRouteSmemBudget));
   if (route_warps == 0)
     return "experts + ranks + nodes: " + str(moe_route_columns(shape)) + "; expected at most " +
            str(kRouteSmemBudget / 4);
@@ -219,8 +159,69 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
   a.fwd_count = reinterpret_cast<uint32_t*>(w + o_fwd);
   a.expand_count = reinterpret_cast<uint32_t*>(w + o_exp);
   a.apply_scores = setup.apply_scores ? 1 : 0;
-  if (cudaMalloc(&plan->args_, sizeof(MoeKernelArgs)) != cudaSuccess ||
-      cudaMemcpy(plan->args_, &a, sizeof(a), cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (cudaMalloc(&plan->args_, sizeof(MoeKernelArgs)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "workspace: cannot place the kernel arguments in device memory";
+  }
+  if (setup.fused) {
+    // The plan's expert rows and outputs, offsets, band flags and counters, flat m blocks, tile
+    // flags: one allocation, zeroed once.
+    const uint64_t rows = g.rows_capacity();
+    GroupedGemmArgs ga;
+    ga.capacity = static_cast<int64_t>(rows);
+    ga.num_groups = epr;
+    ga.n = g.out_hidden;
+    ga.k = g.hidden;
+    ga.config = setup.gemm;
+    ga.config.num_role_blocks = plan->blocks_;
+    const uint64_t tile_flags = grouped_gemm_num_tile_flags(ga);
+    if (tile_flags == 0)
+      return "grouped GEMM: rows " + str(rows) + ", experts per rank " + str(epr) + ", out_hidden " +
+             str(g.out_hidden) + ", hidden " + str(g.hidden) + " are outside its bounds";
+    uint64_t f = 0;
+    auto place = [&](uint64_t bytes) {
+      const uint64_t at = f;
+      f = align16(f + bytes);
+      return at;
+    };
+    const uint64_t bands = (rows + 127) / 128;
+    const uint64_t o_x = place(rows * g.hidden * 2), o_y = place(rows * g.out_hidden * 2);
+    const uint64_t o_off = place((epr + 1) * 4ull), o_bf = place(bands * 8), o_bc = place(bands * 4);
+    const uint64_t o_mb = place((epr + 1) * 4ull), o_tf = place(tile_flags * 8);
+    if (cudaMalloc(&plan->fused_buffers_, f) != cudaSuccess || cudaMemset(plan->fused_buffers_, 0, f) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return "fused workspace: cannot allocate " + str(f) + " bytes of device memory (expert rows, outputs, flags)";
+    }
+    auto* fb = static_cast<uint8_t*>(plan->fused_buffers_);
+    a.x_expert = fb + o_x;
+    a.y_expert = fb + o_y;
+    a.expert_offsets = reinterpret_cast<uint32_t*>(fb + o_off);
+    a.band_flags = reinterpret_cast<uint64_t*>(fb + o_bf);
+    a.band_count = reinterpret_cast<uint32_t*>(fb + o_bc);
+    a.mblk_base = reinterpret_cast<uint32_t*>(fb + o_mb);
+    a.tile_flags = reinterpret_cast<uint64_t*>(fb + o_tf);
+    ga.a = a.x_expert;
+    ga.w = a.x_expert;  // placeholder until forward() binds the weights
+    ga.d = a.y_expert;
+    ga.offsets = a.expert_offsets;
+    ga.hooks.ready_flags = a.band_flags;
+    ga.hooks.ready_rows_per_flag = 128;
+    ga.hooks.ready_value_ptr = c.launch_counter;
+    ga.hooks.tile_flags = const_cast<uint64_t*>(a.tile_flags);
+    ga.hooks.role_args = plan->args_;
+    ga.wait = setup.wait;
+    const GemmResult r = grouped_gemm_plan(ga, &plan->gemm_);
+    if (!r.ok()) return "grouped GEMM: " + r.message;
+    if (plan->gemm_.config.num_role_blocks != plan->blocks_ && plan->gemm_.config.num_role_blocks > 0)
+      plan->blocks_ = plan->gemm_.config.num_role_blocks;
+    GemmParams& gp = plan->gemm_.engine.params;
+    gp.grouped_offsets_ready = a.flags + kMoeFlagLayout;
+    gp.grouped.coherent = 1;
+    gp.tile_flag_value_ptr = c.launch_counter;
+    a.num_n_blocks = gp.num_n_blocks;
+    plan->fused_ = true;
+  }
+  if (cudaMemcpy(plan->args_, &a, sizeof(a), cudaMemcpyHostToDevice) != cudaSuccess) {
     (void)cudaGetLastError();
     return "workspace: cannot place the kernel arguments in device memory";
   }
@@ -237,6 +238,24 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
 MoePlan::~MoePlan() {
   cudaFree(args_);
   cudaFree(workspace_);
+  cudaFree(fused_buffers_);
+}
+
+GemmResult MoePlan::forward(const void* x, const int32_t* choices, const float* scores, const void* w, void* out,
+                            cudaStream_t stream) {
+  if (!fused_) return GemmResult{GemmError::kInvalidConfig, "forward: the plan was made without MoeSetup::fused"};
+  if (!x || !choices || !scores || !w || !out)
+    return GemmResult{GemmError::kInvalidPointer, "forward: x, choices, scores, w and out must not be null"};
+  if (w != gemm_.args.w) {
+    const GemmResult r = grouped_gemm_rebind(&gemm_, gemm_.args.a, w, gemm_.args.d, gemm_.args.offsets);
+    if (!r.ok()) return r;  // (rebinding re-encodes the tensor maps; the hooks stay)
+  }
+  GemmParams& gp = gemm_.engine.params;
+  gp.role_ptrs[0] = x;
+  gp.role_ptrs[1] = choices;
+  gp.role_ptrs[2] = scores;
+  gp.role_ptrs[3] = out;
+  return moe_fused_launch(gemm_.engine, stream);
 }
 
 cudaError_t MoePlan::dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert,
@@ -244,12 +263,14 @@ cudaError_t MoePlan::dispatch(const void* x, const int32_t* choices, const float
                               cudaStream_t stream) {
   if (!x || !choices || !scores || !x_expert || !expert_offsets) return cudaErrorInvalidValue;
   const MoeDispatchPtrs p{x, choices, scores, x_expert, expert_offsets, row_source, row_token, row_score};
+  if (fused_) return cudaErrorInvalidValue;  // a fused plan runs forward()
   moe_dispatch_kernel<<<blocks_, kThreads, smem_, stream>>>(args_, p);
   return cudaGetLastError();
 }
 
 cudaError_t MoePlan::combine(const void* y_expert, void* out, cudaStream_t stream) {
   if (!y_expert || !out) return cudaErrorInvalidValue;
+  if (fused_) return cudaErrorInvalidValue;
   const MoeCombinePtrs p{y_expert, out};
   moe_combine_kernel<<<blocks_, kThreads, 0, stream>>>(args_, p);
   return cudaGetLastError();

@@ -26,6 +26,7 @@
 
 #include "common/comm.cuh"
 #include "fused/moe/moe_plan.h"
+#include "gemm/sm90_bf16_grouped_gemm.h"
 
 namespace mkernel::kernels {
 
@@ -33,9 +34,14 @@ struct MoeKernelArgs;  // moe_comm.cuh
 
 struct MoeSetup {
   DeviceComm comm;       // the communicator's device view (host copy)
+  WaitContext wait;      // its wait context (status word, ring error, peer abort, bound)
   MoeGeometry geometry;  // layout.world() == comm.world_size, rank == comm.rank
-  int blocks = 0;        // blocks of each launch; 0: moe_default_blocks
+  int blocks = 0;        // blocks of each launch (fused: the communication blocks); 0: moe_default_blocks
   bool apply_scores = true;
+  // The fused kernel (dispatch + grouped GEMM with one weight per expert + combine in one launch):
+  // the plan then owns the expert rows, their outputs and offsets, and forward() runs it.
+  bool fused = false;
+  GroupedGemmConfig gemm;  // the grouped GEMM's tile width, cluster size, raster (zeros: choose)
 };
 
 // Blocks per launch when the caller leaves it open: one SM moves about 20 GB/s of NVLink stores
@@ -62,6 +68,13 @@ class MoePlan {
                        cudaStream_t stream);
   cudaError_t combine(const void* y_expert, void* out, cudaStream_t stream);
 
+  // The fused kernel (MoeSetup::fused): dispatch, y_e = x_e w_e^T for every local expert e
+  // (w [experts_per_rank, out_hidden, hidden] bf16, each expert's nn.Linear weight), combine;
+  // out [tokens, out_hidden]. One launch: the GEMM starts a band of an expert's rows once they
+  // are here, the combine a token once its rows' tiles are done.
+  GemmResult forward(const void* x, const int32_t* choices, const float* scores, const void* w, void* out,
+                     cudaStream_t stream);
+
   const MoeGeometry& geometry() const { return geo_; }
   int blocks() const { return blocks_; }
   std::string describe() const;
@@ -73,6 +86,10 @@ class MoePlan {
   size_t smem_ = 0;
   MoeKernelArgs* args_ = nullptr;  // device memory
   void* workspace_ = nullptr;      // device memory: routing, layout, flags, counters
+  // Fused only: the plan's expert rows and outputs, and the grouped GEMM it launches.
+  void* fused_buffers_ = nullptr;
+  GroupedGemmPlan gemm_;
+  bool fused_ = false;
 };
 
 }  // namespace mkernel::kernels

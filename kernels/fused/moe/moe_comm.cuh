@@ -43,6 +43,10 @@
 
 namespace mkernel::kernels {
 
+// Threads of the fused kernel's blocks (the grouped GEMM's: a producer and two consumer
+// warpgroups); the routing block uses at most this many warps there.
+inline constexpr uint32_t kMoeFusedThreads = 384;
+
 // Local flags (device memory, launch numbers): the routing is done; the row layout is done;
 // source i (arrival order) is expanded.
 inline constexpr uint32_t kMoeFlagRouted = 0;
@@ -76,6 +80,18 @@ struct MoeKernelArgs {
   uint32_t* fwd_count = nullptr;    // [nodes][gpus][chunks]: forwarded tokens per destination chunk (note 3)
   uint32_t* expand_count = nullptr; // [world]: chunks expanded per source
   uint32_t apply_scores = 1;        // the combine weights expert outputs by the router scores
+  // The fused kernel (dispatch + grouped GEMM + combine, moe_fused.cu): the plan's own expert
+  // rows, outputs and offsets; readiness of each 128-row band of expert rows for the GEMM
+  // (band_flags, raised when band_count reaches the band's rows); the first flat m block of each
+  // expert (the GEMM's tile flags are per flat m block and n block, note 5 of the grouped map).
+  void* x_expert = nullptr;
+  void* y_expert = nullptr;
+  uint32_t* expert_offsets = nullptr;
+  uint64_t* band_flags = nullptr;
+  uint32_t* band_count = nullptr;
+  uint32_t* mblk_base = nullptr;    // [epr + 1]
+  const uint64_t* tile_flags = nullptr;
+  uint32_t num_n_blocks = 0;
 };
 
 // Per-launch pointers (kernel parameters, so a CUDA graph captures them).
@@ -467,6 +483,14 @@ __device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p) {
   __syncthreads();
   if (!ok) return false;
   for (uint32_t e = threadIdx.x; e <= epr; e += blockDim.x) p.expert_offsets[e] = a.expert_base[e];
+  if (a.mblk_base != nullptr && threadIdx.x == 0) {  // the GEMM's flat m blocks per expert
+    uint32_t run = 0;
+    for (uint32_t e = 0; e < epr; ++e) {
+      a.mblk_base[e] = run;
+      run += (a.expert_base[e + 1] - a.expert_base[e] + 127) / 128;
+    }
+    a.mblk_base[epr] = run;
+  }
   // Sources that send nothing are expanded already.
   for (uint32_t i = threadIdx.x; i < world; i += blockDim.x)
     if (a.recv_counts[size_t{moe_source_order(a.layout, a.rank, i)} * a.count_words] == 0)
@@ -509,6 +533,18 @@ __device__ inline bool expand_item(const Ctx& x, const MoeDispatchPtrs& p, uint3
         if (p.row_token) p.row_token[row] = static_cast<int32_t>(__ldcg(m + mm.token()));
         if (p.row_score) p.row_score[row] = __uint_as_float(__ldcg(m + mm.score(j)));
       }
+      if (a.band_flags != nullptr) {  // fused: the GEMM starts a band once all its rows are here
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence();
+          const uint32_t band = row / 128, total = a.expert_base[epr];
+          const uint32_t want = min(128u, total - band * 128);
+          if (atomicAdd(&a.band_count[band], 1u) + 1 == want) {
+            a.band_count[band] = 0;
+            raise_flag(a.band_flags + band, x.launch);
+          }
+        }
+      }
     }
   }
   __syncthreads();
@@ -544,10 +580,32 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const uint32_t first = a.rank * epr, vecs = a.out_hidden / 8;
   const auto* y = static_cast<const uint4*>(p.y_expert);
-  for (uint32_t t = warp; t < n_tok; t += warps) {
+  __shared__ bool failed;
+  if (threadIdx.x == 0) failed = false;
+  __syncthreads();
+  for (uint32_t t = warp; t < n_tok && !failed; t += warps) {
     const uint32_t pos = ch * a.chunk + t;
     const uint32_t* m = x.meta_rec(a.rank, s, pos);
     auto* dst = reinterpret_cast<uint4*>(x.partial_row(target, x.local(), a.layout.node_of(s), pos));
+    if (a.tile_flags != nullptr) {  // fused: every tile holding this token's rows is done
+      bool good = true;
+      for (uint32_t j = 0; j < a.top_k && good; ++j) {
+        const uint32_t e = __ldcg(m + mm.expert(j));
+        if (e == 0xffffffffu || e < first || e >= first + epr) continue;
+        const uint32_t el = e - first;
+        const uint32_t r = a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));  // row within the expert
+        const uint32_t flat = a.mblk_base[el] + r / 128;
+        for (uint32_t nb = 0; nb < a.num_n_blocks && good; ++nb)
+          good = warp_wait(lane, [&] {
+            const uint32_t f = flat * a.num_n_blocks + nb;
+            return wait_geq(a.tile_flags + f, x.launch, x.w, f, where_tag(kStepMoeLayout, 0x80000000ull | f));
+          });
+      }
+      if (!good) {
+        if (lane == 0) failed = true;
+        break;
+      }
+    }
     for (uint32_t v = lane; v < vecs; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (uint32_t j = 0; j < a.top_k; ++j) {
@@ -572,6 +630,8 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
       dst[v] = o;
     }
   }
+  __syncthreads();
+  if (failed) return false;
   publish(nvl_fused_flag(x.c, target, x.partial_flag(x.local(), a.layout.node_of(s), ch)), x.launch);
   return true;
 }
@@ -704,6 +764,86 @@ __device__ inline bool home_item(const Ctx& x, const MoeCombinePtrs& p, uint32_t
   }
   __syncthreads();
   return !failed;
+}
+
+// ---- the stages, for any block count (a kernel's grid, or a GEMM launch's role blocks) ----------
+
+// Every thread of block `block` of `blocks` (block 0 routes and lays out). False: this block
+// stopped on an error (recorded); it still counts itself out at the end of the launch.
+__device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, uint32_t* route_smem, uint32_t block,
+                                       uint32_t blocks) {
+  const MoeKernelArgs& a = x.a;
+  __shared__ bool ok;
+  if (threadIdx.x == 0) ok = true;
+  __syncthreads();
+  if (block == 0) {
+    const bool r = route_and_count(x, p, route_smem);
+    if (threadIdx.x == 0) ok = r;
+  } else if (threadIdx.x == 0) {
+    ok = x.wait_local(kMoeFlagRouted, x.launch, where_tag(kStepMoeRoute, 0));
+  }
+  __syncthreads();
+  const uint32_t gpus = a.layout.gpus, nodes = a.layout.nodes, world = a.layout.world();
+  // Dispatch items, chunk-major so every destination's link is busy at once (note 1).
+  const uint32_t dests = gpus + nodes - 1;
+  for (uint32_t it = block; ok && it < dests * a.chunks; it += blocks) {
+    const uint32_t ch = it / dests, di = it % dests;
+    const bool to_node = di >= gpus;
+    const uint32_t dest = to_node ? a.layout.send_node(a.layout.node_of(a.rank), di - gpus + 1)
+                                  : (di == 0 ? a.rank : a.layout.node_peer(a.rank, di));
+    const bool r = dispatch_item(x, p, to_node, dest, ch);
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  // Forward items: per other node, its count records first, then its chunks.
+  for (uint32_t it = block; ok && it < (nodes - 1) * (a.chunks + 1); it += blocks) {
+    const uint32_t ni = it % (nodes - 1), k = it / (nodes - 1);
+    const uint32_t n = a.layout.recv_node(a.layout.node_of(a.rank), ni + 1);
+    const bool r = forward_item(x, n, k == 0 ? a.chunks : k - 1);
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  if (block == 0 && ok) {
+    MoeDispatchPtrs q = p;
+    const bool r = lay_out_rows(x, q);
+    if (threadIdx.x == 0) ok = r;
+    __syncthreads();
+  }
+  // Expand items, chunk-major over the sources in arrival order.
+  for (uint32_t it = block; ok && it < world * a.chunks; it += blocks) {
+    const bool r = expand_item(x, p, it % world, it / world);
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  __syncthreads();
+  return ok;
+}
+
+__device__ inline bool combine_stages(const Ctx& x, const MoeCombinePtrs& p, uint32_t block, uint32_t blocks) {
+  const MoeKernelArgs& a = x.a;
+  __shared__ bool ok;
+  if (threadIdx.x == 0) ok = true;
+  __syncthreads();
+  const uint32_t nodes = a.layout.nodes, world = a.layout.world();
+  for (uint32_t it = block; ok && it < world * a.chunks; it += blocks) {
+    const bool r = combine_item(x, p, it % world, it / world);
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  for (uint32_t it = block; ok && it < (nodes - 1) * a.chunks; it += blocks) {
+    const uint32_t n = a.layout.recv_node(a.layout.node_of(a.rank), it % (nodes - 1) + 1);
+    const bool r = aggregate_item(x, n, it / (nodes - 1));
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  const uint32_t home_items = (a.tokens + a.chunk - 1) / a.chunk;
+  for (uint32_t it = block; ok && it < home_items; it += blocks) {
+    const bool r = home_item(x, p, it);
+    if (threadIdx.x == 0) ok = ok && r;
+    __syncthreads();
+  }
+  __syncthreads();
+  return ok;
 }
 
 // ---- end of a launch --------------------------------------------------------------------------

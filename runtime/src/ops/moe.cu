@@ -72,6 +72,12 @@ StatusOr<std::unique_ptr<MoeDispatchCombine>> MoeDispatchCombine::create(Communi
   if (out_hidden == 0 || out_hidden % 8 != 0 || out_hidden > 0x7FFFFFFFu)
     return bad("out_hidden", out_hidden, "a positive multiple of 8 (16-byte rows)");
   if (config.blocks < 0) return bad("config.blocks", static_cast<uint64_t>(config.blocks), "0 (choose) or more");
+  if (config.block_n != 0 && config.block_n != 128 && config.block_n != 256)
+    return bad("config.block_n", static_cast<uint64_t>(config.block_n), "0, 128 or 256");
+  if (config.gemm_blocks < 0)
+    return bad("config.gemm_blocks", static_cast<uint64_t>(config.gemm_blocks), "0 (choose) or more");
+  if (config.cluster_m < 0 || config.cluster_m > 2)
+    return bad("config.cluster_m", static_cast<uint64_t>(config.cluster_m), "0, 1 or 2");
   MK_RETURN_IF_ERROR(ops_detail::check_device(comm, what));
   MK_ASSIGN_OR_RETURN(mk::FusedLayout layout, layout_of(comm));
   mk::MoeGeometry g = geometry(layout.nodes, layout.gpus, tokens, hidden, out_hidden, experts, top_k, config);
@@ -82,19 +88,27 @@ StatusOr<std::unique_ptr<MoeDispatchCombine>> MoeDispatchCombine::create(Communi
                            {4u, static_cast<uint32_t>(tokens), static_cast<uint32_t>(hidden),
                             static_cast<uint32_t>(out_hidden), experts, top_k, layout.nodes,
                             config.recv_tokens_per_source, static_cast<uint32_t>(g.rows_capacity()),
-                            config.chunk_tokens | (config.apply_scores ? 0x80000000u : 0u), c.nvl_fused_flags,
+                            config.chunk_tokens | (config.apply_scores ? 0x80000000u : 0u) |
+                                (config.fused ? 0x40000000u : 0u),
+                            c.nvl_fused_flags,
                             static_cast<uint32_t>(c.nvl_bytes)},
                            {"the op", "tokens", "hidden", "out_hidden", "experts", "top_k", "the number of nodes",
-                            "recv_tokens_per_source", "expert_rows_capacity", "chunk_tokens and apply_scores",
+                            "recv_tokens_per_source", "expert_rows_capacity", "chunk_tokens, apply_scores and fused",
                             "the NVLink buffer's fused-op flags", "Options::nvlink_bytes (low 32 bits)"},
                            stream));
   mk::MoeSetup s;
   s.comm = c;
   s.geometry = g;
+  s.wait = comm.wait_context();
   s.blocks = config.blocks;
   s.apply_scores = config.apply_scores;
+  s.fused = config.fused;
+  s.gemm.block_n = config.block_n;
+  s.gemm.cluster_m = config.cluster_m;
+  s.gemm.num_gemm_blocks = config.gemm_blocks;
   std::unique_ptr<MoeDispatchCombine> op(new MoeDispatchCombine());
   op->comm_ = &comm;
+  op->fused_ = config.fused;
   if (std::string e = mk::MoePlan::create(s, &op->plan_); !e.empty()) {
     const bool space = e.rfind("NVLink", 0) == 0 || e.rfind("network", 0) == 0 || e.rfind("fused-op", 0) == 0 ||
                        e.rfind("workspace", 0) == 0;
@@ -106,9 +120,29 @@ StatusOr<std::unique_ptr<MoeDispatchCombine>> MoeDispatchCombine::create(Communi
 uint64_t MoeDispatchCombine::rows_capacity() const { return plan_->geometry().rows_capacity(); }
 uint32_t MoeDispatchCombine::experts_per_rank() const { return plan_->geometry().experts_per_rank(); }
 
+Status MoeDispatchCombine::forward(const void* x, const int32_t* choices, const float* scores, const void* w,
+                                   void* out, cudaStream_t stream) {
+  if (!fused_)
+    return Status(StatusCode::kFailedPrecondition, "moe forward: the op was made without MoeConfig::fused");
+  const void* now[5] = {x, choices, scores, w, out};
+  if (!std::equal(now, now + 5, checked_fused_)) {
+    MK_RETURN_IF_ERROR(ops_detail::check_pointers(
+        *comm_, "moe forward",
+        {{"x", x, false}, {"choices", choices, false}, {"scores", scores, false}, {"w", w, false}, {"out", out, false}}));
+    std::copy(now, now + 5, checked_fused_);
+  }
+  MK_RETURN_IF_ERROR(comm_->begin_launch(stream));
+  const mk::GemmResult r = plan_->forward(x, choices, scores, w, out, stream);
+  if (r.ok()) return Status::Ok();
+  return Status(r.code == mk::GemmError::kCudaError ? StatusCode::kDeviceError : StatusCode::kInvalidArgument,
+                "moe forward: " + r.message);
+}
+
 Status MoeDispatchCombine::dispatch(const void* x, const int32_t* choices, const float* scores, void* x_expert,
                                     uint32_t* expert_offsets, int32_t* row_source, int32_t* row_token,
                                     float* row_score, cudaStream_t stream) {
+  if (fused_)
+    return Status(StatusCode::kFailedPrecondition, "moe dispatch: the op was made with MoeConfig::fused; use forward()");
   const void* now[8] = {x, choices, scores, x_expert, expert_offsets, row_source, row_token, row_score};
   if (!std::equal(now, now + 8, checked_)) {  // checked once per set of pointers (note 1: cheap launches)
     MK_RETURN_IF_ERROR(ops_detail::check_pointers(

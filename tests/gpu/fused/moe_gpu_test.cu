@@ -62,6 +62,7 @@ struct Case {
   fused_test::Topology topo;
   uint32_t tokens, hidden, experts, top_k;
   uint32_t chunk_tokens = 0;
+  uint32_t fused_n = 0;  // > 0: the fused kernel with expert weights [out_hidden = fused_n, hidden]
 };
 
 float expert_weight(uint32_t e) { return 1.0f + static_cast<float>(e % 7) / 8.0f; }
@@ -313,12 +314,148 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   return fails;
 }
 
+// The fused kernel: out[t] = sum over t's choices of score x bf16(x_t @ W_e^T), W_e drawn from a
+// seed per expert (every rank can rebuild every expert's weight), against the fp64 reference
+// within bf16 roundings of each expert output and each partial (2^-6 of the sum of magnitudes),
+// plus the relative Frobenius error; repeats bit-identical; a graph replayed with new routing.
+uint64_t w_seed(uint32_t e) { return 7700 + e; }
+
+int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu,
+                   const fused_test::RankSync& sync) {
+  int fails = 0;
+  const uint32_t R = cs.topo.world(), T = cs.tokens, H = cs.hidden, N = cs.fused_n, k = cs.top_k, E = cs.experts;
+  rt::MoeConfig cfg;
+  cfg.chunk_tokens = cs.chunk_tokens;
+  cfg.fused = true;
+  if (shared_gpu) {  // every rank's persistent kernel must fit beside the others'
+    cfg.blocks = 8;
+    cfg.cluster_m = 1;
+    cfg.gemm_blocks = std::max(2, 120 / static_cast<int>(R) - cfg.blocks);
+  }
+  auto made = rt::MoeDispatchCombine::create(comm, T, H, N, E, k, cfg, stream);
+  RANK_CHECK(made.ok(), "create (fused): %s", made.status().to_string().c_str());
+  if (!made.ok()) return fails;
+  rt::MoeDispatchCombine& op = *made.value();
+  const uint32_t epr = op.experts_per_rank();
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::printf("      fused plan: %s\n", op.describe().c_str());
+  }
+  __nv_bfloat16 *x = nullptr, *w = nullptr, *out = nullptr, *scratch = nullptr;
+  int32_t* choices = nullptr;
+  float* scores = nullptr;
+  GT_CUDA(cudaMalloc(&x, 2ull * T * H));
+  GT_CUDA(cudaMalloc(&w, 2ull * epr * N * H));
+  GT_CUDA(cudaMalloc(&scratch, 2ull * std::max<uint64_t>(uint64_t{T} * H, uint64_t{N} * H)));
+  GT_CUDA(cudaMalloc(&out, 2ull * T * N));
+  GT_CUDA(cudaMalloc(&choices, 4ull * T * k));
+  GT_CUDA(cudaMalloc(&scores, 4ull * T * k));
+  // Every expert's weight on the host (bf16 bits); this rank's into w.
+  std::vector<std::vector<uint16_t>> W(E);
+  for (uint32_t e = 0; e < E; ++e) {
+    fill_random(scratch, uint64_t{N} * H, w_seed(e), 1.0f, stream);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    W[e].resize(size_t{N} * H);
+    GT_CUDA(cudaMemcpy(W[e].data(), scratch, W[e].size() * 2, cudaMemcpyDeviceToHost));
+    if (e / epr == rank)
+      GT_CUDA(cudaMemcpy(w + size_t{e % epr} * N * H, scratch, W[e].size() * 2, cudaMemcpyDeviceToDevice));
+  }
+  auto bf = [](uint16_t b) {
+    uint32_t u = uint32_t{b} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  GT_CUDA(cudaStreamSynchronize(stream));
+  sync();
+  auto run_and_check = [&](uint64_t seed, mk::MoeRouteKind kind, bool graph, std::vector<uint16_t>* bits,
+                           cudaGraphExec_t exec) {
+    std::vector<uint16_t> xh(size_t{T} * H);
+    fill_random(scratch, uint64_t{T} * H, x_seed(seed, rank), 1.0f, stream);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    GT_CUDA(cudaMemcpy(xh.data(), scratch, xh.size() * 2, cudaMemcpyDeviceToHost));
+    GT_CUDA(cudaMemcpy(x, scratch, xh.size() * 2, cudaMemcpyDeviceToDevice));
+    const auto ch = mk::moe_make_routing(kind, T, E, k, R, rank, route_seed(seed));
+    const auto sc = make_scores(T, k, route_seed(seed) + rank);
+    GT_CUDA(cudaMemcpy(choices, ch.data(), ch.size() * 4, cudaMemcpyHostToDevice));
+    GT_CUDA(cudaMemcpy(scores, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
+    gemm_test::poison(out, uint64_t{T} * N, stream);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    sync();
+    if (graph) {
+      GT_CUDA(cudaGraphLaunch(exec, stream));
+    } else {
+      const mkernel::Status s = op.forward(x, choices, scores, w, out, stream);
+      RANK_CHECK(s.ok(), "forward: %s", s.to_string().c_str());
+    }
+    GT_CUDA(cudaStreamSynchronize(stream));
+    const mkernel::Status st = comm.check();
+    RANK_CHECK(st.ok(), "fused seed %llu: check(): %s", static_cast<unsigned long long>(seed), st.to_string().c_str());
+    std::vector<uint16_t> o(size_t{T} * N);
+    GT_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    double num = 0, den = 0;
+    for (uint32_t t = 0; t < T; ++t) {
+      std::vector<double> ref(N, 0), mag(N, 0);
+      for (uint32_t j = 0; j < k; ++j) {
+        const int32_t e = ch[size_t{t} * k + j];
+        if (e < 0) continue;
+        for (uint32_t n = 0; n < N; ++n) {
+          double y = 0;
+          for (uint32_t h = 0; h < H; ++h) y += double(bf(xh[size_t{t} * H + h])) * bf(W[e][size_t{n} * H + h]);
+          const double term = double(sc[size_t{t} * k + j]) * y;
+          ref[n] += term;
+          mag[n] += std::fabs(term);
+        }
+      }
+      for (uint32_t n = 0; n < N; ++n) {
+        const double got = bf(o[size_t{t} * N + n]);
+        const double tol = std::ldexp(mag[n], -6) + std::ldexp(std::fabs(ref[n]), -8) + 1e-5;
+        if (!(std::fabs(got - ref[n]) <= tol) && bad++ < 3)
+          RANK_CHECK(false, "fused: out[%u][%u] = %g, expected %g (bound %g)", t, n, got, ref[n], tol);
+        num += (got - ref[n]) * (got - ref[n]);
+        den += ref[n] * ref[n];
+      }
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    RANK_CHECK(bad == 0 && rel < 1e-2, "fused seed %llu routing %d: %zu elements outside the bound, rel err %.2e",
+               static_cast<unsigned long long>(seed), static_cast<int>(kind), bad, rel);
+    if (bits) *bits = o;
+  };
+  std::vector<uint16_t> first, again;
+  for (int l = 0; l < 3; ++l) run_and_check(g_seed + 200 + l, kind_of(l), false, l == 0 ? &first : nullptr, nullptr);
+  run_and_check(g_seed + 200, kind_of(0), false, &again, nullptr);
+  RANK_CHECK(first == again, "fused: the same inputs gave different output bits");
+  {
+    sync();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const mkernel::Status s = op.forward(x, choices, scores, w, out, stream);
+    GT_CUDA(cudaStreamEndCapture(stream, &graph));
+    RANK_CHECK(s.ok(), "fused capture: %s", s.to_string().c_str());
+    GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int l = 0; l < 2; ++l) run_and_check(g_seed + 300 + l, kind_of(l + 1), true, nullptr, exec);
+    GT_CUDA(cudaGraphExecDestroy(exec));
+    GT_CUDA(cudaGraphDestroy(graph));
+  }
+  sync();
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(scratch);
+  cudaFree(out);
+  cudaFree(choices);
+  cudaFree(scores);
+  return fails;
+}
+
 rt::Options options_for(const Case& cs, const rt::MoeConfig& cfg = {}) {
   rt::Options o;
+  const uint64_t out_hidden = cs.fused_n > 0 ? cs.fused_n : cs.hidden;
   o.nvlink_bytes = std::max<uint64_t>(
-      1 << 20, rt::moe_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, cs.hidden, cs.experts, cs.top_k, cfg));
+      1 << 20, rt::moe_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, out_hidden, cs.experts, cs.top_k, cfg));
   o.network_workspace_bytes =
-      rt::moe_network_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, cs.hidden, cs.experts, cs.top_k, cfg);
+      rt::moe_network_bytes(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.hidden, out_hidden, cs.experts, cs.top_k, cfg);
   o.fused_flags = std::max<uint32_t>(4096, rt::moe_fused_flags(cs.topo.nodes, cs.topo.gpus, cs.tokens, cs.experts, cs.top_k, cfg));
   o.device_wait_timeout_ns = 10'000'000'000ull;
   o.rendezvous_timeout = std::chrono::milliseconds(60000);
@@ -334,7 +471,8 @@ int run_case(const Case& cs) {
   const int failed = fused_test::run_ranks_in_threads(
       cluster, options_for(cs), {4096},
       [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
-        return run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
+        return cs.fused_n > 0 ? run_fused_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync)
+                              : run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
       });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s  %s T %u: %d rank(s) failed (%.1f s)\n", failed == 0 ? "ok  " : "FAIL", cs.topo.name().c_str(),
@@ -423,6 +561,10 @@ int main() {
       {{1, 2, "shm"}, 1000, 7168, 256, 8, 0},
       {{2, 1, "shm"}, 129, 256, 16, 4, 16},
       {{2, 2, "shm"}, 150, 128, 32, 6, 32},
+      // The fused kernel: dispatch + one GEMM per expert + combine in one launch.
+      {{1, 1, "shm"}, 300, 256, 8, 2, 32, 136},
+      {{1, 2, "shm"}, 333, 512, 16, 4, 0, 256},
+      {{2, 1, "shm"}, 129, 256, 8, 4, 16, 128},
   };
   for (const Case& cs : cases) failed += run_case(cs);
   failed += run_error_case({1, 2, "shm"}, "capacity", 40, false, "recv_tokens_per_source");

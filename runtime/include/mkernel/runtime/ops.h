@@ -175,8 +175,14 @@ struct MoeConfig {
   uint32_t recv_tokens_per_source = 0;  // tokens one rank may send one rank or node (0: tokens)
   uint64_t expert_rows_capacity = 0;    // expert rows a rank may receive (0: the worst case)
   uint32_t chunk_tokens = 0;            // tokens moved and flagged together
-  int blocks = 0;                       // blocks of each launch
+  int blocks = 0;                       // blocks of each launch (fused: the communication blocks)
   bool apply_scores = true;             // combine weights the expert outputs by the router scores
+  // The fused kernel: dispatch, one GEMM per expert (a weight [out_hidden, hidden] each) and
+  // combine in one launch (forward()); dispatch() and combine() are then not available.
+  bool fused = false;
+  int block_n = 0;                      // fused: the grouped GEMM's tile width 128 or 256 (0: choose)
+  int cluster_m = 0;                    // fused: 1 or 2 (0: choose)
+  int gemm_blocks = 0;                  // fused: blocks that compute tiles (0: every SM the others leave)
 };
 
 // Options::nvlink_bytes, Options::network_workspace_bytes and Options::fused_flags an MoE of this
@@ -215,6 +221,13 @@ class MoeDispatchCombine {
   // other launch of the communicator in between (the dispatch's routing and records are read).
   Status combine(const void* y_expert, void* out, cudaStream_t stream);
 
+  // MoeConfig::fused: enqueues begin_launch and the fused kernel: x, choices, scores as for
+  // dispatch; w [experts_per_rank, out_hidden, hidden] bf16 (local expert e's nn.Linear weight
+  // w[e]); out [tokens, out_hidden] = for each token the sum over its choices of score x
+  // (x_token @ w[e]^T), rounded to bf16 once per expert output and per partial as in combine.
+  Status forward(const void* x, const int32_t* choices, const float* scores, const void* w, void* out,
+                 cudaStream_t stream);
+
   std::string describe() const;
 
  private:
@@ -223,6 +236,8 @@ class MoeDispatchCombine {
   std::unique_ptr<kernels::MoePlan> plan_;
   uint64_t dispatch_launch_ = 0;  // comm.launches_begun() right after the last dispatch (0: none)
   const void* checked_[10] = {};  // the pointers the last launches checked (dispatch's 8, combine's 2)
+  const void* checked_fused_[5] = {};
+  bool fused_ = false;
 };
 
 }  // namespace mkernel::rt

@@ -1,0 +1,65 @@
+// moe_fused.cu: the fused MoE kernel, dispatch + grouped GEMM + combine in one launch: the
+// persistent GEMM engine with grouped traits, its extra blocks running the dispatch and combine
+// stages (moe_comm.cuh) as its role. The GEMM blocks wait for the row layout before reading the
+// offsets (GemmParams::grouped_offsets_ready) and for each 128-row band of expert rows before
+// loading it; the combine waits for the tiles of each token's rows (tile flags with the launch
+// number). Host side: MoePlan (moe.cu).
+#include "fused/moe/moe.h"
+#include "fused/moe/moe_comm.cuh"
+#include "gemm/sm90_bf16_gemm.cuh"
+#include "gemm/sm90_bf16_grouped_gemm_instance.cuh"
+
+namespace mkernel::kernels {
+
+namespace {
+
+// The role of the GEMM launch's extra blocks (sm90_bf16_gemm.cuh, the role contract). Per-launch
+// pointers: role_ptrs[0] x, [1] choices, [2] scores, [3] out.
+struct MoeFusedRole {
+  static constexpr bool kHasBlockExit = true;
+
+  __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
+    using namespace moe_detail;
+    const auto& a = *static_cast<const MoeKernelArgs*>(p.role_args);
+    const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), wait_context(a.comm)};
+    extern __shared__ uint8_t moe_role_smem[];  // the block's shared memory is the role's
+    auto* route_smem =
+        reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(moe_role_smem) + 127) & ~uintptr_t{127});
+    const MoeDispatchPtrs dp{p.role_ptrs[0],
+                             static_cast<const int32_t*>(p.role_ptrs[1]),
+                             static_cast<const float*>(p.role_ptrs[2]),
+                             a.x_expert,
+                             a.expert_offsets,
+                             nullptr,
+                             nullptr,
+                             nullptr};
+    if (!dispatch_stages(x, dp, route_smem, role_block, num_role_blocks)) return;
+    const MoeCombinePtrs cp{a.y_expert, const_cast<void*>(p.role_ptrs[3])};
+    (void)combine_stages(x, cp, role_block, num_role_blocks);
+  }
+
+  // Thread 0 of every block, GEMM or role, after its work: the last one ends the launch.
+  __device__ static void block_exit(const GemmParams& p) {
+    moe_detail::end_launch(*static_cast<const MoeKernelArgs*>(p.role_args));
+  }
+};
+
+template <int kBlockN, int kClusterM>
+constexpr bool fits_routing() {
+  return GroupedGemmTraits<kBlockN, kClusterM>::kSmemBytes >= 160 * 1024 + 128;
+}
+static_assert(fits_routing<128, 1>() && fits_routing<256, 2>(), "the routing block's counters need 160 KiB");
+static_assert(GroupedGemmTraits<256, 1>::kThreads == kMoeFusedThreads, "role blocks have the GEMM's threads");
+
+}  // namespace
+
+GemmResult moe_fused_launch(const GemmPlan& engine, cudaStream_t stream) {
+  const bool c2 = engine.config.cluster_m == 2;
+  if (engine.config.block_n == 256)
+    return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<256, 2>, MoeFusedRole>(engine, stream)
+              : launch_sm90_bf16_gemm<GroupedGemmTraits<256, 1>, MoeFusedRole>(engine, stream);
+  return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<128, 2>, MoeFusedRole>(engine, stream)
+            : launch_sm90_bf16_gemm<GroupedGemmTraits<128, 1>, MoeFusedRole>(engine, stream);
+}
+
+}  // namespace mkernel::kernels
