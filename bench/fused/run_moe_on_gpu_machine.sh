@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# run_moe_on_gpu_machine.sh: the MoE benchmark on the GPU machine, one call: our fused and
+# unfused kernels and the dispatch and combine alone (moe_bench), then the reference NCCL
+# all_to_all + torch._grouped_mm (moe_baseline.py, which the caller brings along: it lives in
+# ../shared/baselines beside the repository), on the same machine; tables last.
+#   bench/fused/run_moe_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE BASELINE_PY
+# Records: $OUT/moe.jsonl (ours), $OUT/moe.json (the baseline's, as the script writes it).
+set -u
+bundle=${1:?usage: run_moe_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE BASELINE_PY}
+commit=${2:?commit}
+machine=${3:?machine}
+baseline=${4:?the path of moe_baseline.py}
+OUT=${OUT:-./moe-out}
+mkdir -p "$OUT"
+source "$bundle/env.sh"
+for d in /usr/local/cuda/lib64 /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib \
+         /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+done
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+py=/opt/torch/.venv/bin/python3
+echo "== moe_bench (world $gpus)"
+timeout 300 "$bundle/bin/moe_bench" --world "$gpus" --tokens 128,4096,16384 --routing uniform,zipf --iters 30 \
+  --jsonl "$OUT/moe.jsonl" --commit "$commit" --machine "$machine" > "$OUT/moe_bench.log" 2>&1
+echo "exit $?"
+if [ "$gpus" -ge 2 ]; then
+  echo "== moe_baseline.py (NCCL all_to_all + torch._grouped_mm)"
+  OUT="$OUT" timeout 300 "$py" -m torch.distributed.run --nproc_per_node="$gpus" "$baseline" > "$OUT/baseline.log" 2>&1
+  echo "exit $?"
+else
+  echo "== moe_baseline.py skipped: it needs two GPUs"
+fi
+sed -n '/^moe_bench: world/,$p' "$OUT/moe_bench.log"; grep -E 'failed|FAIL|differs|error' "$OUT/moe_bench.log"
+[ -f "$OUT/moe_rank0.txt" ] && cat "$OUT/moe_rank0.txt"
+exit 0
