@@ -63,7 +63,9 @@ enum DeviceStep : uint32_t {
   kStepPartialTile = 8,    // waiting for a node peer's partial tile; index: peer rank * 2^32 + tile
   kStepNodeSum = 9,        // waiting for another node's sum of a tile; index: node * 2^32 + tile
   kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
-  kNumDeviceSteps = 11,
+  kStepRingKV = 11,        // ring attention waiting for the K/V chunk of a step; index: step * 65536 + source rank
+  kStepRingSlotFree = 12,  // ring attention waiting until a rank's slot is free; index: rank * 65536 + step
+  kNumDeviceSteps = 13,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -106,6 +108,8 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepPartialTile: return "waiting for the partial tile of rank*2^32+tile";
     case kStepNodeSum: return "waiting for the node sum of node*2^32+tile";
     case kStepAttnPipeline: return "attention pipeline of block";
+    case kStepRingKV: return "ring attention waiting for the K/V chunk of step*65536+source rank";
+    case kStepRingSlotFree: return "ring attention waiting until the K/V slot is free: rank*65536+step";
     default: return "step";
   }
 }
