@@ -25,9 +25,15 @@
 //  1. A slot of step t is free again when every attention block finished *loading* chunk t (TMA
 //     loads complete; what the consumers still compute on lives in shared memory) and every
 //     forward out of it finished reading it (ring_attn_plan.h note 3): per step a count of
-//     readers, the last raises freed(t). An attention block knows its loads of chunk t completed
-//     when its first consumer warpgroup receives a unit of a later step (or the end): it waited on
-//     every full barrier of every unit of chunk t before (the channel is in order).
+//     readers, the last raises freed(t). After the last unit of step t the producer announces a
+//     step-end marker (kRingStepEnd, step t); the first consumer warpgroup, receiving it, has
+//     waited on every full barrier of every unit of chunk t (the channel is in order), so its
+//     thread 0 counts the block out of slot t then. The marker goes out after the step's units
+//     and before the wait for the next step's chunk: counting out when a later step's unit
+//     arrives would make freed(t) wait for arrived(t + 1), which with one slot waits for freed(t).
+//     Every block waits for every step's chunk before its marker, even with no units in it, so a
+//     slot is never freed before its chunk arrived (a step every group skips still has a chunk
+//     in flight).
 //  2. Data written by other agents and published by a flag is read by TMA (the attention core's
 //     loads, the bulk copier's forwards): after the acquire of the flag a proxy fence orders the
 //     generic-proxy observation before the async-proxy reads.
@@ -83,15 +89,21 @@ struct RingAttnMaps {
   CUtensorMap k[kRingMaxSlots + 1], v[kRingMaxSlots + 1];  // [0]: own inputs, [1 + s]: slot s
 };
 
+// The unit value of a step-end marker in the attention core's announcement channel (note 1).
+inline constexpr uint32_t kRingStepEnd = 0xFFFFFFFEu;
+static_assert(kRingStepEnd != kAttnNoUnit);
+
 #if defined(__CUDACC__)
 
 namespace ring_detail {
 
-// A reader of the slot of step t is done (note 1); the last raises freed(t).
-__device__ __forceinline__ void count_freed(const RingAttnArgs& a, uint32_t t, uint32_t attn_blocks, uint64_t launch) {
+// A reader of the slot of step t is done (note 1); the last raises freed(t). The launch number
+// and the block count are read here rather than kept live across the consumers' loop.
+__device__ __forceinline__ void count_freed(const RingAttnArgs& a, uint32_t t) {
   if (t == 0) return;  // the own inputs: no slot
   __threadfence();
-  const uint32_t need = attn_blocks + a.geo.forwards_out(t);
+  const uint64_t launch = launch_number(a.comm);
+  const uint32_t need = gridDim.x - a.comm_blocks + a.geo.forwards_out(t);
   if (atomicAdd(&a.freed_count[t], 1u) + 1 == need) {
     a.freed_count[t] = 0;  // zero again for the next launch
     raise_flag(a.nvl_flags + a.geo.freed_flag(t), launch);
@@ -104,7 +116,6 @@ struct Ctx {
   uint64_t launch, prev;
   const uint8_t* k_local;
   const uint8_t* v_local;
-  uint32_t attn_blocks;
 
   __device__ uint64_t chunk_bytes() const { return 2 * a.kv_bytes; }
   __device__ uint64_t slot_offset(uint32_t t) const { return uint64_t{a.geo.slot_of(t)} * chunk_bytes(); }
@@ -245,7 +256,7 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
     }
     case kRingPush:
       raise_flag(nvl_fused_flag(x.c, s.peer, g.arrived_flag(s.dst_step)), x.launch);
-      if (s.src_step > 0) count_freed(x.a, s.src_step, x.attn_blocks, x.launch);  // one forward fewer reads it
+      if (s.src_step > 0) count_freed(x.a, s.src_step);  // one forward fewer reads it
       break;
     case kRingReceive: raise_flag(x.a.nvl_flags + g.arrived_flag(s.dst_step), x.launch); break;
   }
@@ -257,8 +268,7 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
 // Communication blocks: this rank's movement plan, in order, a slice of every item each.
 __device__ __forceinline__ void ring_comm_role(const RingAttnLaunch& L, uint64_t launch, uint32_t block) {
   const RingAttnArgs& a = *L.args;
-  const ring_detail::Ctx x{a, a.comm, launch, previous_fused_launch(a.comm), L.k_local, L.v_local,
-                           gridDim.x - a.comm_blocks};
+  const ring_detail::Ctx x{a, a.comm, launch, previous_fused_launch(a.comm), L.k_local, L.v_local};
   extern __shared__ uint8_t ring_smem_raw[];
   BulkCopier copier;
   if (threadIdx.x == 0)
@@ -292,8 +302,9 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
         if (t > 0) {
           const uint32_t f = a.geo.arrived_flag(t);
           const uint64_t where = where_tag(kStepRingKV, uint64_t{t} * 65536 + a.geo.source_of(a.comm.rank, t));
-          // The wait's slow path (timer, failure checks, report) is the only code of the ring that
-          // spills under the producer's 40 registers (ptxas: 24 bytes, once per step).
+          // ptxas reports 44 bytes of spill for the kernel; compiled without this wait, 4 remain
+          // (the wait's slow path under the producer's 40 registers; once per step). Where the
+          // other 4 bytes sit was not checked: the SASS is to be read on the GPU machine.
           if (!wait_geq(a.nvl_flags + f, launch, wait_context(a.comm), f, where)) {
             st.fail();  // recorded; the pipeline runs through (nothing hangs) and the announcements end
             break;
@@ -309,6 +320,7 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
           Core::announce(L.attn[g], sm, st, unit, t * 2 + g);
           Core::produce(L.attn[g], c, &maps.q[g], &maps.k[kv], &maps.v[kv], unit, sm, st);
         }
+        if (t > 0) Core::announce(L.attn[0], sm, st, kRingStepEnd, t * 2);  // note 1
       }
       Core::announce(L.attn[0], sm, st, kAttnNoUnit, 0);
     }
@@ -318,21 +330,20 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
     const uint32_t tid = threadIdx.x % 128;
     typename Core::ConsumerState st;
     Core::consumer_begin(wg);
-    const bool counter = wg == 0 && tid == 0;  // counts this block out of each step's slot (note 1)
-    uint32_t counted = 0;
-    // Bounded even if the channel carried garbage after a failed wait.
-    const uint64_t max_units = uint64_t{total} * R;
+    // Bounded even if the channel carried garbage after a failed wait: units and step-end markers.
+    const uint64_t max_items = (uint64_t{total} + 1) * R;
     uint32_t unit, cw;
-    for (uint64_t i = 0; i < max_units && Core::receive(L.attn[0], sm, st, unit, cw); ++i) {
+    for (uint64_t i = 0; i < max_items && Core::receive(L.attn[0], sm, st, unit, cw); ++i) {
       const uint32_t t = cw / 2, g = cw % 2;
-      if (t >= R || g >= groups || unit >= a.units_per_group) break;
-      if (counter)
-        for (; counted < t; ++counted) ring_detail::count_freed(a, counted, grid, launch);
+      if (t >= R || g >= groups) break;
+      if (unit == kRingStepEnd) {  // this block's loads of chunk t completed (note 1)
+        if (wg == 0 && tid == 0) ring_detail::count_freed(a, t);
+        continue;
+      }
+      if (unit >= a.units_per_group) break;
       const AttnChunk c = a.chunks[cw];
       Core::consume(L.attn[g], c, &maps.o[g], unit, sm, st, wg, tid);
     }
-    if (counter)
-      for (; counted < R; ++counted) ring_detail::count_freed(a, counted, grid, launch);
     Core::consumer_end(tid);
   }
 }
