@@ -109,6 +109,13 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
                     str(c.network_workspace == kNoBuffer ? 0 : c.buffer_bytes[c.network_workspace]) +
                     " (Options::network_workspace_bytes)");
 
+  // One chunk goes to a rail peer as one put (its arrival flag must rise after all of it).
+  if (s.layout.nodes > 1 && 2 * kv_bytes > protocol::kMaxCommandBytes)
+    return fail(AttnError::kInvalidShape, "a chunk of keys and values is 2 x batch x heads_kv x s_local x head_dim x 2 = " +
+                                              str(2 * kv_bytes) + " bytes; across nodes it moves as one put of at most " +
+                                              str(protocol::kMaxCommandBytes) + " bytes (use more ranks or fewer "
+                                              "positions per rank)");
+
   // ---- device and blocks ---------------------------------------------------------------------
   int dev = 0, num_sms = 0, major = 0, minor = 0;
   cudaError_t e = cudaGetDevice(&dev);
