@@ -135,19 +135,6 @@ std::string ring_zigzag_check(uint64_t seq, uint32_t world) {
   return "";
 }
 
-uint64_t ring_zigzag_source(uint64_t seq, uint32_t world, uint64_t placed) {
-  const uint64_t s_local = seq / world, c = s_local / 2;
-  const uint64_t r = placed / s_local, l = placed % s_local;
-  const uint64_t chunk = l < c ? r : 2ull * world - 1 - r;
-  return chunk * c + l % c;
-}
-
-uint64_t ring_zigzag_target(uint64_t seq, uint32_t world, uint64_t original) {
-  const uint64_t s_local = seq / world, c = s_local / 2;
-  const uint64_t chunk = original / c, k = original % c;
-  return chunk < world ? chunk * s_local + k : (2ull * world - 1 - chunk) * s_local + c + k;
-}
-
 std::vector<uint64_t> ring_zigzag_permutation(uint64_t seq, uint32_t world) {
   std::vector<uint64_t> perm(seq);
   for (uint64_t p = 0; p < seq; ++p) perm[p] = ring_zigzag_source(seq, world, p);

@@ -174,9 +174,18 @@ std::vector<RingStep> ring_steps(const RingGeometry& g);
 // For a sequence of seq positions over `world` ranks in kRingCausalZigzag placement: the original
 // position of placed position p (placed = rank 0's s_local positions, then rank 1's, ...), and
 // the inverse. seq must be a positive multiple of 2 x world. "" or what is wrong.
+// Host and device (ring_zigzag.cu's reorder kernel uses the same two functions).
 std::string ring_zigzag_check(uint64_t seq, uint32_t world);
-uint64_t ring_zigzag_source(uint64_t seq, uint32_t world, uint64_t placed);
-uint64_t ring_zigzag_target(uint64_t seq, uint32_t world, uint64_t original);
+MK_KERNEL_HD constexpr uint64_t ring_zigzag_source(uint64_t seq, uint32_t world, uint64_t placed) {
+  const uint64_t s_local = seq / world, c = s_local / 2;
+  const uint64_t r = placed / s_local, l = placed % s_local;
+  return (l < c ? r : 2ull * world - 1 - r) * c + l % c;
+}
+MK_KERNEL_HD constexpr uint64_t ring_zigzag_target(uint64_t seq, uint32_t world, uint64_t original) {
+  const uint64_t s_local = seq / world, c = s_local / 2;
+  const uint64_t chunk = original / c, k = original % c;
+  return chunk < world ? chunk * s_local + k : (2ull * world - 1 - chunk) * s_local + c + k;
+}
 // The whole permutation: perm[placed] = original.
 std::vector<uint64_t> ring_zigzag_permutation(uint64_t seq, uint32_t world);
 

@@ -1,35 +1,27 @@
 // ring_zigzag.cu: reordering a sequence into zigzag placement and back (ring_attn.h), one copy
 // kernel: each output row (one position of one head, or of all heads in [B, S, H, D]) is read from
-// the row the permutation names (ring_attn_plan.h: ring_zigzag_source / _target, the same rule).
+// the row the permutation names (ring_attn_plan.h: ring_zigzag_source / _target, the functions
+// the CPU test checks).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "fused/ring_attn/ring_attn.h"
+#include "fused/ring_attn/ring_attn_plan.h"
 
 namespace mkernel::kernels {
 
 namespace {
 
-// Placed position p's original position, and the inverse (ring_attn_plan.cc, for device code).
-__device__ __forceinline__ uint64_t zz_source(uint64_t p, uint64_t s_local, uint64_t c, uint64_t world) {
-  const uint64_t r = p / s_local, l = p % s_local;
-  return (l < c ? r : 2 * world - 1 - r) * c + l % c;
-}
-__device__ __forceinline__ uint64_t zz_target(uint64_t o, uint64_t s_local, uint64_t c, uint64_t world) {
-  const uint64_t chunk = o / c, k = o % c;
-  return chunk < world ? chunk * s_local + k : (2 * world - 1 - chunk) * s_local + c + k;
-}
-
 // One warp per output row; rows of `row_bytes` (a multiple of 16 when `wide`).
 __global__ void zigzag_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, uint64_t outer,
                               uint64_t seq, uint64_t row_bytes, uint64_t world, bool to_zigzag, bool wide) {
-  const uint64_t s_local = seq / world, c = s_local / 2;
   const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
   const uint32_t lane = threadIdx.x % 32;
   for (uint64_t w = uint64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32; w < outer * seq; w += warps) {
     const uint64_t o = w / seq, p = w % seq;
-    const uint64_t from = to_zigzag ? zz_source(p, s_local, c, world) : zz_target(p, s_local, c, world);
+    const uint64_t from = to_zigzag ? ring_zigzag_source(seq, static_cast<uint32_t>(world), p)
+                                    : ring_zigzag_target(seq, static_cast<uint32_t>(world), p);
     const uint8_t* s = src + (o * seq + from) * row_bytes;
     uint8_t* d = dst + (o * seq + p) * row_bytes;
     if (wide) {
