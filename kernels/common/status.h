@@ -65,7 +65,8 @@ enum DeviceStep : uint32_t {
   kStepAttnPipeline = 10,  // attention core's shared-memory pipeline; index: block
   kStepRingKV = 11,        // ring attention waiting for the K/V chunk of a step; index: step * 65536 + source rank
   kStepRingSlotFree = 12,  // ring attention waiting until a rank's slot is free; index: rank * 65536 + step
-  kNumDeviceSteps = 13,
+  kStepRingCopy = 13,      // ring attention copying a K/V chunk (bulk copy pipeline); index: rank * 65536 + step
+  kNumDeviceSteps = 14,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -110,6 +111,7 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepAttnPipeline: return "attention pipeline of block";
     case kStepRingKV: return "ring attention waiting for the K/V chunk of step*65536+source rank";
     case kStepRingSlotFree: return "ring attention waiting until the K/V slot is free: rank*65536+step";
+    case kStepRingCopy: return "ring attention copying a K/V chunk into rank*65536+step";
     default: return "step";
   }
 }

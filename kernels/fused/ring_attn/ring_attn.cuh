@@ -39,9 +39,9 @@
 //     generic-proxy observation before the async-proxy reads.
 //  3. Errors: every flag wait is bounded (wait_geq, the communicator's bound) and names the step
 //     (kStepRingKV: step and source rank; kStepRingSlotFree: rank and step; kStepPeerFree;
-//     kStepNetworkArrival). A failed wait of the producer makes the core's pipeline run through
-//     (ProducerState::fail) and ends the announcements; a failed communication item ends the
-//     block's list. The last block's end of launch aborts the NVLink peers when the status word
+//     kStepNetworkArrival; kStepRingCopy: a bulk copy whose pipeline stalled). A failed wait of
+//     the producer makes the core's pipeline run through (ProducerState::fail) and ends the
+//     announcements; a failed communication item ends the block's list. The last block's end of launch aborts the NVLink peers when the status word
 //     holds an error, so a failure on one rank ends every rank's waits at once.
 #pragma once
 
@@ -210,19 +210,19 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
   switch (s.kind) {
     case kRingSend:  // stage the own chunk once in the own network slot (mapped host memory)
       copy_range<LoadPolicy::kStream>(x, x.a.net + x.net_offset(s.node), nullptr, sl, false, copier, ok,
-                                      where_tag(kStepNetworkSend, r));
+                                      where_tag(kStepRingCopy, uint64_t{r} * 65536));
       break;
     case kRingPush: {
       uint8_t* dst = nvl_ptr(x.c, s.peer) + x.slot_offset(s.dst_step);
       const uint8_t* src = s.src_step == 0 ? nullptr : x.a.slots + x.slot_offset(s.src_step);
-      const uint64_t where = where_tag(kStepRingSlotFree, uint64_t{s.peer} * 65536 + s.dst_step);
+      const uint64_t where = where_tag(kStepRingCopy, uint64_t{s.peer} * 65536 + s.dst_step);
       if (src == nullptr) copy_range<LoadPolicy::kStream>(x, dst, src, sl, bulk, copier, ok, where);
       else copy_range<LoadPolicy::kL2>(x, dst, src, sl, bulk, copier, ok, where);
       break;
     }
     case kRingReceive:  // the network slot (mapped host memory, written by the NIC or proxy)
       copy_range<LoadPolicy::kVolatile>(x, x.a.slots + x.slot_offset(s.dst_step), x.a.net + x.net_offset(s.node), sl,
-                                        false, copier, ok, where_tag(kStepNetworkArrival, uint64_t{s.node} * 65536));
+                                        false, copier, ok, where_tag(kStepRingCopy, uint64_t{r} * 65536 + s.dst_step));
       break;
   }
   // Count this block's slice done; the last one publishes the item. Each block's fence makes its
