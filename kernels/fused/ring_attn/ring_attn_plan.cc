@@ -163,6 +163,7 @@ struct Agent {
   size_t next = 0;        // comm: index in the list; attention: step
   uint32_t phase = 0;     // 0: waiting to start the item; 1: started
   bool done = false;
+  uint32_t late = 0;      // RingPlanFault::kLateStepCount: the step whose count waits for the next chunk
 };
 
 struct RankState {
@@ -205,6 +206,7 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
   const bool wait_freed = o.fault != RingPlanFault::kNoFreedWait;
   const bool count_forwards = o.fault != RingPlanFault::kFreeBeforeForward;
   const bool wait_slot_free = o.fault != RingPlanFault::kNoSlotFreeWait;
+  const bool late_count = o.fault == RingPlanFault::kLateStepCount;
 
   std::vector<RankState> st(R);
   for (auto& s : st) {
@@ -409,12 +411,16 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
     RankState& me = st[r];
     Agent& a = me.attn[b];
     if (a.next >= R) {
+      if (a.late != 0) count_freed(r, a.late);
+      a.late = 0;
       a.done = true;
       return;
     }
     const uint32_t t = static_cast<uint32_t>(a.next);
     const uint32_t src = g0.source_of(r, t);
     if (a.phase == 0) {
+      if (a.late != 0) count_freed(r, a.late);  // the next chunk arrived (attn_ready waited for it)
+      a.late = 0;
       if (t > 0)
         read_begin(me.kv[g0.slot_of(t)], me.launch, src,
                    rk(r) + " attention block " + std::to_string(b) + " at step " + std::to_string(t),
@@ -424,7 +430,11 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
     }
     if (t > 0) {
       read_end(me.kv[g0.slot_of(t)]);
-      count_freed(r, t);
+      if (late_count) {
+        a.late = t;
+      } else {
+        count_freed(r, t);
+      }
     }
     if (b == 0) ++me.seen[src];
     a.phase = 0;

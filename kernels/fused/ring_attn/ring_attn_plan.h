@@ -199,6 +199,8 @@ enum class RingPlanFault : uint8_t {
   kDropLastPush,        // rank 0's last push is missing
   kNoSlotFreeWait,      // sends do not wait for the rail peers' previous launch
   kTooFewSlots,         // slots = gpus - 1 across nodes (below the rule of note 3)
+  kLateStepCount,       // an attention block counts itself out of step t only once chunk t + 1
+                        //   arrived (the kernel's first version: a deadlock with one slot)
 };
 
 struct RingReplayOptions {

@@ -247,4 +247,16 @@ TEST(RingAttnPlan, BrokenPlansAreCaught) {
   expect_caught({2, 3}, mk::RingPlanFault::kTooFewSlots, 0, {"deadlock"});
 }
 
+// The kernel's first version counted an attention block out of step t's slot only when a unit of
+// step t + 1 arrived; with one slot the writer of chunk t + 1 waits for that count: a deadlock.
+// The kernel now counts at a step-end marker, before waiting for the next chunk.
+TEST(RingAttnPlan, StepCountWaitingForTheNextChunkDeadlocks) {
+  expect_caught({1, 3}, mk::RingPlanFault::kLateStepCount, 1, {"deadlock"});
+  expect_caught({1, 4}, mk::RingPlanFault::kLateStepCount, 1, {"deadlock"});
+  mk::RingReplayOptions o;  // with every chunk in its own slot the late count is merely late
+  o.slots = 3;
+  o.fault = mk::RingPlanFault::kLateStepCount;
+  EXPECT_EQ(mk::ring_replay({1, 4}, o).error, "");
+}
+
 }  // namespace
