@@ -104,23 +104,37 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--world") args.world = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--nodes") args.nodes = true;
-    else if (a == "--provider") args.provider = next();
+    if (a == "--world")
+      args.world = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--nodes")
+      args.nodes = true;
+    else if (a == "--provider")
+      args.provider = next();
     else if (a == "--seqs") {
       args.seqs.clear();
       for (const auto& s : split(next())) args.seqs.push_back(std::stoull(s));
-    } else if (a == "--heads") args.heads = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--heads-kv") args.heads_kv = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--dim") args.dim = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--mask") args.masks = split(next());
-    else if (a == "--iters") args.iters = std::stoi(next());
-    else if (a == "--rounds") args.rounds = std::stoi(next());
-    else if (a == "--slots") args.slots = static_cast<uint32_t>(std::stoul(next()));
-    else if (a == "--comm-blocks") args.comm_blocks = std::stoi(next());
-    else if (a == "--jsonl" || a == "--json") args.jsonl = next();
-    else if (a == "--commit") args.commit = next();
-    else if (a == "--machine") args.machine = next();
+    } else if (a == "--heads")
+      args.heads = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--heads-kv")
+      args.heads_kv = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--dim")
+      args.dim = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--mask")
+      args.masks = split(next());
+    else if (a == "--iters")
+      args.iters = std::stoi(next());
+    else if (a == "--rounds")
+      args.rounds = std::stoi(next());
+    else if (a == "--slots")
+      args.slots = static_cast<uint32_t>(std::stoul(next()));
+    else if (a == "--comm-blocks")
+      args.comm_blocks = std::stoi(next());
+    else if (a == "--jsonl" || a == "--json")
+      args.jsonl = next();
+    else if (a == "--commit")
+      args.commit = next();
+    else if (a == "--machine")
+      args.machine = next();
     else {
       std::printf("ring_attention_bench: unknown argument %s (see the top of ring_attention_bench.cu)\n", a.c_str());
       return 2;
@@ -131,9 +145,10 @@ int main(int argc, char** argv) {
   (void)cudaGetDeviceCount(&gpus);
   const uint32_t R = args.world != 0 ? args.world : static_cast<uint32_t>(gpus);
   if (R > static_cast<uint32_t>(gpus)) {
-    std::printf("ring_attention_bench: --world %u needs a GPU per rank (found %d); timings of ranks sharing a GPU mean "
-                "nothing\n",
-                R, gpus);
+    std::printf(
+        "ring_attention_bench: --world %u needs a GPU per rank (found %d); timings of ranks sharing a GPU mean "
+        "nothing\n",
+        R, gpus);
     return 2;
   }
   fused_test::Topology topo{args.nodes ? R : 1, args.nodes ? 1 : R, args.provider};
@@ -147,7 +162,8 @@ int main(int argc, char** argv) {
   biggest.head_dim = args.dim;
   biggest.s_local = *std::max_element(args.seqs.begin(), args.seqs.end()) / R;
   rt::Options o;
-  o.nvlink_bytes = std::max<uint64_t>(1 << 20, rt::ring_attention_nvlink_bytes(topo.nodes, topo.gpus, biggest, args.slots));
+  o.nvlink_bytes =
+      std::max<uint64_t>(1 << 20, rt::ring_attention_nvlink_bytes(topo.nodes, topo.gpus, biggest, args.slots));
   o.network_workspace_bytes = rt::ring_attention_network_bytes(topo.nodes, biggest);
   o.fused_flags = std::max<uint32_t>(4096, rt::ring_attention_fused_flags(topo.nodes, topo.gpus));
   o.device_wait_timeout_ns = 20'000'000'000ull;
@@ -158,10 +174,12 @@ int main(int argc, char** argv) {
     for (const auto& m : args.masks) rows.push_back(Row{S, m, {}, {}, "", 0, false});
 
   const int failed = fused_test::run_ranks_in_threads(
-      cluster, o, {4096}, [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+      cluster, o, {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
         for (Row& row : rows) {
           if (row.seq % (2ull * R) != 0) {
-            if (rank == 0) std::printf("skip S = %llu: not a multiple of 2 x world\n", static_cast<unsigned long long>(row.seq));
+            if (rank == 0)
+              std::printf("skip S = %llu: not a multiple of 2 x world\n", static_cast<unsigned long long>(row.seq));
             continue;
           }
           rt::RingAttentionShape sh = biggest;
@@ -287,8 +305,9 @@ int main(int argc, char** argv) {
   for (const Row& row : rows) {
     if (!row.ok) continue;
     const double tf = row.flops / (row.ring.median * 1e-3) / 1e12;
-    std::printf("%-8llu %-10s %10.3f %10.3f %8.1f %8.3f  %s\n", static_cast<unsigned long long>(row.seq), row.mask.c_str(),
-                row.ring.median, row.floor.median, tf, row.ring.median / row.floor.median, row.config.c_str());
+    std::printf("%-8llu %-10s %10.3f %10.3f %8.1f %8.3f  %s\n", static_cast<unsigned long long>(row.seq),
+                row.mask.c_str(), row.ring.median, row.floor.median, tf, row.ring.median / row.floor.median,
+                row.config.c_str());
     if (jl == nullptr) continue;
     const char* placement = row.mask == "full" ? "none" : (row.mask == "causal" ? "zigzag" : "contiguous");
     const struct {

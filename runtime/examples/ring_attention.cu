@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   rt::Options options;
   options.nvlink_bytes = std::max<uint64_t>(1 << 20, rt::ring_attention_nvlink_bytes(1, world, shape));
   options.network_workspace_bytes = rt::ring_attention_network_bytes(world, shape);
-  options.fused_flags = std::max<uint32_t>({4096, rt::ring_attention_fused_flags(1, world), rt::ring_attention_fused_flags(world, 1)});
+  options.fused_flags =
+      std::max<uint32_t>({4096, rt::ring_attention_fused_flags(1, world), rt::ring_attention_fused_flags(world, 1)});
   auto comm = rt::Communicator::create_from_env({4096}, options);
   if (!comm.ok()) return std::fprintf(stderr, "create: %s\n", comm.status().to_string().c_str()), 1;
   rt::Communicator& c = *comm.value();
@@ -87,8 +88,8 @@ int main(int argc, char** argv) {
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   cudaDeviceSynchronize();
   for (int t = 0; t < 3; ++t) {
-    if (auto s = rt::zigzag_reorder(whole[t], placed, 1, heads[t], S, D, 2, rt::AttentionLayout::kBHSD, c.size(),
-                                    true, stream);
+    if (auto s = rt::zigzag_reorder(whole[t], placed, 1, heads[t], S, D, 2, rt::AttentionLayout::kBHSD, c.size(), true,
+                                    stream);
         !s.ok())
       return std::fprintf(stderr, "rank %u: %s\n", c.rank(), s.to_string().c_str()), 1;
     cudaMemcpy2DAsync(mine[t], s_local * D * 2, placed + uint64_t{c.rank()} * s_local * D, S * D * 2, s_local * D * 2,

@@ -55,21 +55,25 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
     uint32_t v;
   } dims[] = {{"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv}, {"s_local", s.s_local}};
   for (const auto& d : dims)
-    if (d.v == 0) return fail(AttnError::kInvalidShape, std::string(d.name) + " = 0 is not supported: it must be at least 1");
+    if (d.v == 0)
+      return fail(AttnError::kInvalidShape, std::string(d.name) + " = 0 is not supported: it must be at least 1");
   if (s.heads_q % s.heads_kv != 0)
-    return fail(AttnError::kInvalidHeads, "heads_q = " + str(s.heads_q) + " is not a multiple of heads_kv = " +
-                                              str(s.heads_kv) + " (grouped-query attention shares each key/value head "
+    return fail(AttnError::kInvalidHeads, "heads_q = " + str(s.heads_q) +
+                                              " is not a multiple of heads_kv = " + str(s.heads_kv) +
+                                              " (grouped-query attention shares each key/value head "
                                               "among the same number of query heads)");
   if (s.head_dim != 64 && s.head_dim != 128)
-    return fail(AttnError::kInvalidHeadDim, "head_dim = " + str(s.head_dim) + " is not supported: it must be 64 or 128");
+    return fail(AttnError::kInvalidHeadDim,
+                "head_dim = " + str(s.head_dim) + " is not supported: it must be 64 or 128");
   if (s.tensor_layout != AttnLayout::kBHSD && s.tensor_layout != AttnLayout::kBSHD)
     return fail(AttnError::kInvalidLayout,
                 "layout = " + std::to_string(static_cast<int>(s.tensor_layout)) +
                     " is not supported by the ring: expected kBHSD or kBSHD, packed (a chunk of keys and values moves "
                     "as one contiguous span)");
   if (!(s.scale >= 0.0f) || std::isinf(s.scale))
-    return fail(AttnError::kInvalidConfig, "scale = " + std::to_string(s.scale) +
-                                               " is not supported: it must be a positive finite number (0: 1/sqrt(head_dim))");
+    return fail(AttnError::kInvalidConfig,
+                "scale = " + std::to_string(s.scale) +
+                    " is not supported: it must be a positive finite number (0: 1/sqrt(head_dim))");
   if (s.layout.world() != c.world_size)
     return fail(AttnError::kInvalidConfig, "layout: " + str(s.layout.nodes) + " x " + str(s.layout.gpus) +
                                                " ranks, but the communicator has " + str(c.world_size));
@@ -78,8 +82,8 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
   if (std::string e = ring_check_geometry(geo); !e.empty()) return fail(AttnError::kInvalidShape, e);
   const uint64_t units = uint64_t{s.batch} * s.heads_q * ((geo.group_rows(0) + kBlockM - 1) / kBlockM);
   if (units * geo.groups() > 0x7FFFFFFFull)
-    return fail(AttnError::kInvalidShape, "batch x heads_q x query tiles = " + str(units * geo.groups()) +
-                                              " is too large (at most 2^31 - 1)");
+    return fail(AttnError::kInvalidShape,
+                "batch x heads_q x query tiles = " + str(units * geo.groups()) + " is too large (at most 2^31 - 1)");
   if (uint64_t{s.s_local} * s.heads_q * s.head_dim >= (uint64_t{1} << 39) / 2)
     return fail(AttnError::kInvalidShape, "s_local = " + str(s.s_local) + " is too large for TMA strides");
 
@@ -97,24 +101,28 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
                                                    " fused-op flags; the ring needs " + str(geo.nvl_flags_needed()) +
                                                    " (Options::fused_flags)");
   if (uint64_t{c.num_fused_flags} < uint64_t{R} * kAgreeWords + geo.net_flags_needed())
-    return fail(AttnError::kWorkspaceTooSmall,
-                "the flag array has " + str(c.num_fused_flags) + " fused-op flags; the ring needs " +
-                    str(geo.net_flags_needed()) + " plus " + str(kAgreeWords) + " per rank for the agreement "
-                    "(Options::fused_flags)");
+    return fail(AttnError::kWorkspaceTooSmall, "the flag array has " + str(c.num_fused_flags) +
+                                                   " fused-op flags; the ring needs " + str(geo.net_flags_needed()) +
+                                                   " plus " + str(kAgreeWords) +
+                                                   " per rank for the agreement "
+                                                   "(Options::fused_flags)");
   const uint64_t net_need = ring_net_bytes_needed(s.layout.nodes, s.batch, s.heads_kv, s.s_local, s.head_dim);
   if (s.layout.nodes > 1 && (c.network_workspace == kNoBuffer || c.buffer_bytes[c.network_workspace] < net_need))
     return fail(AttnError::kWorkspaceTooSmall,
-                "ranks span " + str(s.layout.nodes) + " nodes: the network workspace must hold nodes x 2 x batch x "
-                "heads_kv x s_local x head_dim x 2 = " + str(net_need) + " bytes; it holds " +
+                "ranks span " + str(s.layout.nodes) +
+                    " nodes: the network workspace must hold nodes x 2 x batch x "
+                    "heads_kv x s_local x head_dim x 2 = " +
+                    str(net_need) + " bytes; it holds " +
                     str(c.network_workspace == kNoBuffer ? 0 : c.buffer_bytes[c.network_workspace]) +
                     " (Options::network_workspace_bytes)");
 
   // One chunk goes to a rail peer as one put (its arrival flag must rise after all of it).
   if (s.layout.nodes > 1 && 2 * kv_bytes > protocol::kMaxCommandBytes)
-    return fail(AttnError::kInvalidShape, "a chunk of keys and values is 2 x batch x heads_kv x s_local x head_dim x 2 = " +
-                                              str(2 * kv_bytes) + " bytes; across nodes it moves as one put of at most " +
-                                              str(protocol::kMaxCommandBytes) + " bytes (use more ranks or fewer "
-                                              "positions per rank)");
+    return fail(AttnError::kInvalidShape,
+                "a chunk of keys and values is 2 x batch x heads_kv x s_local x head_dim x 2 = " + str(2 * kv_bytes) +
+                    " bytes; across nodes it moves as one put of at most " + str(protocol::kMaxCommandBytes) +
+                    " bytes (use more ranks or fewer "
+                    "positions per rank)");
 
   // ---- device and blocks ---------------------------------------------------------------------
   int dev = 0, num_sms = 0, major = 0, minor = 0;
@@ -124,15 +132,17 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (e != cudaSuccess) return cuda_fail("reading the device's attributes", e);
   if (major != 9 || minor != 0)
-    return fail(AttnError::kUnsupportedDevice, "ring attention needs a Hopper GPU (compute capability 9.0); this device is " +
-                                                   str(static_cast<uint64_t>(major)) + "." + str(static_cast<uint64_t>(minor)));
+    return fail(AttnError::kUnsupportedDevice,
+                "ring attention needs a Hopper GPU (compute capability 9.0); this device is " +
+                    str(static_cast<uint64_t>(major)) + "." + str(static_cast<uint64_t>(minor)));
   if (s.config.comm_blocks < 0 || s.config.attn_blocks < 0)
     return fail(AttnError::kInvalidConfig, "config comm_blocks = " + std::to_string(s.config.comm_blocks) +
                                                ", attn_blocks = " + std::to_string(s.config.attn_blocks) +
                                                ": expected 0 (choose) or a positive count");
-  const uint32_t comm_blocks = R <= 1 ? 0
-                               : static_cast<uint32_t>(s.config.comm_blocks != 0 ? s.config.comm_blocks
-                                                                                 : ring_default_comm_blocks(s.layout));
+  const uint32_t comm_blocks =
+      R <= 1 ? 0
+             : static_cast<uint32_t>(s.config.comm_blocks != 0 ? s.config.comm_blocks
+                                                               : ring_default_comm_blocks(s.layout));
   const uint32_t attn_blocks = s.config.attn_blocks != 0
                                    ? static_cast<uint32_t>(s.config.attn_blocks)
                                    : static_cast<uint32_t>(std::max(1, num_sms - static_cast<int>(comm_blocks)));
@@ -165,13 +175,16 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
   if (!steps.empty() &&
       (e = cudaMemcpy(p->steps_, steps.data(), steps.size() * sizeof(RingStep), cudaMemcpyHostToDevice)) != cudaSuccess)
     return cuda_fail("cudaMemcpy (movement plan)", e);
-  if ((e = cudaMalloc(&p->chunks_, chunks.size() * sizeof(RingChunk))) != cudaSuccess) return cuda_fail("cudaMalloc (chunks)", e);
-  if ((e = cudaMemcpy(p->chunks_, chunks.data(), chunks.size() * sizeof(RingChunk), cudaMemcpyHostToDevice)) != cudaSuccess)
+  if ((e = cudaMalloc(&p->chunks_, chunks.size() * sizeof(RingChunk))) != cudaSuccess)
+    return cuda_fail("cudaMalloc (chunks)", e);
+  if ((e = cudaMemcpy(p->chunks_, chunks.data(), chunks.size() * sizeof(RingChunk), cudaMemcpyHostToDevice)) !=
+      cudaSuccess)
     return cuda_fail("cudaMemcpy (chunks)", e);
   const size_t num_counters = steps.size() + R;
   if ((e = cudaMalloc(&p->counters_, num_counters * sizeof(uint32_t))) != cudaSuccess)
     return cuda_fail("cudaMalloc (counters)", e);
-  if ((e = cudaMemset(p->counters_, 0, num_counters * sizeof(uint32_t))) != cudaSuccess) return cuda_fail("cudaMemset", e);
+  if ((e = cudaMemset(p->counters_, 0, num_counters * sizeof(uint32_t))) != cudaSuccess)
+    return cuda_fail("cudaMemset", e);
   // The fp32 running state of each group: O [B, Hq, rows, D], then lse [B, Hq, rows].
   size_t running = 0;
   for (uint32_t g = 0; g < geo.groups(); ++g)
@@ -261,15 +274,16 @@ AttnResult RingAttnPlan::bind(const void* q, const void* k, const void* v, void*
     AttnResult r = attention_tensor_map(&m.q[g], static_cast<const uint8_t*>(q) + at, s.head_dim, rows, s.heads_q,
                                         s.batch, qs, kBlockM, "q");
     if (r.ok())
-      r = attention_tensor_map(&m.o[g], static_cast<uint8_t*>(o) + at, s.head_dim, rows, s.heads_q, s.batch, qs, 64, "o");
+      r = attention_tensor_map(&m.o[g], static_cast<uint8_t*>(o) + at, s.head_dim, rows, s.heads_q, s.batch, qs, 64,
+                               "o");
     if (!r.ok()) return r;
     params_->attn[g].lse = lse + geo_.group_row0(g);
   }
   AttnResult r = attention_tensor_map(&m.k[0], k, s.head_dim, s.s_local, s.heads_kv, s.batch, ks,
                                       static_cast<uint32_t>(block_n_), "k");
   if (r.ok())
-    r = attention_tensor_map(&m.v[0], v, s.head_dim, s.s_local, s.heads_kv, s.batch, ks, static_cast<uint32_t>(block_n_),
-                             "v");
+    r = attention_tensor_map(&m.v[0], v, s.head_dim, s.s_local, s.heads_kv, s.batch, ks,
+                             static_cast<uint32_t>(block_n_), "v");
   if (!r.ok()) return r;
   params_->k_local = static_cast<const uint8_t*>(k);
   params_->v_local = static_cast<const uint8_t*>(v);
@@ -310,8 +324,8 @@ std::string RingAttnPlan::describe() const {
          (geo_.placement < 3 ? kPlacement[geo_.placement] : "?") + " B=" + str(setup_.batch) +
          " Hq=" + str(setup_.heads_q) + " Hkv=" + str(setup_.heads_kv) + " s_local=" + str(setup_.s_local) +
          " D=" + str(setup_.head_dim) + (setup_.tensor_layout == AttnLayout::kBSHD ? " bshd" : " bhsd") +
-         " slots=" + str(geo_.slots) + " comm=" + str(comm_blocks_) + " attn=" + str(grid_ - comm_blocks_) +
-         " n" + std::to_string(block_n_) + (setup_.config.bulk_copies ? " bulk" : " lsu");
+         " slots=" + str(geo_.slots) + " comm=" + str(comm_blocks_) + " attn=" + str(grid_ - comm_blocks_) + " n" +
+         std::to_string(block_n_) + (setup_.config.bulk_copies ? " bulk" : " lsu");
 }
 
 }  // namespace mkernel::kernels

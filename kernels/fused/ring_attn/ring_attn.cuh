@@ -41,8 +41,8 @@
 //     (kStepRingKV: step and source rank; kStepRingSlotFree: rank and step; kStepPeerFree;
 //     kStepNetworkArrival; kStepRingCopy: a bulk copy whose pipeline stalled). A failed wait of
 //     the producer makes the core's pipeline run through (ProducerState::fail) and ends the
-//     announcements; a failed communication item ends the block's list. The last block's end of launch aborts the NVLink peers when the status word
-//     holds an error, so a failure on one rank ends every rank's waits at once.
+//     announcements; a failed communication item ends the block's list. The last block's end of launch aborts the
+//     NVLink peers when the status word holds an error, so a failure on one rank ends every rank's waits at once.
 #pragma once
 
 #include <cstdint>
@@ -60,32 +60,32 @@ namespace mkernel::kernels {
 // What the kernel needs of a plan, prepared once in device memory.
 struct RingAttnArgs {
   DeviceComm comm;
-  RingGeometry geo;          // slots resolved
-  uint32_t comm_blocks = 0;  // blocks [0, comm_blocks) move data, the others attend
-  uint32_t num_steps = 0;    // movement items
-  const RingStep* steps = nullptr;   // this rank's movement plan
-  const AttnChunk* chunks = nullptr; // [t * 2 + group] (ring_chunks: the same values as RingChunk)
-  uint64_t kv_bytes = 0;     // bytes of K (and of V) of one chunk; a slot holds K then V
-  uint8_t* slots = nullptr;  // this rank's KV slots: the start of its NVLink buffer
-  uint64_t* nvl_flags = nullptr;  // this rank's NVLink fused-op flags
-  uint8_t* net = nullptr;    // this rank's network workspace (nodes > 1), else null
-  uint32_t* item_done = nullptr;   // per movement item: blocks done with their slice (zero between launches)
-  uint32_t* freed_count = nullptr; // per step: readers done with its slot (zero between launches)
-  uint32_t units_per_group = 0;    // query tiles of one group: batch x heads_q x ceil(rows / 128)
-  uint32_t bulk = 1;         // 1: GPU-memory copies through the bulk copier; 0: 16-byte loads/stores
+  RingGeometry geo;                   // slots resolved
+  uint32_t comm_blocks = 0;           // blocks [0, comm_blocks) move data, the others attend
+  uint32_t num_steps = 0;             // movement items
+  const RingStep* steps = nullptr;    // this rank's movement plan
+  const AttnChunk* chunks = nullptr;  // [t * 2 + group] (ring_chunks: the same values as RingChunk)
+  uint64_t kv_bytes = 0;              // bytes of K (and of V) of one chunk; a slot holds K then V
+  uint8_t* slots = nullptr;           // this rank's KV slots: the start of its NVLink buffer
+  uint64_t* nvl_flags = nullptr;      // this rank's NVLink fused-op flags
+  uint8_t* net = nullptr;             // this rank's network workspace (nodes > 1), else null
+  uint32_t* item_done = nullptr;      // per movement item: blocks done with their slice (zero between launches)
+  uint32_t* freed_count = nullptr;    // per step: readers done with its slot (zero between launches)
+  uint32_t units_per_group = 0;       // query tiles of one group: batch x heads_q x ceil(rows / 128)
+  uint32_t bulk = 1;                  // 1: GPU-memory copies through the bulk copier; 0: 16-byte loads/stores
 };
 
 // Kernel parameters of one launch (the pointers of this launch's tensors live in the maps and
 // in attn[].lse).
 struct RingAttnLaunch {
-  AttnParams attn[2];        // per query group (ring_attn_plan.h note 5); [1] unused with one group
+  AttnParams attn[2];  // per query group (ring_attn_plan.h note 5); [1] unused with one group
   const RingAttnArgs* args = nullptr;
   const uint8_t* k_local = nullptr;  // this rank's K and V, packed in the layout of the plan
   const uint8_t* v_local = nullptr;
 };
 
 struct RingAttnMaps {
-  CUtensorMap q[2], o[2];                            // per query group
+  CUtensorMap q[2], o[2];                                  // per query group
   CUtensorMap k[kRingMaxSlots + 1], v[kRingMaxSlots + 1];  // [0]: own inputs, [1 + s]: slot s
 };
 
@@ -158,7 +158,8 @@ __device__ __forceinline__ bool wait_item(const Ctx& x, const RingStep& s) {
         return false;
       if (s.wait_freed == 0) return true;  // the previous launch of this rank ended (stream order)
       const uint32_t g = x.a.geo.freed_flag(s.wait_freed);
-      return wait_geq(x.a.nvl_flags + g, x.launch, w, g, where_tag(kStepRingSlotFree, uint64_t{r} * 65536 + s.wait_freed));
+      return wait_geq(x.a.nvl_flags + g, x.launch, w, g,
+                      where_tag(kStepRingSlotFree, uint64_t{r} * 65536 + s.wait_freed));
     }
   }
   return false;
@@ -216,8 +217,10 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
       uint8_t* dst = nvl_ptr(x.c, s.peer) + x.slot_offset(s.dst_step);
       const uint8_t* src = s.src_step == 0 ? nullptr : x.a.slots + x.slot_offset(s.src_step);
       const uint64_t where = where_tag(kStepRingCopy, uint64_t{s.peer} * 65536 + s.dst_step);
-      if (src == nullptr) copy_range<LoadPolicy::kStream>(x, dst, src, sl, bulk, copier, ok, where);
-      else copy_range<LoadPolicy::kL2>(x, dst, src, sl, bulk, copier, ok, where);
+      if (src == nullptr)
+        copy_range<LoadPolicy::kStream>(x, dst, src, sl, bulk, copier, ok, where);
+      else
+        copy_range<LoadPolicy::kL2>(x, dst, src, sl, bulk, copier, ok, where);
       break;
     }
     case kRingReceive:  // the network slot (mapped host memory, written by the NIC or proxy)
@@ -258,7 +261,9 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
       raise_flag(nvl_fused_flag(x.c, s.peer, g.arrived_flag(s.dst_step)), x.launch);
       if (s.src_step > 0) count_freed(x.a, s.src_step);  // one forward fewer reads it
       break;
-    case kRingReceive: raise_flag(x.a.nvl_flags + g.arrived_flag(s.dst_step), x.launch); break;
+    case kRingReceive:
+      raise_flag(x.a.nvl_flags + g.arrived_flag(s.dst_step), x.launch);
+      break;
   }
   return true;
 }
@@ -279,8 +284,8 @@ __device__ __forceinline__ void ring_comm_role(const RingAttnLaunch& L, uint64_t
 
 // Attention blocks: the attention core over every step's chunk (see the top of this file).
 template <class T>
-__device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, const RingAttnLaunch& L,
-                                                    uint64_t launch, uint32_t block, uint32_t grid) {
+__device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, const RingAttnLaunch& L, uint64_t launch,
+                                                    uint32_t block, uint32_t grid) {
   using Core = Sm90AttnCore<T>;
   const RingAttnArgs& a = *L.args;
   extern __shared__ uint8_t ring_smem_raw[];

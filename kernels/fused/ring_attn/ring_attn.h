@@ -50,9 +50,9 @@ struct RingAttnConfig {
 int ring_default_comm_blocks(const FusedLayout& layout);
 
 struct RingAttnSetup {
-  DeviceComm comm;       // the communicator's device view (host copy)
-  WaitContext wait;      // its wait context (status word, ring error, peer abort, bound)
-  FusedLayout layout;    // layout.world() == comm.world_size; rank = comm.rank
+  DeviceComm comm;     // the communicator's device view (host copy)
+  WaitContext wait;    // its wait context (status word, ring error, peer abort, bound)
+  FusedLayout layout;  // layout.world() == comm.world_size; rank = comm.rank
   uint32_t batch = 0, heads_q = 0, heads_kv = 0, s_local = 0, head_dim = 0;
   AttnLayout tensor_layout = AttnLayout::kBHSD;  // kBHSD or kBSHD, packed
   uint32_t placement = kRingNonCausal;           // RingPlacement
@@ -95,7 +95,7 @@ class RingAttnPlan {
   uint32_t grid_ = 0, comm_blocks_ = 0;
   std::unique_ptr<RingAttnMaps> maps_;
   std::unique_ptr<RingAttnLaunch> params_;
-  const void* bound_[5] = {};   // the pointers the maps were made for
+  const void* bound_[5] = {};     // the pointers the maps were made for
   RingAttnArgs* args_ = nullptr;  // device memory
   RingStep* steps_ = nullptr;
   void* chunks_ = nullptr;        // AttnChunk[2 R]
@@ -108,7 +108,7 @@ class RingAttnPlan {
 // [batch, seq, heads, head_dim] of `elem_bytes`-byte elements (any type: rows are copied),
 // packed; seq a multiple of 2 x world; src and dst distinct. One kernel on `stream`.
 [[nodiscard]] AttnResult ring_zigzag_reorder(const void* src, void* dst, int64_t batch, int64_t heads, int64_t seq,
-                                             int64_t head_dim, uint32_t elem_bytes, AttnLayout layout,
-                                             uint32_t world, bool to_zigzag, cudaStream_t stream);
+                                             int64_t head_dim, uint32_t elem_bytes, AttnLayout layout, uint32_t world,
+                                             bool to_zigzag, cudaStream_t stream);
 
 }  // namespace mkernel::kernels

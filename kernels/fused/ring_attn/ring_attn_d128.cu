@@ -4,7 +4,7 @@
 namespace mkernel::kernels {
 
 AttnResult launch_ring_attention_d128(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
-                                     cudaStream_t stream) {
+                                      cudaStream_t stream) {
   return launch_ring_attention_kernel<RingTraitsD128>(maps, params, grid, stream);
 }
 

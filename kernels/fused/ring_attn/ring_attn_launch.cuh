@@ -26,7 +26,8 @@ static_assert(sizeof(RingAttnMaps) + sizeof(RingAttnLaunch) <= 4096, "ring kerne
 template <class T>
 AttnResult launch_ring_attention_kernel(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
                                         cudaStream_t stream) {
-  static_assert(ring_smem_bytes<T>() <= 227 * 1024, "the ring kernel's shared memory is over the 227 KB a block may use");
+  static_assert(ring_smem_bytes<T>() <= 227 * 1024,
+                "the ring kernel's shared memory is over the 227 KB a block may use");
   auto* kernel = &ring_attention_kernel<T>;
   const int smem = static_cast<int>(ring_smem_bytes<T>());
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -20,7 +20,8 @@ uint32_t ring_default_slots(const FusedLayout& L) {
 std::string ring_check_geometry(const RingGeometry& g) {
   const FusedLayout& L = g.layout;
   if (L.nodes == 0 || L.gpus == 0)
-    return "layout: " + std::to_string(L.nodes) + " nodes x " + std::to_string(L.gpus) + " GPUs; expected at least 1 x 1";
+    return "layout: " + std::to_string(L.nodes) + " nodes x " + std::to_string(L.gpus) +
+           " GPUs; expected at least 1 x 1";
   if (L.world() > kRingMaxWorld)
     return "layout: " + std::to_string(L.world()) + " ranks; expected at most " + std::to_string(kRingMaxWorld);
   if (g.rank >= L.world())
@@ -53,7 +54,9 @@ RingChunk ring_chunk(const RingGeometry& g, uint32_t t, uint32_t group) {
     const uint32_t q = g.source_of(g.rank, step), r = g.rank;
     const uint32_t s = g.s_local, h = s / 2;
     switch (g.placement) {
-      case kRingNonCausal: c = RingChunk{s, kRingFull, 0, 0}; break;
+      case kRingNonCausal:
+        c = RingChunk{s, kRingFull, 0, 0};
+        break;
       case kRingCausalContiguous:
         c = q == r ? RingChunk{s, kRingCausal, 0, 0} : (q < r ? RingChunk{s, kRingFull, 0, 0} : RingChunk{});
         break;
@@ -65,7 +68,8 @@ RingChunk ring_chunk(const RingGeometry& g, uint32_t t, uint32_t group) {
                      : (q < r ? RingChunk{h, kRingFull, 0, 0} : RingChunk{s, kRingFull, 0, 0});
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return c;
   };
@@ -130,8 +134,9 @@ std::vector<RingStep> ring_steps(const RingGeometry& g) {
 std::string ring_zigzag_check(uint64_t seq, uint32_t world) {
   if (world == 0) return "world: 0; expected at least 1 rank";
   if (seq == 0 || seq % (2ull * world) != 0)
-    return "seq: " + std::to_string(seq) + "; expected a positive multiple of 2 x world = " +
-           std::to_string(2ull * world) + " (zigzag placement cuts the sequence into 2 x world equal chunks)";
+    return "seq: " + std::to_string(seq) +
+           "; expected a positive multiple of 2 x world = " + std::to_string(2ull * world) +
+           " (zigzag placement cuts the sequence into 2 x world equal chunks)";
   return "";
 }
 
@@ -148,22 +153,22 @@ namespace {
 // What a slot holds: which launch's copy of which rank's chunk (launch 0: nothing yet).
 struct Slot {
   uint32_t launch = 0, chunk = 0;
-  uint32_t pending = 0;   // reads still to come of what it holds (attention blocks, forwards, puts)
-  uint32_t active = 0;    // reads in progress
-  bool writing = false;   // a write in progress
+  uint32_t pending = 0;  // reads still to come of what it holds (attention blocks, forwards, puts)
+  uint32_t active = 0;   // reads in progress
+  bool writing = false;  // a write in progress
 };
 
 struct Message {
-  bool put = false;       // a put into network slot `slot` (else a signal of flag `flag`)
+  bool put = false;  // a put into network slot `slot` (else a signal of flag `flag`)
   uint32_t from = 0, to = 0, slot = 0, flag = 0;
   uint32_t launch = 0, chunk = 0;
 };
 
 struct Agent {
-  size_t next = 0;        // comm: index in the list; attention: step
-  uint32_t phase = 0;     // 0: waiting to start the item; 1: started
+  size_t next = 0;     // comm: index in the list; attention: step
+  uint32_t phase = 0;  // 0: waiting to start the item; 1: started
   bool done = false;
-  uint32_t late = 0;      // RingPlanFault::kLateStepCount: the step whose count waits for the next chunk
+  uint32_t late = 0;  // RingPlanFault::kLateStepCount: the step whose count waits for the next chunk
 };
 
 struct RankState {
@@ -173,7 +178,7 @@ struct RankState {
   std::vector<uint32_t> seen;
   uint32_t launch = 0, prev = 0;
   bool running = false;
-  std::vector<Agent> comm;              // communication blocks, each taking a slice of every item
+  std::vector<Agent> comm;                  // communication blocks, each taking a slice of every item
   std::vector<uint32_t> started, finished;  // per item: blocks that began / ended their slice
   std::vector<Agent> attn;
 };
@@ -250,8 +255,8 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
   auto read_begin = [&](Slot& s, uint32_t launch, uint32_t chunk, const std::string& who, const std::string& what) {
     if (s.launch != launch || s.chunk != chunk || s.writing)
       fail(who + ": reads " + what + " expecting launch " + std::to_string(launch) + "'s chunk of rank " +
-           std::to_string(chunk) + ", finds launch " + std::to_string(s.launch) + "'s of rank " + std::to_string(s.chunk) +
-           (s.writing ? " (being written)" : ""));
+           std::to_string(chunk) + ", finds launch " + std::to_string(s.launch) + "'s of rank " +
+           std::to_string(s.chunk) + (s.writing ? " (being written)" : ""));
     ++s.active;
   };
   auto read_end = [&](Slot& s) {
@@ -288,16 +293,18 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
              std::to_string(s.seen[q]) + " times; expected once");
     for (uint32_t t = 0; t < R; ++t)
       if (s.freed_count[t] != 0)
-        fail(rk(r) + " launch " + std::to_string(s.launch) + ": the freed count of step " + std::to_string(t) +
-             " is " + std::to_string(s.freed_count[t]) + " at the end; expected 0 (counted by every reader once)");
+        fail(rk(r) + " launch " + std::to_string(s.launch) + ": the freed count of step " + std::to_string(t) + " is " +
+             std::to_string(s.freed_count[t]) + " at the end; expected 0 (counted by every reader once)");
     s.running = false;
     // The last block: done to the node peers, slot_free to the rail peers (through the network).
     for (uint32_t i = 1; i < G; ++i) st[L.node_peer(r, i)].nvl_flags[L.done_flag(r)] = s.launch;
     const uint32_t n = L.node_of(r);
     for (uint32_t i = 1; i < N; ++i)
       wire.push_back(Message{false, r, L.rail_peer(r, L.send_node(n, i)), 0, L.slot_free_flag(n), s.launch, 0});
-    if (s.launch < o.launches) start_launch(r);
-    else ++ranks_finished;
+    if (s.launch < o.launches)
+      start_launch(r);
+    else
+      ++ranks_finished;
   };
 
   // Whether an agent's next event may happen now (its waits hold), and the event itself.
@@ -371,7 +378,9 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
           fail(who + ": delivers rank " + std::to_string(chunk) + "'s chunk to a step that attends to rank " +
                std::to_string(g0.source_of(s.peer, s.dst_step)) + "'s");
         if (phase == 0) {
-          if (s.src_step > 0) read_begin(me.kv[g0.slot_of(s.src_step)], l, chunk, who, "its slot of its step " + std::to_string(s.src_step));
+          if (s.src_step > 0)
+            read_begin(me.kv[g0.slot_of(s.src_step)], l, chunk, who,
+                       "its slot of its step " + std::to_string(s.src_step));
           write_begin(dst, who, rk(s.peer) + "'s slot of its step " + std::to_string(s.dst_step));
         } else {
           if (s.src_step > 0) {
@@ -449,7 +458,8 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
       to.net_flags[m.flag] = std::max<uint64_t>(to.net_flags[m.flag], m.launch);
       return;
     }
-    const std::string who = "the put of rank " + std::to_string(m.from) + "'s chunk (launch " + std::to_string(m.launch) + ")";
+    const std::string who =
+        "the put of rank " + std::to_string(m.from) + "'s chunk (launch " + std::to_string(m.launch) + ")";
     write_begin(to.net[m.slot], who, rk(m.to) + "'s network slot " + std::to_string(m.slot));
     write_end(to.net[m.slot], m.launch, m.chunk, 1);
     read_end(st[m.from].net[m.slot]);  // the staging slot: one put fewer reads it
@@ -485,17 +495,22 @@ RingReplayReport ring_replay(const FusedLayout& L, const RingReplayOptions& o) {
             waiting += "; " + item_name(r, plan[r][me.comm[cb].next]) + " (comm block " + std::to_string(cb) + ")";
         for (uint32_t b = 0; b < B; ++b)
           if (!me.attn[b].done)
-            waiting += "; " + rk(r) + " attention block " + std::to_string(b) + " at step " + std::to_string(me.attn[b].next);
+            waiting +=
+                "; " + rk(r) + " attention block " + std::to_string(b) + " at step " + std::to_string(me.attn[b].next);
       }
       fail("deadlock: nobody can move (launches under way" + waiting + ")");
       break;
     }
     const auto [kind, who] = runnable[std::uniform_int_distribution<size_t>(0, runnable.size() - 1)(rng)];
     ++rep.events;
-    if (kind <= -3) comm_event(who, static_cast<uint32_t>(-3 - kind));
-    else if (kind > 0) attn_event(who, static_cast<uint32_t>(kind - 1));
-    else if (kind == -1) deliver(who);
-    else end_launch(who);
+    if (kind <= -3)
+      comm_event(who, static_cast<uint32_t>(-3 - kind));
+    else if (kind > 0)
+      attn_event(who, static_cast<uint32_t>(kind - 1));
+    else if (kind == -1)
+      deliver(who);
+    else
+      end_launch(who);
   }
   // Signals of the last launch may still be on the wire; nothing else may be.
   for (const Message& m : wire)

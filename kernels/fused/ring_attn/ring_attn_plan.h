@@ -86,10 +86,10 @@ enum RingChunkFlags : uint32_t { kRingReadRunning = 1, kRingWriteFinal = 2 };
 
 // What one query group does with the chunk of one step (note 5). Layout-compatible with AttnChunk.
 struct RingChunk {
-  uint32_t kv_len = 0;         // keys visited, from the chunk's first position
+  uint32_t kv_len = 0;  // keys visited, from the chunk's first position
   uint32_t relation = kRingSkip;
-  int32_t causal_offset = 0;   // kRingCausal: row i sees key j iff j <= i + causal_offset
-  uint32_t flags = 0;          // RingChunkFlags
+  int32_t causal_offset = 0;  // kRingCausal: row i sees key j iff j <= i + causal_offset
+  uint32_t flags = 0;         // RingChunkFlags
 };
 static_assert(sizeof(RingChunk) == 16);
 
@@ -114,9 +114,9 @@ static_assert(sizeof(RingStep) == 16);
 struct RingGeometry {
   FusedLayout layout;
   uint32_t rank = 0;
-  uint32_t s_local = 0;     // positions per rank (queries, keys and values)
+  uint32_t s_local = 0;  // positions per rank (queries, keys and values)
   uint32_t placement = kRingNonCausal;
-  uint32_t slots = 0;       // KV slots per rank (note 3); 0: ring_default_slots
+  uint32_t slots = 0;  // KV slots per rank (note 3); 0: ring_default_slots
 
   MK_KERNEL_HD constexpr uint32_t world() const { return layout.world(); }
   // The rank whose chunk rank `r` attends to at step t (note 1), and the inverse.
@@ -194,31 +194,31 @@ std::vector<uint64_t> ring_zigzag_permutation(uint64_t seq, uint32_t world);
 // Broken plans, to prove the replay's checks catch what they claim to.
 enum class RingPlanFault : uint8_t {
   kNone,
-  kNoFreedWait,         // pushes and receives ignore freed() and the previous launch's done
-  kFreeBeforeForward,   // freed(t) counts only the attention blocks, not the forwards
-  kDropLastPush,        // rank 0's last push is missing
-  kNoSlotFreeWait,      // sends do not wait for the rail peers' previous launch
-  kTooFewSlots,         // slots = gpus - 1 across nodes (below the rule of note 3)
-  kLateStepCount,       // an attention block counts itself out of step t only once chunk t + 1
-                        //   arrived (the kernel's first version: a deadlock with one slot)
+  kNoFreedWait,        // pushes and receives ignore freed() and the previous launch's done
+  kFreeBeforeForward,  // freed(t) counts only the attention blocks, not the forwards
+  kDropLastPush,       // rank 0's last push is missing
+  kNoSlotFreeWait,     // sends do not wait for the rail peers' previous launch
+  kTooFewSlots,        // slots = gpus - 1 across nodes (below the rule of note 3)
+  kLateStepCount,      // an attention block counts itself out of step t only once chunk t + 1
+                       //   arrived (the kernel's first version: a deadlock with one slot)
 };
 
 struct RingReplayOptions {
-  uint32_t launches = 3;       // consecutive launches, no reset in between
-  uint32_t attn_blocks = 2;    // attention blocks per rank, each loading every chunk
-  uint32_t comm_blocks = 2;    // communication blocks per rank, each moving a slice of every item
-  uint32_t slots = 0;          // 0: ring_default_slots
+  uint32_t launches = 3;     // consecutive launches, no reset in between
+  uint32_t attn_blocks = 2;  // attention blocks per rank, each loading every chunk
+  uint32_t comm_blocks = 2;  // communication blocks per rank, each moving a slice of every item
+  uint32_t slots = 0;        // 0: ring_default_slots
   uint32_t placement = kRingCausalZigzag;
-  uint64_t seed = 1;           // interleaving of every agent
+  uint64_t seed = 1;  // interleaving of every agent
   RingPlanFault fault = RingPlanFault::kNone;
 };
 
 struct RingReplayReport {
-  std::string error;                  // "" when every check held
+  std::string error;  // "" when every check held
   uint64_t events = 0;
-  uint64_t network_chunk_transfers = 0;  // puts through the proxies, all launches
-  uint64_t nvlink_chunk_transfers = 0;   // pushes into a node peer, all launches
-  uint64_t max_sends_per_chunk_node = 0; // of one chunk to one node in one launch
+  uint64_t network_chunk_transfers = 0;   // puts through the proxies, all launches
+  uint64_t nvlink_chunk_transfers = 0;    // pushes into a node peer, all launches
+  uint64_t max_sends_per_chunk_node = 0;  // of one chunk to one node in one launch
 };
 
 // Replays every rank's plan as an interleaving of independent agents (each rank's communication

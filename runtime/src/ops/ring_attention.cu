@@ -24,10 +24,17 @@ Status from_attn(const mk::AttnResult& r, const std::string& what) {
   if (r.ok()) return Status::Ok();
   StatusCode code = StatusCode::kInvalidArgument;
   switch (r.code) {
-    case mk::AttnError::kWorkspaceTooSmall: code = StatusCode::kResourceExhausted; break;
-    case mk::AttnError::kUnsupportedDevice: code = StatusCode::kFailedPrecondition; break;
-    case mk::AttnError::kCudaError: code = StatusCode::kDeviceError; break;
-    default: break;
+    case mk::AttnError::kWorkspaceTooSmall:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case mk::AttnError::kUnsupportedDevice:
+      code = StatusCode::kFailedPrecondition;
+      break;
+    case mk::AttnError::kCudaError:
+      code = StatusCode::kDeviceError;
+      break;
+    default:
+      break;
   }
   return Status(code, what + ": " + r.message);
 }
@@ -48,8 +55,8 @@ Status check_shape(const RingAttentionShape& s, uint32_t world) {
     if (d.v == 0 || d.v > 0x7FFFFFFFu)
       return bad(std::string(d.name) + " = " + std::to_string(d.v) + "; expected 1 .. 2^31 - 1");
   if (s.heads_q % s.heads_kv != 0)
-    return bad("heads_q = " + std::to_string(s.heads_q) + " is not a multiple of heads_kv = " + std::to_string(s.heads_kv) +
-               " (grouped-query attention)");
+    return bad("heads_q = " + std::to_string(s.heads_q) +
+               " is not a multiple of heads_kv = " + std::to_string(s.heads_kv) + " (grouped-query attention)");
   if (s.head_dim != 64 && s.head_dim != 128)
     return bad("head_dim = " + std::to_string(s.head_dim) + "; expected 64 or 128");
   if (s.layout != AttentionLayout::kBHSD && s.layout != AttentionLayout::kBSHD)
@@ -61,7 +68,8 @@ Status check_shape(const RingAttentionShape& s, uint32_t world) {
   if (s.placement == RingPlacement::kCausalZigzag && s.s_local % 2 != 0)
     return bad("s_local = " + std::to_string(s.s_local) +
                " with zigzag placement; expected an even number (two chunks of s_local / 2 positions per rank; the "
-               "whole sequence is world x s_local = " + std::to_string(uint64_t{world} * s.s_local) + ")");
+               "whole sequence is world x s_local = " +
+               std::to_string(uint64_t{world} * s.s_local) + ")");
   if (!(s.scale >= 0.0f) || s.scale > 1e30f)
     return bad("scale = " + std::to_string(s.scale) + "; expected a positive finite number (0: 1/sqrt(head_dim))");
   return Status::Ok();
@@ -97,9 +105,9 @@ StatusOr<std::unique_ptr<RingAttention>> RingAttention::create(Communicator& com
     return Status(StatusCode::kInvalidArgument, std::string(kWhat) + ": slots = " + std::to_string(config.slots) +
                                                     "; expected 0 (choose) to " + std::to_string(mk::kRingMaxSlots));
   if (config.comm_blocks < 0 || config.attn_blocks < 0)
-    return Status(StatusCode::kInvalidArgument, std::string(kWhat) + ": comm_blocks = " +
-                                                    std::to_string(config.comm_blocks) + ", attn_blocks = " +
-                                                    std::to_string(config.attn_blocks) + "; expected 0 (choose) or more");
+    return Status(StatusCode::kInvalidArgument,
+                  std::string(kWhat) + ": comm_blocks = " + std::to_string(config.comm_blocks) +
+                      ", attn_blocks = " + std::to_string(config.attn_blocks) + "; expected 0 (choose) or more");
   MK_RETURN_IF_ERROR(ops_detail::check_device(comm, kWhat));
   MK_ASSIGN_OR_RETURN(mk::FusedLayout layout, layout_of(comm));
   const uint32_t slots = resolved_slots(layout.nodes, layout.gpus, config.slots);
@@ -107,16 +115,15 @@ StatusOr<std::unique_ptr<RingAttention>> RingAttention::create(Communicator& com
   const mk::DeviceComm& c = comm.device();
   const uint32_t form = static_cast<uint32_t>(shape.head_dim) | (static_cast<uint32_t>(shape.layout) << 8) |
                         (static_cast<uint32_t>(shape.placement) << 16);
-  MK_RETURN_IF_ERROR(agree(comm, kWhat,
-                           {4u, static_cast<uint32_t>(shape.batch), static_cast<uint32_t>(shape.heads_q),
-                            static_cast<uint32_t>(shape.heads_kv), static_cast<uint32_t>(shape.s_local), form,
-                            layout.nodes, slots, c.num_flags, c.num_fused_flags, c.nvl_fused_flags,
-                            static_cast<uint32_t>(c.nvl_bytes >> 12)},
-                           {"the op", "batch", "heads_q", "heads_kv", "s_local (positions per rank)",
-                            "head_dim | layout << 8 | placement << 16", "the number of nodes", "slots",
-                            "Options::num_flags", "Options::fused_flags", "the NVLink buffer's fused-op flags",
-                            "Options::nvlink_bytes / 4096"},
-                           stream));
+  MK_RETURN_IF_ERROR(
+      agree(comm, kWhat,
+            {4u, static_cast<uint32_t>(shape.batch), static_cast<uint32_t>(shape.heads_q),
+             static_cast<uint32_t>(shape.heads_kv), static_cast<uint32_t>(shape.s_local), form, layout.nodes, slots,
+             c.num_flags, c.num_fused_flags, c.nvl_fused_flags, static_cast<uint32_t>(c.nvl_bytes >> 12)},
+            {"the op", "batch", "heads_q", "heads_kv", "s_local (positions per rank)",
+             "head_dim | layout << 8 | placement << 16", "the number of nodes", "slots", "Options::num_flags",
+             "Options::fused_flags", "the NVLink buffer's fused-op flags", "Options::nvlink_bytes / 4096"},
+            stream));
   mk::RingAttnSetup s;
   s.comm = c;
   s.wait = comm.wait_context();
@@ -157,7 +164,8 @@ Status ring_attention(Communicator& comm, const void* q, const void* k, const vo
   const std::string key = std::string(kWhat) + "/" + std::to_string(shape.batch) + "/" + std::to_string(shape.heads_q) +
                           "/" + std::to_string(shape.heads_kv) + "/" + std::to_string(shape.s_local) + "/" +
                           std::to_string(shape.head_dim) + "/" + std::to_string(static_cast<uint32_t>(shape.layout)) +
-                          "/" + std::to_string(static_cast<uint32_t>(shape.placement)) + "/" + std::to_string(shape.scale);
+                          "/" + std::to_string(static_cast<uint32_t>(shape.placement)) + "/" +
+                          std::to_string(shape.scale);
   std::shared_ptr<void>& slot = comm.op_slot(key);
   if (!slot) {
     MK_ASSIGN_OR_RETURN(std::unique_ptr<RingAttention> op, RingAttention::create(comm, shape, {}, stream));

@@ -110,8 +110,8 @@ TEST(RingAttnPlan, RelationsMatchBruteForce) {
                   if (c.relation == mk::kRingCausal)
                     got = j < c.kv_len && static_cast<int64_t>(j) <= static_cast<int64_t>(i) + c.causal_offset;
                   ASSERT_EQ(got, want) << layout_name(l) << " placement " << placement << " s_local " << s_local
-                                       << " rank " << r << " step " << t << " group " << grp << " row " << i
-                                       << " key " << j;
+                                       << " rank " << r << " step " << t << " group " << grp << " row " << i << " key "
+                                       << j;
                   if (got) {
                     all.insert(Pair{qg, kg});
                     ++total;

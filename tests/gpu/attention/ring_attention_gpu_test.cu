@@ -50,14 +50,14 @@ std::mutex g_print;
     }                                                                \
   } while (0)
 
-#define RANK_CUDA(call)                                                                                    \
-  do {                                                                                                     \
-    const cudaError_t e_ = (call);                                                                         \
-    if (e_ != cudaSuccess) {                                                                               \
-      std::lock_guard<std::mutex> lock_(g_print);                                                          \
+#define RANK_CUDA(call)                                                                                     \
+  do {                                                                                                      \
+    const cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess) {                                                                                \
+      std::lock_guard<std::mutex> lock_(g_print);                                                           \
       std::printf("FAIL rank %u %s:%d: %s: %s\n", rank, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      return fails + 1;                                                                                    \
-    }                                                                                                      \
+      return fails + 1;                                                                                     \
+    }                                                                                                       \
   } while (0)
 
 struct Case {
@@ -71,9 +71,12 @@ struct Case {
 
 const char* placement_name(rt::RingPlacement p) {
   switch (p) {
-    case rt::RingPlacement::kNonCausal: return "no mask";
-    case rt::RingPlacement::kCausalContiguous: return "causal contiguous";
-    case rt::RingPlacement::kCausalZigzag: return "causal zigzag";
+    case rt::RingPlacement::kNonCausal:
+      return "no mask";
+    case rt::RingPlacement::kCausalContiguous:
+      return "causal contiguous";
+    case rt::RingPlacement::kCausalZigzag:
+      return "causal zigzag";
   }
   return "?";
 }
@@ -114,7 +117,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   const size_t q_all = B * Hq * S * D, kv_all = B * Hkv * S * D;
   const size_t q_loc = B * Hq * cs.s_local * D, kv_loc = B * Hkv * cs.s_local * D;
   __nv_bfloat16 *qa = nullptr, *ka = nullptr, *va = nullptr, *tmp = nullptr;  // whole sequence, original order
-  __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;      // this rank's part
+  __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;       // this rank's part
   float *lse = nullptr, *ref_o = nullptr, *ref_lse = nullptr;
   RANK_CUDA(cudaMalloc(&qa, q_all * 2));
   RANK_CUDA(cudaMalloc(&ka, kv_all * 2));
@@ -177,8 +180,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     for (auto& x : t) {
       const __nv_bfloat16* placed = x.whole;
       if (cs.placement == rt::RingPlacement::kCausalZigzag) {
-        const mkernel::Status st =
-            rt::zigzag_reorder(x.whole, tmp, B, x.heads, S, D, 2, cs.layout, R, true, stream);
+        const mkernel::Status st = rt::zigzag_reorder(x.whole, tmp, B, x.heads, S, D, 2, cs.layout, R, true, stream);
         RANK_CHECK(st.ok(), "zigzag_reorder: %s", st.to_string().c_str());
         placed = tmp;
       }
@@ -198,7 +200,8 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     const std::vector<float> out = attn_test::gather_bf16(o, q_loc, static_cast<int>(B), static_cast<int>(Hq),
                                                           static_cast<int>(cs.s_local), static_cast<int>(D), ls);
     const std::vector<float> out_lse = attn_test::to_host(lse, B * Hq * cs.s_local);
-    const std::vector<float> all_o = attn_test::to_host(ref_o, q_all), all_lse = attn_test::to_host(ref_lse, B * Hq * S);
+    const std::vector<float> all_o = attn_test::to_host(ref_o, q_all),
+                             all_lse = attn_test::to_host(ref_lse, B * Hq * S);
     std::vector<float> want(out.size()), want_lse(out_lse.size());
     for (uint64_t b = 0; b < B; ++b)
       for (uint64_t h = 0; h < Hq; ++h)
@@ -236,7 +239,8 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
       for (uint64_t h = 0; h < Hq; ++h)
         for (uint64_t p = 0; p < S; ++p)
           for (uint64_t d = 0; d < D; ++d)
-            wrong += placed[b * qs.b + h * qs.h + p * qs.s + d] != whole[b * qs.b + h * qs.h + perm.value()[p] * qs.s + d];
+            wrong +=
+                placed[b * qs.b + h * qs.h + p * qs.s + d] != whole[b * qs.b + h * qs.h + perm.value()[p] * qs.s + d];
     RANK_CHECK(wrong == 0, "zigzag_reorder: %zu elements differ from the host permutation", wrong);
     auto* back_buf = reinterpret_cast<__nv_bfloat16*>(ref_o);  // q_all fp32: room for q_all bf16
     const mkernel::Status back = rt::zigzag_reorder(tmp, back_buf, B, Hq, S, D, 2, cs.layout, R, false, stream);
@@ -274,7 +278,8 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   (void)cudaGraphDestroy(graph);
   {
     std::lock_guard<std::mutex> lock(g_print);
-    std::printf("      rank %u: 3 launches + 2 graph replays: O rel err %.2e, lse err %.2e\n", rank, worst_o, worst_lse);
+    std::printf("      rank %u: 3 launches + 2 graph replays: O rel err %.2e, lse err %.2e\n", rank, worst_o,
+                worst_lse);
   }
   sync();
   for (void* p : {static_cast<void*>(qa), static_cast<void*>(ka), static_cast<void*>(va), static_cast<void*>(tmp),
@@ -292,7 +297,8 @@ rt::Options options_for(const Case& cs) {
   s.s_local = cs.s_local;
   s.head_dim = cs.head_dim;
   rt::Options o;
-  o.nvlink_bytes = std::max<uint64_t>(1 << 20, rt::ring_attention_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, s, cs.slots));
+  o.nvlink_bytes =
+      std::max<uint64_t>(1 << 20, rt::ring_attention_nvlink_bytes(cs.topo.nodes, cs.topo.gpus, s, cs.slots));
   o.network_workspace_bytes = rt::ring_attention_network_bytes(cs.topo.nodes, s);
   o.fused_flags = std::max<uint32_t>(4096, rt::ring_attention_fused_flags(cs.topo.nodes, cs.topo.gpus));
   o.device_wait_timeout_ns = 10'000'000'000ull;
@@ -355,9 +361,12 @@ int run_error_cases() {
         std::vector<uint16_t> host(1 << 16);
         sync();
         const auto nc = rt::RingPlacement::kNonCausal, zz = rt::RingPlacement::kCausalZigzag;
-        expect(rt::RingAttention::create(comm, shape(6, 4, 64, 64, nc), {}, stream).status(), "heads_q = 6", "GQA heads");
-        expect(rt::RingAttention::create(comm, shape(4, 4, 64, 96, nc), {}, stream).status(), "head_dim = 96", "head dim");
-        expect(rt::RingAttention::create(comm, shape(4, 4, 63, 64, zz), {}, stream).status(), "s_local = 63", "odd zigzag");
+        expect(rt::RingAttention::create(comm, shape(6, 4, 64, 64, nc), {}, stream).status(), "heads_q = 6",
+               "GQA heads");
+        expect(rt::RingAttention::create(comm, shape(4, 4, 64, 96, nc), {}, stream).status(), "head_dim = 96",
+               "head dim");
+        expect(rt::RingAttention::create(comm, shape(4, 4, 63, 64, zz), {}, stream).status(), "s_local = 63",
+               "odd zigzag");
         expect(rt::RingAttention::create(comm, shape(4, 4, 0, 64, nc), {}, stream).status(), "s_local = 0", "empty");
         expect(rt::RingAttention::create(comm, shape(4, 4, 64, 64, static_cast<rt::RingPlacement>(7)), {}, stream)
                    .status(),
@@ -419,8 +428,8 @@ int run_dead_peer_case() {
         sync();
         if (rank == 0 && op.ok()) {
           const auto t0 = std::chrono::steady_clock::now();
-          const mkernel::Status l = op.value()->launch(d, d, d, static_cast<char*>(d) + (1 << 19),
-                                                       static_cast<float*>(d), stream);
+          const mkernel::Status l =
+              op.value()->launch(d, d, d, static_cast<char*>(d) + (1 << 19), static_cast<float*>(d), stream);
           RANK_CHECK(l.ok(), "launch: %s", l.to_string().c_str());
           RANK_CUDA(cudaStreamSynchronize(stream));
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -448,18 +457,19 @@ int main() {
   const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
   g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)
                     : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count() % 1000000007);
-  std::printf("ring_attention_gpu_test: seed %llu (MKERNEL_TEST_SEED replays it)\n", static_cast<unsigned long long>(g_seed));
+  std::printf("ring_attention_gpu_test: seed %llu (MKERNEL_TEST_SEED replays it)\n",
+              static_cast<unsigned long long>(g_seed));
   using L = rt::AttentionLayout;
   using P = rt::RingPlacement;
   std::vector<Case> cases = {
-      {{1, 1, "shm"}, 1, 4, 2, 300, 128, L::kBHSD, P::kCausalZigzag},          // one rank: the core alone
-      {{1, 2, "shm"}, 1, 4, 4, 200, 64, L::kBHSD, P::kCausalZigzag},           // halves of 100 rows
-      {{1, 2, "shm"}, 2, 8, 2, 333, 128, L::kBSHD, P::kNonCausal},             // GQA, [B, S, H, D], odd s_local
-      {{1, 2, "shm"}, 1, 4, 1, 256, 128, L::kBHSD, P::kCausalContiguous, 1},   // MQA, contiguous causal
-      {{1, 3, "shm"}, 1, 4, 2, 130, 64, L::kBSHD, P::kCausalZigzag},           // odd rank count
-      {{1, 4, "shm"}, 1, 2, 2, 100, 64, L::kBHSD, P::kNonCausal, 1, false},    // one slot reused, 16-byte copies
-      {{2, 1, "shm"}, 1, 4, 2, 200, 128, L::kBHSD, P::kCausalZigzag},          // two nodes through the proxies
-      {{2, 2, "shm"}, 1, 4, 4, 150, 64, L::kBHSD, P::kCausalZigzag, 2},        // forwards over NVLink, slots reused
+      {{1, 1, "shm"}, 1, 4, 2, 300, 128, L::kBHSD, P::kCausalZigzag},         // one rank: the core alone
+      {{1, 2, "shm"}, 1, 4, 4, 200, 64, L::kBHSD, P::kCausalZigzag},          // halves of 100 rows
+      {{1, 2, "shm"}, 2, 8, 2, 333, 128, L::kBSHD, P::kNonCausal},            // GQA, [B, S, H, D], odd s_local
+      {{1, 2, "shm"}, 1, 4, 1, 256, 128, L::kBHSD, P::kCausalContiguous, 1},  // MQA, contiguous causal
+      {{1, 3, "shm"}, 1, 4, 2, 130, 64, L::kBSHD, P::kCausalZigzag},          // odd rank count
+      {{1, 4, "shm"}, 1, 2, 2, 100, 64, L::kBHSD, P::kNonCausal, 1, false},   // one slot reused, 16-byte copies
+      {{2, 1, "shm"}, 1, 4, 2, 200, 128, L::kBHSD, P::kCausalZigzag},         // two nodes through the proxies
+      {{2, 2, "shm"}, 1, 4, 4, 150, 64, L::kBHSD, P::kCausalZigzag, 2},       // forwards over NVLink, slots reused
   };
   if (const char* only = std::getenv("MKERNEL_RING_CASES")) {  // e.g. "0,2": a subset, for quick runs
     std::vector<Case> some;
