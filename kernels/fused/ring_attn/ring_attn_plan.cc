@@ -111,11 +111,12 @@ std::vector<RingStep> ring_steps(const RingGeometry& g) {
   const uint32_t r = g.rank, n = L.node_of(r), G = L.gpus, N = L.nodes, S = g.slots;
   std::vector<RingStep> steps;
   auto wait_for = [&](uint32_t dst) { return static_cast<uint16_t>(dst > S ? dst - S : 0); };
-  // Sends first: they wait only on the previous launch, and the network is the slow path.
-  if (N > 1) steps.push_back(RingStep{kRingSend, 0, 0, 0, static_cast<uint16_t>(n), r, 0, 0});
-  // Then every delivery in the order its receiver consumes it (note 4).
+  // Every delivery in the order its receiver consumes it (note 4); the send right after the own
+  // chunk's NVLink pushes (note 4: it waits only on the previous launch, and so do those pushes
+  // since slots >= gpus across nodes).
   for (uint32_t i = 0; i < N; ++i) {
     const uint32_t base = i * G;
+    if (i == 1) steps.push_back(RingStep{kRingSend, 0, 0, 0, static_cast<uint16_t>(n), r, 0, 0});
     if (i > 0) {
       steps.push_back(RingStep{kRingReceive, 0, 0, static_cast<uint16_t>(base), static_cast<uint16_t>((n + i) % N), r,
                                wait_for(base), 0});

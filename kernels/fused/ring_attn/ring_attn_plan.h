@@ -41,8 +41,11 @@
 //       Fused-op flags of the flag array (after slot_free(n), layout.h; raised by the proxy):
 //         arrival(n) = nodes + n           the rail peer on node n's chunk is in network slot n
 //     The list of a rank is ordered by the step at which the receiving rank consumes what it
-//     delivers (sends first: they wait only on the previous launch), so every wait is for an
-//     earlier step and the ranks cannot wait in a circle (note 3).
+//     delivers, so every wait is for an earlier step and the ranks cannot wait in a circle (note
+//     3). The send (staging into host memory, then the puts) goes right after the pushes of the
+//     own chunk, which the node peers need first (steps 1 .. gpus - 1) and which, like the send,
+//     wait only on the previous launch (their steps are at most gpus - 1 <= slots across nodes);
+//     the chunk it carries is first needed at step gpus.
 //  5. Placement and relations. Positions are placed on ranks in one of three ways:
 //       kRingNonCausal         contiguous, no mask: every (query, chunk) pair is full;
 //       kRingCausalContiguous  contiguous, causal: rank r holds positions [r s, (r + 1) s); its
