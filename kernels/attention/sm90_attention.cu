@@ -156,6 +156,15 @@ const char* attn_dtype_name(AttnDtype t) {
   }
 }
 
+AttnResult attention_tensor_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t rows, int64_t heads,
+                                int64_t batch, const AttnStrides& strides, uint32_t box_rows, const char* name) {
+  return make_map(map, ptr, head_dim, rows, heads, batch, strides, box_rows, name);
+}
+
+AttnStrides attention_packed_strides(AttnLayout layout, int64_t heads, int64_t seq, int64_t head_dim) {
+  return packed_strides(layout, heads, seq, head_dim);
+}
+
 size_t attention_workspace_bytes(const AttnArgs& a) {
   if (a.num_chunks <= 1 || a.batch < 1 || a.heads_q < 1 || a.seq_q < 1 || a.head_dim < 1) return kWorkspaceHeader;
   const size_t rows = static_cast<size_t>(a.batch) * a.heads_q * a.seq_q;
@@ -344,6 +353,7 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
   p.scale = args.scale > 0.0f ? args.scale : 1.0f / std::sqrt(static_cast<float>(args.head_dim));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.lse = args.lse;
+  p.lse_head_stride = p.q_len;
   if (have_workspace) p.sched_counters = static_cast<uint32_t*>(args.workspace);
   if (num_chunks > 1) {
     auto* ws = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + kWorkspaceHeader);

@@ -659,9 +659,10 @@ struct Sm90AttnCore {
       ptx::bulk_commit_group();
     }
     if (lane % 4 == 0) {
+      const uint64_t lse_row0 = (static_cast<uint64_t>(u.b) * p.heads_q + u.h) * p.lse_head_stride;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        if (valid[hh]) p.lse[head_row0 + row0 + 8 * hh] = lse[hh];
+        if (valid[hh]) p.lse[lse_row0 + row0 + 8 * hh] = lse[hh];
       }
     }
   }

@@ -140,6 +140,15 @@ struct AttnPlan {
 // Scratch: 256 bytes of schedule counters, and for num_chunks > 1 the fp32 running O and lse.
 size_t attention_workspace_bytes(const AttnArgs& args);
 
+// For fused kernels that drive the core (the ring): the tensor map of a [batch, heads, rows,
+// head_dim] bf16 tensor with the given strides, as the core loads and stores it (boxes of 64
+// columns x box_rows rows of one head, 128-byte swizzle; rows past `rows` read as zero and are not
+// written), and the strides of a packed layout.
+[[nodiscard]] AttnResult attention_tensor_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t rows,
+                                              int64_t heads, int64_t batch, const AttnStrides& strides,
+                                              uint32_t box_rows, const char* name);
+AttnStrides attention_packed_strides(AttnLayout layout, int64_t heads, int64_t seq, int64_t head_dim);
+
 // "d128 n128 pp1 b132 snake c1", for logs and benchmarks.
 std::string attention_config_string(const AttnPlan& plan);
 

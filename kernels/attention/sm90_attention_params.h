@@ -90,8 +90,11 @@ struct AttnParams {
   float scale;            // softmax scale (1/sqrt(head_dim) unless given)
   float scale_log2;       // scale * log2(e): exponentials are exp2 of fused multiply-adds
 
-  // Outputs. lse: fp32 [batch, heads_q, q_len] (natural log), written with kAttnWriteFinal.
+  // Outputs. lse: fp32 [batch, heads_q, lse_head_stride] (natural log), written with kAttnWriteFinal:
+  // row i of head (b, h) at lse[(b * heads_q + h) * lse_head_stride + i]. The standalone op's
+  // lse_head_stride is q_len; the ring's query groups are rows of a longer sequence.
   float* lse;
+  uint32_t lse_head_stride;
   // Running state (note 3; only chunks without kAttnWriteFinal, or with kAttnReadRunning, use it):
   // fp32 [batch, heads_q, q_len, head_dim] and [batch, heads_q, q_len], packed.
   float* o_run;

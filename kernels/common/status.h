@@ -75,7 +75,10 @@ enum DeviceStep : uint32_t {
   kStepMoePartial = 17,    // waiting for MoE partials of a node peer; index: local * 2^32 + node * 65536 + chunk
   kStepMoeNodeSum = 18,    // waiting for another node's MoE partials; index: node * 65536 + chunk
   kStepMoeLayout = 19,     // waiting for the MoE row layout or a source's expansion; index: source
-  kNumDeviceSteps = 20,
+  kStepRingKV = 20,        // ring attention waiting for the K/V chunk of a step; index: step * 65536 + source rank
+  kStepRingSlotFree = 21,  // ring attention waiting until a rank's slot is free; index: rank * 65536 + step
+  kStepRingCopy = 22,      // ring attention copying a K/V chunk (bulk copy pipeline); index: rank * 65536 + step
+  kNumDeviceSteps = 23,
 };
 
 MK_KERNEL_HD constexpr uint64_t where_tag(uint32_t step, uint64_t index) {
@@ -128,6 +131,9 @@ MK_KERNEL_HD constexpr const char* device_step_name(uint32_t step) {
     case kStepMoePartial: return "waiting for MoE partials local*2^32+node*65536+chunk";
     case kStepMoeNodeSum: return "waiting for another node's MoE partials node*65536+chunk";
     case kStepMoeLayout: return "waiting for the MoE row layout or the expansion of source";
+    case kStepRingKV: return "ring attention waiting for the K/V chunk of step*65536+source rank";
+    case kStepRingSlotFree: return "ring attention waiting until the K/V slot is free: rank*65536+step";
+    case kStepRingCopy: return "ring attention copying a K/V chunk into rank*65536+step";
     default: return "step";
   }
 }

@@ -19,6 +19,7 @@
 #include "common/comm.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
 #include "fused/common/launch_state.cuh"
+#include "fused/common/slice.cuh"
 #include "gemm/sm90_bf16_gemm_params.h"
 
 namespace mkernel::kernels {
@@ -113,19 +114,13 @@ __device__ __forceinline__ bool wait_step_inputs(const Ctx& x, const AgStep& s) 
   return false;
 }
 
-// Copies this block's slice of a `bytes`-long transfer: the transfer is cut into num_blocks
-// slices of whole 16-byte units, so every communication block moves part of every step and all
-// of them drive their links at once. GPU memory to GPU memory (local or a peer's over NVLink)
-// goes through thread 0's bulk copier (or, with bulk == 0, every thread's loads and stores);
-// anything touching mapped host memory with every thread's loads and stores (kPolicy).
-struct Slice {
-  uint64_t begin, bytes;
-};
-__device__ __forceinline__ Slice slice_of(uint64_t bytes, uint32_t block, uint32_t blocks) {
-  const uint64_t units = bytes / 16, per = (units + blocks - 1) / blocks;
-  const uint64_t b0 = min(units, uint64_t{block} * per), b1 = min(units, b0 + per);
-  return Slice{b0 * 16, (b1 - b0) * 16};
-}
+// Copies this block's slice of a `bytes`-long transfer (fused/common/slice.cuh): every
+// communication block moves part of every step and all of them drive their links at once. GPU
+// memory to GPU memory (local or a peer's over NVLink) goes through thread 0's bulk copier (or,
+// with bulk == 0, every thread's loads and stores); anything touching mapped host memory with
+// every thread's loads and stores (kPolicy).
+using kernels::Slice;
+using kernels::slice_of;
 
 // Runs this block's part of one step; returns the same on every thread. The block that finishes
 // the step's last slice publishes it (raises the flag, or puts to the rail peers).

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/comm.cuh"
+#include "fused/common/layout.h"
 
 namespace mkernel::kernels {
 
@@ -50,6 +51,24 @@ __device__ __forceinline__ void record_fused_launch(const DeviceComm& c, uint64_
 __device__ __forceinline__ void raise_flag(uint64_t* flag, uint64_t launch) {
   sync::fence_acq_rel_sys();
   sync::st_relaxed_sys(flag, launch);
+}
+
+// The last block's end of a launch (note 2) for an op whose peers wait on the shared done and
+// slot_free flags (layout.h): records the launch, tells the node peers (done) and the rail peers
+// on the other nodes (slot_free, through the proxy) that this rank's buffers may be written
+// again, and, when this rank failed, ends its peers' waits now rather than at their bound.
+__device__ __forceinline__ void end_fused_launch(const DeviceComm& c, const FusedLayout& L, uint32_t rank) {
+  const uint64_t launch = launch_number(c);
+  record_fused_launch(c, launch);
+  sync::fence_acq_rel_sys();
+  for (uint32_t i = 1; i < L.gpus; ++i)
+    sync::st_relaxed_sys(nvl_fused_flag(c, L.node_peer(rank, i), L.done_flag(rank)), launch);
+  const uint32_t node = L.node_of(rank);
+  for (uint32_t i = 1; i < L.nodes; ++i) {
+    const uint32_t to = L.rail_peer(rank, L.send_node(node, i));
+    if (!signal(c, to, fused_flag_index(c, L.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
+  }
+  if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
 }
 
 #endif  // __CUDACC__

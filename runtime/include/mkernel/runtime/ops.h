@@ -19,6 +19,10 @@
 //     device), each token sent once per rank and once per node; combine takes the experts'
 //     outputs in the same rows and gives every token's home rank the score-weighted sum over its
 //     choices [T, out_hidden], in a fixed order (docs/kernels.md, MoE).
+//   Ring attention (sequence parallelism over R ranks): rank r holds Q_r, K_r, V_r, its s_local
+//     positions of the sequence in the chosen placement; it gets O_r = attention of its queries
+//     over every rank's keys and values, and the log-sum-exp, in one persistent kernel that passes
+//     K/V around while it computes (docs/kernels.md, ring attention).
 //
 // Design notes
 //  1. Plans. An op object is made once per shape, collectively: every rank of the communicator
@@ -46,6 +50,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mkernel/common/status.h"
 #include "mkernel/runtime/runtime.h"
@@ -54,6 +59,7 @@ namespace mkernel::kernels {
 class AgGemmPlan;
 class GemmRsPlan;
 class MoePlan;
+class RingAttnPlan;
 }
 
 namespace mkernel::rt {
@@ -239,5 +245,84 @@ class MoeDispatchCombine {
   const void* checked_fused_[5] = {};
   bool fused_ = false;
 };
+
+
+// ---- ring attention ------------------------------------------------------------------------------
+
+// How positions are placed on the ranks (docs/kernels.md, ring attention):
+//   kNonCausal         no mask; rank r holds positions [r s_local, (r + 1) s_local)
+//   kCausalZigzag      causal; the sequence is cut into 2R chunks and rank r holds chunks r and
+//                      2R - 1 - r (every rank does the same work); reorder with zigzag_reorder
+//   kCausalContiguous  causal, contiguous like kNonCausal (rank R - 1 does R times the work of
+//                      rank 0: for comparison with rings that place this way)
+enum class RingPlacement : uint32_t { kNonCausal = 0, kCausalContiguous = 1, kCausalZigzag = 2 };
+
+// [B, H, S, D] (PyTorch's SDPA layout) or [B, S, H, D] (before the transpose); both native.
+enum class AttentionLayout : uint32_t { kBHSD = 0, kBSHD = 1 };
+
+struct RingAttentionShape {
+  uint64_t batch = 1;
+  uint64_t heads_q = 0;
+  uint64_t heads_kv = 0;   // heads_q a multiple of it (grouped-query attention)
+  uint64_t s_local = 0;    // positions per rank (even with kCausalZigzag); any value, not a tile multiple
+  uint64_t head_dim = 0;   // 64 or 128
+  AttentionLayout layout = AttentionLayout::kBHSD;
+  RingPlacement placement = RingPlacement::kNonCausal;
+  float scale = 0.0f;      // 0: 1 / sqrt(head_dim)
+};
+
+// The block split and slots; zeros mean "choose" (docs/kernels.md).
+struct RingAttentionConfig {
+  int comm_blocks = 0;      // blocks that pass K/V on (0: a rule from the layout)
+  int attn_blocks = 0;      // blocks that run the attention core (0: the SMs the comm blocks leave)
+  uint32_t slots = 0;       // K/V chunks a rank holds at once (0: 4, at least GPUs per node across nodes)
+  bool bulk_copies = true;  // GPU-memory copies by TMA bulk copies (false: 16-byte loads/stores)
+};
+
+// Options::nvlink_bytes, Options::network_workspace_bytes and Options::fused_flags a ring of this
+// shape needs on `nodes` x `gpus` ranks (slots 0: the default).
+uint64_t ring_attention_nvlink_bytes(uint32_t nodes, uint32_t gpus, const RingAttentionShape& shape, uint32_t slots = 0);
+uint64_t ring_attention_network_bytes(uint32_t nodes, const RingAttentionShape& shape);
+uint32_t ring_attention_fused_flags(uint32_t nodes, uint32_t gpus);
+
+class RingAttention {
+ public:
+  // Collective (note 1): every rank with the same shape and configuration.
+  static StatusOr<std::unique_ptr<RingAttention>> create(Communicator& comm, const RingAttentionShape& shape,
+                                                         const RingAttentionConfig& config = {},
+                                                         cudaStream_t stream = nullptr);
+  ~RingAttention();
+
+  // Enqueues begin_launch and the fused kernel on `stream`: q, o [B, Hq, s_local, D], k, v [B, Hkv,
+  // s_local, D] (or [B, s_local, H, D]), bf16, packed, 16-byte aligned; lse fp32 [B, Hq, s_local];
+  // device memory of this rank's GPU.
+  Status launch(const void* q, const void* k, const void* v, void* o, float* lse, cudaStream_t stream);
+
+  std::string describe() const;
+  // Floating-point operations of this rank's share (visible query-key pairs only).
+  double flops() const;
+
+ private:
+  RingAttention() = default;
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<kernels::RingAttnPlan> plan_;
+  const void* checked_[5] = {};
+};
+
+// One call: plans the shape on its first use (collectively, on `stream`) and launches.
+Status ring_attention(Communicator& comm, const void* q, const void* k, const void* v, void* o, float* lse,
+                      const RingAttentionShape& shape, cudaStream_t stream);
+
+// Zigzag placement (kCausalZigzag): perm[p] = the original position of placed position p, for a
+// sequence of `seq` positions (a multiple of 2 x world).
+StatusOr<std::vector<uint64_t>> zigzag_permutation(uint64_t seq, uint32_t world);
+
+// Reorders a whole sequence on one GPU into zigzag placement (to_zigzag) or back: src and dst
+// [batch, heads, seq, head_dim] or [batch, seq, heads, head_dim] of elem_bytes-byte elements,
+// packed, distinct device buffers. Rank r's part of the placed sequence is then positions
+// [r seq / world, (r + 1) seq / world). One kernel on `stream`.
+Status zigzag_reorder(const void* src, void* dst, uint64_t batch, uint64_t heads, uint64_t seq, uint64_t head_dim,
+                      uint32_t elem_bytes, AttentionLayout layout, uint32_t world, bool to_zigzag,
+                      cudaStream_t stream);
 
 }  // namespace mkernel::rt
