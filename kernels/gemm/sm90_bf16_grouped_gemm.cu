@@ -222,7 +222,8 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
                                static_cast<uint32_t>(c.raster),
                                static_cast<uint32_t>(c.band),
                                per_chunk,
-                               static_cast<uint32_t>(ceil_div(args.num_groups, per_chunk))};
+                               static_cast<uint32_t>(ceil_div(args.num_groups, per_chunk)),
+                               0u};
   p.group_ready_flags = h.group_ready;
 
   // The engine's view of the launch (what launch_sm90_bf16_gemm reads: block counts, cluster).

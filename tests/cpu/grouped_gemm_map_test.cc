@@ -31,7 +31,7 @@ mk::GroupedMapParams params_for(const std::vector<uint32_t>& offsets, uint32_t c
   const uint32_t groups = static_cast<uint32_t>(offsets.size() - 1);
   const uint32_t per_chunk = mk::grouped_groups_per_chunk(groups);
   return mk::GroupedMapParams{offsets.data(), groups, capacity,  l.num_n_blocks,
-                              l.raster,       l.band, per_chunk, (groups + per_chunk - 1) / per_chunk};
+                              l.raster,       l.band, per_chunk, (groups + per_chunk - 1) / per_chunk, 0u};
 }
 
 std::vector<uint32_t> offsets_from_counts(const std::vector<uint32_t>& counts, uint32_t first = 0) {
