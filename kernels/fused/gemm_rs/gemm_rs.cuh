@@ -392,21 +392,9 @@ struct GemmRsRole {
   // Thread 0 of every block after its work; the last block ends the launch (launch_state.cuh).
   __device__ static void block_exit(const GemmParams& p) {
     const auto& a = *static_cast<const GemmRsRoleArgs*>(p.role_args);
-    const DeviceComm& c = a.comm;
-    const FusedLayout& L = a.geo.layout;
-    if (!count_block_exit(c)) return;
-    const uint64_t launch = launch_number(c);
-    record_fused_launch(c, launch);
-    sync::fence_acq_rel_sys();
-    for (uint32_t i = 1; i < L.gpus; ++i)
-      sync::st_relaxed_sys(nvl_fused_flag(c, L.node_peer(a.geo.rank, i), L.done_flag(a.geo.rank)), launch);
-    const uint32_t node = L.node_of(a.geo.rank);
-    for (uint32_t i = 1; i < L.nodes; ++i) {
-      const uint32_t to = L.rail_peer(a.geo.rank, L.send_node(node, i));
-      if (!signal(c, to, fused_flag_index(c, L.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
-    }
-    if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+    if (count_block_exit(a.comm)) end_fused_launch(a.comm, a.geo.layout, a.geo.rank);
   }
+
 };
 
 #endif  // __CUDACC__

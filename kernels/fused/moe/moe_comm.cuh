@@ -850,21 +850,7 @@ __device__ inline bool combine_stages(const Ctx& x, const MoeCombinePtrs& p, uin
 
 // Thread 0 of every block after its work: the last block ends the launch (launch_state.cuh).
 __device__ inline void end_launch(const MoeKernelArgs& a) {
-  const DeviceComm& c = a.comm;
-  if (!count_block_exit(c)) return;
-  const uint64_t launch = launch_number(c);
-  record_fused_launch(c, launch);
-  sync::fence_acq_rel_sys();
-  for (uint32_t i = 1; i < a.layout.gpus; ++i) {
-    const uint32_t peer = a.layout.node_peer(a.rank, i);
-    sync::st_relaxed_sys(nvl_fused_flag(c, peer, a.layout.done_flag(a.rank)), launch);
-  }
-  const uint32_t node = a.layout.node_of(a.rank);
-  for (uint32_t i = 1; i < a.layout.nodes; ++i) {
-    const uint32_t to = a.layout.rail_peer(a.rank, a.layout.send_node(node, i));
-    if (!signal(c, to, fused_flag_index(c, a.layout.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
-  }
-  if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+  if (count_block_exit(a.comm)) end_fused_launch(a.comm, a.layout, a.rank);
 }
 
 }  // namespace moe_detail
