@@ -37,24 +37,12 @@ using attn_test::Strides;
 constexpr double kRelFro = 1e-2;  // O, relative Frobenius (the core's bound: bf16 P and bf16 O)
 constexpr double kLseAbs = 2e-3;  // lse, largest absolute error
 uint64_t g_seed = 0;
-std::mutex g_print;
-
-#define RANK_CHECK(cond, ...)                                        \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::lock_guard<std::mutex> lock_(g_print);                    \
-      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                                      \
-      std::printf("\n");                                             \
-      ++fails;                                                       \
-    }                                                                \
-  } while (0)
 
 #define RANK_CUDA(call)                                                                                     \
   do {                                                                                                      \
     const cudaError_t e_ = (call);                                                                          \
     if (e_ != cudaSuccess) {                                                                                \
-      std::lock_guard<std::mutex> lock_(g_print);                                                           \
+      std::lock_guard<std::mutex> lock_(fused_test::g_print);                                               \
       std::printf("FAIL rank %u %s:%d: %s: %s\n", rank, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
       return fails + 1;                                                                                     \
     }                                                                                                       \
@@ -156,7 +144,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   std::unique_ptr<rt::RingAttention> op = std::move(made.value());
   sync();
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      plan: %s\n", op->describe().c_str());
   }
 
@@ -277,7 +265,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
   {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      rank %u: 3 launches + 2 graph replays: O rel err %.2e, lse err %.2e\n", rank, worst_o,
                 worst_lse);
   }
@@ -342,7 +330,7 @@ int run_error_cases() {
           const bool ok = !s.ok() && s.message().find(must) != std::string::npos;
           RANK_CHECK(ok, "%s: expected an error containing \"%s\", got \"%s\"", what, must, s.to_string().c_str());
           if (ok && rank == 0) {
-            std::lock_guard<std::mutex> lock(g_print);
+            std::lock_guard<std::mutex> lock(fused_test::g_print);
             std::printf("      refused (%s): %s\n", what, s.message().c_str());
           }
         };
@@ -437,7 +425,7 @@ int run_dead_peer_case() {
           RANK_CHECK(!st.ok() && st.message().find("ring attention waiting for the K/V chunk") != std::string::npos,
                      "check() after a peer that never launched: \"%s\"", st.to_string().c_str());
           RANK_CHECK(secs < 6.0, "the kernel took %.1f s to end (bound 2 s)", secs);
-          std::lock_guard<std::mutex> lock(g_print);
+          std::lock_guard<std::mutex> lock(fused_test::g_print);
           std::printf("      ended after %.2f s: %s\n", secs, st.to_string().c_str());
         }
         sync();

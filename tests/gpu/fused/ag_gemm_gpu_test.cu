@@ -41,18 +41,6 @@ using gemm_test::to_host_float;
 
 constexpr double kTolerance = 5e-3;  // relative Frobenius error (the GEMM test's bound)
 uint64_t g_seed = 0;
-std::mutex g_print;
-
-#define RANK_CHECK(cond, ...)                                          \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::lock_guard<std::mutex> lock_(g_print);                      \
-      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
-      std::printf(__VA_ARGS__);                                        \
-      std::printf("\n");                                               \
-      ++fails;                                                         \
-    }                                                                  \
-  } while (0)
 
 struct Case {
   fused_test::Topology topo;
@@ -116,7 +104,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   sync();  // every rank's plan made (its device allocations done) before anyone launches
   rt::AllGatherGemm& op = *made.value();
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      plan: %s\n", op.describe().c_str());
   }
 
@@ -193,7 +181,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   GT_CUDA(cudaGraphExecDestroy(exec));
   GT_CUDA(cudaGraphDestroy(graph));
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      3 launches + 3 graph replays: worst rel err vs fp32 %.2e\n", worst);
   }
 
@@ -255,7 +243,7 @@ int run_error_cases() {
           const bool ok = !s.ok() && s.message().find(must) != std::string::npos;
           RANK_CHECK(ok, "%s: expected an error containing \"%s\", got \"%s\"", what, must, s.to_string().c_str());
           if (ok && rank == 0) {
-            std::lock_guard<std::mutex> lock(g_print);
+            std::lock_guard<std::mutex> lock(fused_test::g_print);
             std::printf("      refused (%s): %s\n", what, s.message().c_str());
           }
         };
@@ -321,7 +309,7 @@ int run_abort_case() {
           RANK_CHECK(why.message().find("a peer rank's kernel failed (rank 1 failed first)") != std::string::npos,
                      "check(): %s", why.to_string().c_str());
           RANK_CHECK(ms < 5000, "the wait ended %.0f ms after the launch; the peer failed about 300 ms in", ms);
-          std::lock_guard<std::mutex> lock(g_print);
+          std::lock_guard<std::mutex> lock(fused_test::g_print);
           std::printf("      rank 0's wait ended %.0f ms after its launch (rank 1 failed ~300 ms in): %s\n", ms,
                       why.message().c_str());
         } else {

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,22 @@
 namespace fused_test {
 
 namespace rt = mkernel::rt;
+
+// One printer at a time among the ranks' threads.
+inline std::mutex g_print;
+
+// In a rank's body (with `rank` and an int `fails` in scope): prints the failed condition's
+// message with the rank and place, and counts it.
+#define RANK_CHECK(cond, ...)                                          \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::lock_guard<std::mutex> lock_(fused_test::g_print);          \
+      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
+      std::printf(__VA_ARGS__);                                        \
+      std::printf("\n");                                               \
+      ++fails;                                                         \
+    }                                                                  \
+  } while (0)
 
 struct Topology {
   uint32_t nodes = 1;

@@ -50,18 +50,6 @@ using gemm_test::to_host_float;
 
 constexpr double kRelFro = 5e-3;
 uint64_t g_seed = 0;
-std::mutex g_print;
-
-#define RANK_CHECK(cond, ...)                                          \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::lock_guard<std::mutex> lock_(g_print);                      \
-      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
-      std::printf(__VA_ARGS__);                                        \
-      std::printf("\n");                                               \
-      ++fails;                                                         \
-    }                                                                  \
-  } while (0)
 
 struct Case {
   fused_test::Topology topo;
@@ -123,7 +111,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   sync();
   rt::GemmReduceScatter& op = *made_op;
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      plan: %s\n", op.describe().c_str());
   }
 
@@ -260,7 +248,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   GT_CUDA(cudaGraphExecDestroy(exec));
   GT_CUDA(cudaGraphDestroy(graph));
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      3 launches + a repeat (bit-identical) + 2 graph replays: worst |C - S| / bound %.3f, rel err vs "
                 "fp32 %.2e\n",
                 worst_ratio, worst_rel);
@@ -327,7 +315,7 @@ int run_error_cases() {
           const bool ok = !s.ok() && s.message().find(must) != std::string::npos;
           RANK_CHECK(ok, "%s: expected an error containing \"%s\", got \"%s\"", what, must, s.to_string().c_str());
           if (ok && rank == 0) {
-            std::lock_guard<std::mutex> lock(g_print);
+            std::lock_guard<std::mutex> lock(fused_test::g_print);
             std::printf("      refused (%s): %s\n", what, s.message().c_str());
           }
         };

@@ -45,18 +45,6 @@ namespace mk = mkernel::kernels;
 using gemm_test::fill_random;
 
 uint64_t g_seed = 0;
-std::mutex g_print;
-
-#define RANK_CHECK(cond, ...)                                          \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::lock_guard<std::mutex> lock_(g_print);                      \
-      std::printf("FAIL rank %u %s:%d: ", rank, __FILE__, __LINE__);   \
-      std::printf(__VA_ARGS__);                                        \
-      std::printf("\n");                                               \
-      ++fails;                                                         \
-    }                                                                  \
-  } while (0)
 
 struct Case {
   fused_test::Topology topo;
@@ -110,7 +98,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   const uint64_t rows_cap = op.rows_capacity();
   const uint32_t epr = op.experts_per_rank();
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      plan: %s\n", op.describe().c_str());
   }
   __nv_bfloat16 *x = nullptr, *xe = nullptr, *ye = nullptr, *out = nullptr, *scratch = nullptr;
@@ -338,7 +326,7 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
   rt::MoeDispatchCombine& op = *made.value();
   const uint32_t epr = op.experts_per_rank();
   if (rank == 0) {
-    std::lock_guard<std::mutex> lock(g_print);
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      fused plan: %s\n", op.describe().c_str());
   }
   __nv_bfloat16 *x = nullptr, *w = nullptr, *out = nullptr, *scratch = nullptr;
