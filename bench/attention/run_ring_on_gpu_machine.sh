@@ -12,14 +12,7 @@ machine=${3:?machine}
 nodes=${4:-}
 OUT=${OUT:-./ring-out}
 mkdir -p "$OUT"
-source "$bundle/env.sh"
-for d in /usr/local/cuda/lib64 /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib \
-         /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
-  [ -d "$d" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
-done
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-py=/opt/torch/.venv/bin/python3
+source "$(dirname "${BASH_SOURCE[0]}")/../gpu_machine_env.sh"
 jl="$OUT/ring_attention.jsonl"
 common=(--jsonl "$jl" --commit "$commit" --machine "$machine")
 shapes=(--seqs 32768,131072 --heads 32 --heads-kv 32 --dim 128)
