@@ -259,15 +259,7 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
         row.dispatch = stats(t_dispatch);
         row.combine = stats(t_combine);
         row.err = err;
-        mk::MoeGeometry g;
-        g.layout = mk::FusedLayout{1, R};
-        g.rank = 0;
-        g.tokens = T;
-        g.hidden = H;
-        g.out_hidden = N;
-        g.experts = E;
-        g.top_k = k;
-        const mk::MoeRouting r = mk::moe_route(g, choices.data());
+        const mk::MoeRouting r = mk::moe_route(mk::moe_geometry(mk::FusedLayout{1, R}, 0, T, H, N, E, k), choices.data());
         for (uint32_t d = 0; d < R; ++d) {
           row.sent_rows += r.send_tokens[d];
           if (d != 0) row.nvlink_rows += r.send_tokens[d];

@@ -212,6 +212,20 @@ struct MoeGeometry {
   uint64_t local_bytes_needed() const { return rows_capacity() * (uint64_t{hidden} + out_hidden) * 2; }
 };
 
+// The geometry of one rank (capacities and chunk left to their defaults).
+inline MoeGeometry moe_geometry(const FusedLayout& layout, uint32_t rank, uint32_t tokens, uint32_t hidden,
+                                uint32_t out_hidden, uint32_t experts, uint32_t top_k) {
+  MoeGeometry g;
+  g.layout = layout;
+  g.rank = rank;
+  g.tokens = tokens;
+  g.hidden = hidden;
+  g.out_hidden = out_hidden;
+  g.experts = experts;
+  g.top_k = top_k;
+  return g;
+}
+
 // 64 tokens per chunk, fewer for small capacities (at least 8 chunks per region when possible).
 uint32_t moe_default_chunk_tokens(uint32_t capacity);
 

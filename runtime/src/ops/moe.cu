@@ -19,13 +19,8 @@ namespace {
 
 mk::MoeGeometry geometry(uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden,
                          uint32_t experts, uint32_t top_k, const MoeConfig& c) {
-  mk::MoeGeometry g;
-  g.layout = mk::FusedLayout{nodes, gpus};
-  g.tokens = static_cast<uint32_t>(tokens);
-  g.hidden = static_cast<uint32_t>(hidden);
-  g.out_hidden = static_cast<uint32_t>(out_hidden);
-  g.experts = experts;
-  g.top_k = top_k;
+  mk::MoeGeometry g = mk::moe_geometry(mk::FusedLayout{nodes, gpus}, 0, static_cast<uint32_t>(tokens),
+                                        static_cast<uint32_t>(hidden), static_cast<uint32_t>(out_hidden), experts, top_k);
   g.recv_tokens_per_source = c.recv_tokens_per_source;
   g.expert_rows_capacity = c.expert_rows_capacity;
   g.chunk_tokens = c.chunk_tokens;

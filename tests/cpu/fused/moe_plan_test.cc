@@ -11,15 +11,7 @@ namespace mkernel::kernels {
 namespace {
 
 MoeGeometry geometry(FusedLayout l, uint32_t rank, uint32_t tokens, uint32_t experts, uint32_t top_k) {
-  MoeGeometry g;
-  g.layout = l;
-  g.rank = rank;
-  g.tokens = tokens;
-  g.hidden = 7168;
-  g.out_hidden = 2048;
-  g.experts = experts;
-  g.top_k = top_k;
-  return g;
+  return moe_geometry(l, rank, tokens, 7168, 2048, experts, top_k);
 }
 
 TEST(MoeGeometry, BadInputIsNamed) {

@@ -119,13 +119,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   GT_CUDA(cudaStreamSynchronize(stream));
   sync();
 
-  mk::MoeGeometry g;
-  g.layout = mk::FusedLayout{cs.topo.nodes, cs.topo.gpus};
-  g.tokens = T;
-  g.hidden = H;
-  g.out_hidden = H;
-  g.experts = cs.experts;
-  g.top_k = k;
+  mk::MoeGeometry g = mk::moe_geometry(mk::FusedLayout{cs.topo.nodes, cs.topo.gpus}, rank, T, H, H, cs.experts, k);
   g.chunk_tokens = cs.chunk_tokens;
 
   // Every rank's x (bf16 bits) and routing for a launch seed, rebuilt here.

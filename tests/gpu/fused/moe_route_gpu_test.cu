@@ -102,15 +102,7 @@ void compare(const mk::MoeGeometry& g, const Device& d, const std::vector<int32_
 }
 
 mk::MoeGeometry geometry(mk::FusedLayout l, uint32_t rank, uint32_t tokens, uint32_t experts, uint32_t k) {
-  mk::MoeGeometry g;
-  g.layout = l;
-  g.rank = rank;
-  g.tokens = tokens;
-  g.hidden = 8;
-  g.out_hidden = 8;
-  g.experts = experts;
-  g.top_k = k;
-  return g;
+  return mk::moe_geometry(l, rank, tokens, 8, 8, experts, k);
 }
 
 void run_case(const mk::MoeGeometry& g, mk::MoeRouteKind kind, uint64_t seed) {
