@@ -420,6 +420,7 @@ def _moe_dispatch(
     expert_rows_capacity: int | None = None,
     apply_scores: bool = True,
 ) -> tuple[torch.Tensor, ...]:
+    _moe.check_routing(x, topk_ids, topk_weights)  # the tensors first, as the fake implementation
     world = _world_size(group_name)
     plan = _moe.DispatchPlan(x, topk_ids, topk_weights, num_experts, world, out_hidden, recv_tokens_per_source,
                              expert_rows_capacity, apply_scores)
@@ -448,6 +449,7 @@ def _moe_dispatch_fake(
     expert_rows_capacity: int | None = None,
     apply_scores: bool = True,
 ) -> tuple[torch.Tensor, ...]:
+    _moe.check_routing(x, topk_ids, topk_weights)
     plan = _moe.DispatchPlan(x, topk_ids, topk_weights, num_experts, _world_size(group_name), out_hidden,
                              recv_tokens_per_source, expert_rows_capacity, apply_scores)
     return plan.outputs(x)
@@ -488,6 +490,7 @@ def _moe_forward(
     expert_rows_capacity: int | None = None,
     apply_scores: bool = True,
 ) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
     world = _world_size(group_name)
     plan = _moe.ForwardPlan(x, topk_ids, topk_weights, w, world, recv_tokens_per_source, expert_rows_capacity,
                             apply_scores)
@@ -514,6 +517,7 @@ def _moe_forward_fake(
     expert_rows_capacity: int | None = None,
     apply_scores: bool = True,
 ) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
     plan = _moe.ForwardPlan(x, topk_ids, topk_weights, w, _world_size(group_name), recv_tokens_per_source,
                             expert_rows_capacity, apply_scores)
     return plan.output(x)
