@@ -13,9 +13,10 @@ it. It is made collectively, by every rank of the group:
 Its size is fixed at creation: ``workspace_bytes`` must hold the gathered activation of the
 largest AllGather+GEMM it will run (:func:`all_gather_matmul_workspace_bytes`) and the staged
 partial tiles of the largest GEMM+ReduceScatter (:func:`matmul_reduce_scatter_workspace_bytes`),
-whichever is larger (the ops take turns with it); a GEMM+ReduceScatter of many tiles may also need
-more fused-op flags than libmkernel's default (``fused_flags``,
-:func:`matmul_reduce_scatter_fused_flags`). Plans, one per op and shape, are made on a shape's
+whichever is larger (the ops take turns with it), and what the MoE and ring attention need
+(:func:`moe_workspace_bytes`, :func:`ring_attention_workspace_bytes`); a GEMM+ReduceScatter of
+many tiles or a large MoE may also need more fused-op flags than libmkernel's default
+(``fused_flags``, :func:`matmul_reduce_scatter_fused_flags`, :func:`moe_fused_flags`). Plans, one per op and shape, are made on a shape's
 first call (collectively, so every rank must call with the same shape) and live with the
 communicator until :meth:`Communicator.close`.
 

@@ -49,7 +49,8 @@ How a call runs (the CUDA implementation):
 * The communicator is the one registered under ``group_name`` (mkernel.Communicator); where
   there is none, one is made from the process group of that name, sized for this call.
 * Plans are made on a shape's first call (collectively: every rank must make the same call) and
-  kept by the communicator. CUDA graph capture needs the shape planned before the capture (a
+  kept by the communicator. A moe_combine runs on the plan of the last moe_dispatch on the
+  communicator (note on moe_combine below). CUDA graph capture needs the shape planned before the capture (a
   warm-up call, which torch.cuda.graph users make anyway, or Communicator.plan).
 * Errors: bad arguments raise mkernel.ArgumentError naming the argument, before anything is
   launched; runtime failures raise mkernel.MkernelError with the runtime's message. A failure on
