@@ -322,6 +322,7 @@ void PyCommunicator::moe_dispatch(const MoeDispatchArgs& args, const MoeShape& s
     throw ArgumentError{"expert_offsets: " + std::to_string(args.expert_offsets.shape[0]) + " entries; expected " +
                         "experts_per_rank + 1 = " + std::to_string(op.experts_per_rank() + 1)};
   auto ptr = [](const std::optional<Array>& a) { return a ? a->data : nullptr; };
+  moe_dispatched_ = nullptr;  // a new dispatch supersedes one still waiting, whether or not it launches
   throw_if_error(op.dispatch(args.x.data, static_cast<const int32_t*>(args.choices.data),
                              static_cast<const float*>(args.scores.data), args.x_expert.data,
                              static_cast<uint32_t*>(args.expert_offsets.data),
