@@ -4,9 +4,13 @@
     comm = mkernel.Communicator.from_process_group(dist.group.WORLD, workspace_bytes=...)
     A, [C] = mkernel.fused_all_gather_matmul(A_shard, [weight.t()], 0, dist.group.WORLD.group_name)
     y = mkernel.fused_matmul_reduce_scatter(C, weight2.t(), "sum", 0, dist.group.WORLD.group_name)
+    x_expert, offsets, *_ = mkernel.moe_dispatch(x, topk_ids, topk_weights, num_experts, group_name)
+    out = mkernel.moe_combine(experts(x_expert, offsets), group_name, num_tokens=x.shape[0])
+    out = mkernel.moe_forward(x, topk_ids, topk_weights, w, group_name)        # fused, one kernel
+    o, lse = mkernel.ring_attention(q, k, v, group_name, causal=True)
 
-The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable), with the same
-arguments and results as their ``torch.ops.symm_mem`` counterparts. The compiled module
+The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable); the GEMM ones
+have the same arguments and results as their ``torch.ops.symm_mem`` counterparts. The compiled module
 (mkernel._C) does not link torch: tensors pass through DLPack and streams as integers.
 """
 
@@ -26,6 +30,12 @@ from .communicator import (
     matmul_reduce_scatter_fused_flags,
     matmul_reduce_scatter_network_bytes,
     matmul_reduce_scatter_workspace_bytes,
+    moe_fused_flags,
+    moe_network_bytes,
+    moe_workspace_bytes,
+    ring_attention_fused_flags,
+    ring_attention_network_bytes,
+    ring_attention_workspace_bytes,
 )
 
 try:
@@ -39,7 +49,15 @@ if importlib.util.find_spec("torch") is None:
     torch_unavailable_reason = "torch is not installed: mkernel's torch ops need PyTorch 2.4 or newer"
 else:
     try:
-        from .ops import fused_all_gather_matmul, fused_matmul_reduce_scatter
+        from ._ring import zigzag_permutation, zigzag_reorder
+        from .ops import (
+            fused_all_gather_matmul,
+            fused_matmul_reduce_scatter,
+            moe_combine,
+            moe_dispatch,
+            moe_forward,
+            ring_attention,
+        )
     except ImportError as e:  # a torch that does not import (or predates torch.library's API)
         torch_unavailable_reason = f"mkernel's torch ops are not registered: {e}"
 
@@ -52,6 +70,9 @@ if torch_unavailable_reason:
     def fused_matmul_reduce_scatter(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
         """Needs torch (see torch_unavailable_reason)."""
         raise NotBuiltError(torch_unavailable_reason)
+
+    moe_dispatch = moe_combine = moe_forward = ring_attention = fused_matmul_reduce_scatter  # type: ignore[misc]
+    zigzag_permutation = zigzag_reorder = fused_matmul_reduce_scatter  # type: ignore[misc]
 
 
 def native_available() -> bool:
@@ -76,7 +97,19 @@ __all__ = [
     "matmul_reduce_scatter_fused_flags",
     "matmul_reduce_scatter_network_bytes",
     "matmul_reduce_scatter_workspace_bytes",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_forward",
+    "moe_fused_flags",
+    "moe_network_bytes",
+    "moe_workspace_bytes",
     "native_available",
     "native_unavailable_reason",
+    "ring_attention",
+    "ring_attention_fused_flags",
+    "ring_attention_network_bytes",
+    "ring_attention_workspace_bytes",
     "torch_unavailable_reason",
+    "zigzag_permutation",
+    "zigzag_reorder",
 ]

@@ -13,9 +13,10 @@ it. It is made collectively, by every rank of the group:
 Its size is fixed at creation: ``workspace_bytes`` must hold the gathered activation of the
 largest AllGather+GEMM it will run (:func:`all_gather_matmul_workspace_bytes`) and the staged
 partial tiles of the largest GEMM+ReduceScatter (:func:`matmul_reduce_scatter_workspace_bytes`),
-whichever is larger (the ops take turns with it); a GEMM+ReduceScatter of many tiles may also need
-more fused-op flags than libmkernel's default (``fused_flags``,
-:func:`matmul_reduce_scatter_fused_flags`). Plans, one per op and shape, are made on a shape's
+whichever is larger (the ops take turns with it), and what the MoE and ring attention need
+(:func:`moe_workspace_bytes`, :func:`ring_attention_workspace_bytes`); a GEMM+ReduceScatter of
+many tiles or a large MoE may also need more fused-op flags than libmkernel's default
+(``fused_flags``, :func:`matmul_reduce_scatter_fused_flags`, :func:`moe_fused_flags`). Plans, one per op and shape, are made on a shape's
 first call (collectively, so every rank must call with the same shape) and live with the
 communicator until :meth:`Communicator.close`.
 
@@ -71,6 +72,83 @@ def matmul_reduce_scatter_fused_flags(world: int, m_local: int, n: int, nodes: i
     default is ``default_fused_flags()``."""
     nodes, gpus = _nodes_and_gpus(world, nodes)
     return int(_native.require().gemm_reduce_scatter_fused_flags(nodes, gpus, m_local, n))
+
+
+def moe_workspace_bytes(
+    world: int,
+    num_tokens: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    out_hidden: int | None = None,
+    nodes: int = 1,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+) -> int:
+    """NVLink workspace bytes an MoE (moe_dispatch/moe_combine or moe_forward) over ``world``
+    ranks on ``nodes`` nodes needs: every rank's token regions and the partial rows returned to it,
+    for ``num_tokens`` tokens per rank (libmkernel's ``moe_nvlink_bytes``)."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().moe_nvlink_bytes(
+        nodes, gpus, num_tokens, hidden, out_hidden or hidden, num_experts, top_k, recv_tokens_per_source or 0,
+        expert_rows_capacity or 0))
+
+
+def moe_network_bytes(
+    world: int,
+    num_tokens: int,
+    hidden: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    out_hidden: int | None = None,
+    nodes: int = 1,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+) -> int:
+    """Network workspace bytes the same MoE needs between nodes (0 on one node)."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().moe_network_bytes(
+        nodes, gpus, num_tokens, hidden, out_hidden or hidden, num_experts, top_k, recv_tokens_per_source or 0,
+        expert_rows_capacity or 0))
+
+
+def moe_fused_flags(
+    world: int,
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    nodes: int = 1,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+) -> int:
+    """Fused-op flags (``fused_flags`` of a communicator) the same MoE needs."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().moe_fused_flags(
+        nodes, gpus, num_tokens, num_experts, top_k, recv_tokens_per_source or 0, expert_rows_capacity or 0))
+
+
+def ring_attention_workspace_bytes(
+    world: int, batch: int, heads_q: int, heads_kv: int, s_local: int, head_dim: int, *, nodes: int = 1
+) -> int:
+    """NVLink workspace bytes a ring attention over ``world`` ranks needs: the K/V chunks a rank
+    holds at once (libmkernel's ``ring_attention_nvlink_bytes``; 0 with one rank)."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().ring_attention_nvlink_bytes(nodes, gpus, batch, heads_q, heads_kv, s_local, head_dim))
+
+
+def ring_attention_network_bytes(nodes: int, batch: int, heads_kv: int, s_local: int, head_dim: int) -> int:
+    """Network workspace bytes the same ring needs between ``nodes`` nodes (0 on one node)."""
+    return int(_native.require().ring_attention_network_bytes(nodes, batch, heads_kv, s_local, head_dim))
+
+
+def ring_attention_fused_flags(world: int, nodes: int = 1) -> int:
+    """Fused-op flags a ring attention over ``world`` ranks on ``nodes`` nodes needs (3 per rank
+    on a node, more across nodes: within libmkernel's default)."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().ring_attention_fused_flags(nodes, gpus))
 
 
 def default_fused_flags() -> int:
@@ -313,6 +391,80 @@ class Communicator:
         """The plan of a shape in words (layout, chunks, blocks, GEMM configuration)."""
         return str(self._live().describe(m_local, n_local, k))
 
+    def plan_moe(
+        self,
+        num_tokens: int,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        out_hidden: int | None = None,
+        recv_tokens_per_source: int | None = None,
+        expert_rows_capacity: int | None = None,
+        apply_scores: bool = True,
+        fused: bool = False,
+        stream: int | None = None,
+    ) -> None:
+        """Plans an MoE shape now (moe_dispatch/moe_combine, or moe_forward with ``fused=True``,
+        whose out_hidden is w's), e.g. before a CUDA graph capture (collective)."""
+        self._live().plan_moe(num_tokens, hidden, out_hidden or hidden, num_experts, top_k,
+                              recv_tokens_per_source or 0, expert_rows_capacity or 0, apply_scores, fused,
+                              _stream_or_current(stream, self.device))
+
+    def describe_moe(
+        self,
+        num_tokens: int,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        out_hidden: int | None = None,
+        recv_tokens_per_source: int | None = None,
+        expert_rows_capacity: int | None = None,
+        apply_scores: bool = True,
+        fused: bool = False,
+    ) -> str:
+        """An MoE plan in words (regions, capacities, chunks, blocks)."""
+        return str(self._live().describe_moe(num_tokens, hidden, out_hidden or hidden, num_experts, top_k,
+                                             recv_tokens_per_source or 0, expert_rows_capacity or 0, apply_scores,
+                                             fused))
+
+    def plan_ring_attention(
+        self,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        s_local: int,
+        head_dim: int,
+        *,
+        causal: bool = False,
+        layout: str = "bhsd",
+        placement: str = "zigzag",
+        scale: float | None = None,
+        stream: int | None = None,
+    ) -> None:
+        """Plans a ring attention shape now, e.g. before a CUDA graph capture (collective)."""
+        self._live().plan_ring_attention(batch, heads_q, heads_kv, s_local, head_dim, layout,
+                                         _ring_placement(causal, placement), scale or 0.0,
+                                         _stream_or_current(stream, self.device))
+
+    def describe_ring_attention(
+        self,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        s_local: int,
+        head_dim: int,
+        *,
+        causal: bool = False,
+        layout: str = "bhsd",
+        placement: str = "zigzag",
+        scale: float | None = None,
+    ) -> str:
+        """A ring attention plan in words (steps, slots, blocks)."""
+        return str(self._live().describe_ring_attention(batch, heads_q, heads_kv, s_local, head_dim, layout,
+                                                        _ring_placement(causal, placement), scale or 0.0))
+
     def check(self) -> None:
         """Raises MkernelError if a launch failed on the GPU (a dead peer, a wait past its bound,
         the daemon gone), naming rank, launch, step and cause. Does not block: synchronise the
@@ -415,6 +567,12 @@ def _world_group_name() -> str:
     if dist.is_available() and dist.is_initialized():
         return str(dist.group.WORLD.group_name)
     return ""
+
+
+def _ring_placement(causal: bool, placement: str) -> str:
+    if placement not in ("zigzag", "contiguous"):
+        raise ArgumentError(f"placement: {placement!r}; expected 'zigzag' or 'contiguous'")
+    return f"causal_{placement}" if causal else "non_causal"
 
 
 def _stream_or_current(stream: int | None, device: int) -> int:

@@ -19,6 +19,26 @@ return structure, so switching is one line):
     GEMM+ReduceScatter (sums in fp32 in a fixed order, rounds once: deterministic). ``reduce_op``
     is "sum" (torch's op also takes "avg"); B as ``Bs[0]`` above.
 
+``moe_dispatch(x, topk_ids, topk_weights, num_experts, group_name, *, out_hidden=None,
+recv_tokens_per_source=None, expert_rows_capacity=None, apply_scores=True)
+-> (x_expert, expert_offsets, row_source, row_token, row_score)``
+    Expert parallelism: sends each token to the ranks hosting its experts; x_expert gets this
+    rank's experts' rows, expert by expert (mkernel._moe for the shapes).
+
+``moe_combine(y_expert, group_name, *, num_tokens) -> out``
+    The expert outputs in the rows of the last moe_dispatch on the communicator, back to their
+    tokens: out [num_tokens, out_hidden] = per token the score-weighted sum over its choices.
+
+``moe_forward(x, topk_ids, topk_weights, w, group_name, *, recv_tokens_per_source=None,
+expert_rows_capacity=None, apply_scores=True) -> out``
+    Dispatch, one GEMM per local expert (w [experts_per_rank, out_hidden, hidden]) and combine in
+    one kernel.
+
+``ring_attention(q, k, v, group_name, *, causal=False, layout="bhsd", placement="zigzag",
+scale=None) -> (out, lse)``
+    Attention of this rank's queries over every rank's keys and values (sequence parallelism),
+    one persistent kernel passing K/V around the ring (mkernel._ring for layouts and placement).
+
 How a call runs (the CUDA implementation):
 
 * Streams: the kernel is enqueued on the caller's current CUDA stream of the tensors' device,
@@ -29,7 +49,8 @@ How a call runs (the CUDA implementation):
 * The communicator is the one registered under ``group_name`` (mkernel.Communicator); where
   there is none, one is made from the process group of that name, sized for this call.
 * Plans are made on a shape's first call (collectively: every rank must make the same call) and
-  kept by the communicator. CUDA graph capture needs the shape planned before the capture (a
+  kept by the communicator. A moe_combine runs on the plan of the last moe_dispatch on the
+  communicator (note on moe_combine below). CUDA graph capture needs the shape planned before the capture (a
   warm-up call, which torch.cuda.graph users make anyway, or Communicator.plan).
 * Errors: bad arguments raise mkernel.ArgumentError naming the argument, before anything is
   launched; runtime failures raise mkernel.MkernelError with the runtime's message. A failure on
@@ -46,7 +67,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import _layout
+from . import _layout, _moe, _ring
 from ._errors import ArgumentError, MkernelError
 from .communicator import (
     Communicator,
@@ -56,6 +77,12 @@ from .communicator import (
     matmul_reduce_scatter_fused_flags,
     matmul_reduce_scatter_network_bytes,
     matmul_reduce_scatter_workspace_bytes,
+    moe_fused_flags,
+    moe_network_bytes,
+    moe_workspace_bytes,
+    ring_attention_fused_flags,
+    ring_attention_network_bytes,
+    ring_attention_workspace_bytes,
 )
 
 _NAMESPACE = "mkernel"
@@ -66,6 +93,21 @@ _SCHEMA = (
 _RS_SCHEMA = (
     "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name, *, "
     "bool allow_copy_B=False) -> Tensor"
+)
+
+_MOE_DISPATCH_SCHEMA = (
+    "moe_dispatch(Tensor x, Tensor topk_ids, Tensor topk_weights, int num_experts, str group_name, *, "
+    "int? out_hidden=None, int? recv_tokens_per_source=None, int? expert_rows_capacity=None, "
+    "bool apply_scores=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+_MOE_COMBINE_SCHEMA = "moe_combine(Tensor y_expert, str group_name, *, int num_tokens) -> Tensor"
+_MOE_FORWARD_SCHEMA = (
+    "moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w, str group_name, *, "
+    "int? recv_tokens_per_source=None, int? expert_rows_capacity=None, bool apply_scores=True) -> Tensor"
+)
+_RING_SCHEMA = (
+    "ring_attention(Tensor q, Tensor k, Tensor v, str group_name, *, bool causal=False, str layout=\"bhsd\", "
+    "str placement=\"zigzag\", float? scale=None) -> (Tensor, Tensor)"
 )
 
 
@@ -179,6 +221,91 @@ def _communicator_for_reduce_scatter(group_name: str, A: torch.Tensor, m_local: 
     return comm
 
 
+def _check_sized(
+    comm: Communicator, group_name: str, arg: str, what: str, workspace: int, network: int, flags: int,
+    sizes_fn: str, flags_fn: str,
+) -> None:
+    """A communicator's workspace, network workspace and fused-op flags hold what a call needs,
+    else ArgumentError saying what to make it with."""
+    if workspace > comm.workspace_bytes:
+        raise ArgumentError(
+            f"{arg}: this call needs an NVLink workspace of {workspace} bytes ({what}); the communicator of "
+            f"{group_name!r} has {comm.workspace_bytes}; make it with workspace_bytes >= {workspace} "
+            f"(mkernel.{sizes_fn}_workspace_bytes)"
+        )
+    if network > comm.network_workspace_bytes:
+        raise ArgumentError(
+            f"{arg}: this call needs a network workspace of {network} bytes between {comm.nodes} nodes; the "
+            f"communicator of {group_name!r} has {comm.network_workspace_bytes}; make it with "
+            f"network_workspace_bytes >= {network} (mkernel.{sizes_fn}_network_bytes)"
+        )
+    if flags > comm.fused_flags:
+        raise ArgumentError(
+            f"{arg}: this call needs {flags} fused-op flags; the communicator of {group_name!r} has "
+            f"{comm.fused_flags}; make it with fused_flags >= {flags} (mkernel.{flags_fn}_fused_flags)"
+        )
+
+
+def _check_comm_device(comm: Communicator, group_name: str, arg: str, t: torch.Tensor) -> None:
+    if comm.device != t.device.index:
+        raise ArgumentError(
+            f"{arg}: device {t.device}; expected the communicator's device cuda:{comm.device} "
+            f"(rank {comm.rank} of {group_name!r})"
+        )
+
+
+def _communicator_for_moe(group_name: str, x: torch.Tensor, plan: Any, world: int) -> Communicator:
+    def sizes(w: int, nodes: int) -> tuple[int, int, int]:
+        common = dict(out_hidden=plan.out_hidden, nodes=nodes, recv_tokens_per_source=plan.recv or None,
+                      expert_rows_capacity=plan.rows_cap or None)
+        return (
+            moe_workspace_bytes(w, plan.tokens, plan.hidden, plan.experts, plan.top_k, **common),
+            moe_network_bytes(w, plan.tokens, plan.hidden, plan.experts, plan.top_k, **common) if nodes > 1 else 0,
+            moe_fused_flags(w, plan.tokens, plan.experts, plan.top_k, nodes=nodes,
+                            recv_tokens_per_source=plan.recv or None, expert_rows_capacity=plan.rows_cap or None),
+        )
+
+    comm = get_communicator(group_name)
+    if comm is None:
+        nodes = _nodes_of(world)
+        workspace, network, flags = sizes(world, nodes)
+        comm = _make_communicator(group_name, x.device, workspace_bytes=max(1, workspace),
+                                  network_workspace_bytes=network, fused_flags=max(default_fused_flags(), flags))
+    workspace, network, flags = sizes(comm.size, max(1, comm.nodes))
+    _check_sized(comm, group_name, "x", f"{plan.tokens} tokens of {plan.hidden} from each rank and their partial "
+                 f"rows of {plan.out_hidden}", workspace, network, flags, "moe", "moe")
+    _check_comm_device(comm, group_name, "x", x)
+    return comm
+
+
+def _communicator_for_ring(group_name: str, q: torch.Tensor, call: Any, world: int) -> Communicator:
+    def sizes(w: int, nodes: int) -> tuple[int, int, int]:
+        return (
+            ring_attention_workspace_bytes(w, call.batch, call.heads_q, call.heads_kv, call.s_local, call.head_dim,
+                                           nodes=nodes),
+            ring_attention_network_bytes(nodes, call.batch, call.heads_kv, call.s_local, call.head_dim)
+            if nodes > 1 else 0,
+            ring_attention_fused_flags(w, nodes),
+        )
+
+    comm = get_communicator(group_name)
+    if comm is None:
+        nodes = _nodes_of(world)
+        workspace, network, flags = sizes(world, nodes)
+        comm = _make_communicator(group_name, q.device, workspace_bytes=max(1, workspace),
+                                  network_workspace_bytes=network, fused_flags=max(default_fused_flags(), flags))
+    workspace, network, flags = sizes(comm.size, max(1, comm.nodes))
+    _check_sized(comm, group_name, "k", "the K/V chunks a rank holds at once", workspace, network, flags,
+                 "ring_attention", "ring_attention")
+    _check_comm_device(comm, group_name, "q", q)
+    return comm
+
+
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """t packed and 16-byte aligned, as the kernels read it: itself when it is, else a copy."""
+    return _ring.packed(t)
+
+
 def _dlpack(t: torch.Tensor) -> Any:
     # stream=-1: no synchronisation by the producer (module notes); detach: DLPack refuses
     # tensors that require grad, and the op has no autograd formula anyway.
@@ -273,6 +400,173 @@ def _fused_matmul_reduce_scatter_fake(
     return result(out)
 
 
+# ---- MoE ----------------------------------------------------------------------------------------
+
+
+def _routing_of(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's int32 choices (an int64 topk_ids converted on the device) and fp32 scores, packed."""
+    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+    return _packed(ids), _packed(topk_weights)
+
+
+def _moe_dispatch(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    group_name: str,
+    *,
+    out_hidden: int | None = None,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    _moe.check_routing(x, topk_ids, topk_weights)  # the tensors first, as the fake implementation
+    world = _world_size(group_name)
+    plan = _moe.DispatchPlan(x, topk_ids, topk_weights, num_experts, world, out_hidden, recv_tokens_per_source,
+                             expert_rows_capacity, apply_scores)
+    comm = _communicator_for_moe(group_name, x, plan, world)
+    outs = plan.outputs(x)
+    with torch.cuda.device(x.device):
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        ids, weights = _routing_of(topk_ids, topk_weights)
+        comm.native.moe_dispatch(
+            _dlpack(_packed(x)), _dlpack(ids), _dlpack(weights), *(_dlpack(t) for t in outs), stream,
+            experts=plan.experts, out_hidden=plan.out_hidden, recv_tokens_per_source=plan.recv,
+            expert_rows_capacity=plan.rows_cap, apply_scores=plan.apply_scores,
+        )
+    return outs
+
+
+def _moe_dispatch_fake(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    group_name: str,
+    *,
+    out_hidden: int | None = None,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> tuple[torch.Tensor, ...]:
+    _moe.check_routing(x, topk_ids, topk_weights)
+    plan = _moe.DispatchPlan(x, topk_ids, topk_weights, num_experts, _world_size(group_name), out_hidden,
+                             recv_tokens_per_source, expert_rows_capacity, apply_scores)
+    return plan.outputs(x)
+
+
+def _moe_combine(y_expert: torch.Tensor, group_name: str, *, num_tokens: int) -> torch.Tensor:
+    _moe.check_combine(y_expert, num_tokens)
+    _world_size(group_name)
+    comm = get_communicator(group_name)
+    if comm is None:
+        raise MkernelError(
+            f"moe_combine: no mkernel.Communicator for {group_name!r}; expected moe_dispatch on that group first "
+            "(moe_combine returns the expert outputs of its rows)",
+            "failed precondition",
+        )
+    _check_comm_device(comm, group_name, "y_expert", y_expert)
+    out = _moe.combine_output(y_expert, num_tokens)
+    with torch.cuda.device(y_expert.device):
+        stream = torch.cuda.current_stream(y_expert.device).cuda_stream
+        comm.native.moe_combine(_dlpack(_packed(y_expert)), _dlpack(out), stream)
+    return out
+
+
+def _moe_combine_fake(y_expert: torch.Tensor, group_name: str, *, num_tokens: int) -> torch.Tensor:
+    _moe.check_combine(y_expert, num_tokens)
+    _world_size(group_name)
+    return _moe.combine_output(y_expert, num_tokens)
+
+
+def _moe_forward(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w: torch.Tensor,
+    group_name: str,
+    *,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
+    world = _world_size(group_name)
+    plan = _moe.ForwardPlan(x, topk_ids, topk_weights, w, world, recv_tokens_per_source, expert_rows_capacity,
+                            apply_scores)
+    comm = _communicator_for_moe(group_name, x, plan, world)
+    out = plan.output(x)
+    with torch.cuda.device(x.device):
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        ids, weights = _routing_of(topk_ids, topk_weights)
+        comm.native.moe_forward(
+            _dlpack(_packed(x)), _dlpack(ids), _dlpack(weights), _dlpack(_packed(w)), _dlpack(out), stream,
+            recv_tokens_per_source=plan.recv, expert_rows_capacity=plan.rows_cap, apply_scores=plan.apply_scores,
+        )
+    return out
+
+
+def _moe_forward_fake(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w: torch.Tensor,
+    group_name: str,
+    *,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
+    plan = _moe.ForwardPlan(x, topk_ids, topk_weights, w, _world_size(group_name), recv_tokens_per_source,
+                            expert_rows_capacity, apply_scores)
+    return plan.output(x)
+
+
+# ---- ring attention -----------------------------------------------------------------------------
+
+
+def _ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group_name: str,
+    *,
+    causal: bool = False,
+    layout: str = "bhsd",
+    placement: str = "zigzag",
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    call = _ring.RingCall(q, k, v, causal=causal, layout=layout, placement=placement, scale=scale)
+    world = _world_size(group_name)
+    comm = _communicator_for_ring(group_name, q, call, world)
+    out, lse = call.outputs(q)
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        comm.native.ring_attention(
+            _dlpack(_packed(q)), _dlpack(_packed(k)), _dlpack(_packed(v)), _dlpack(out), _dlpack(lse), stream,
+            layout=call.layout, placement=call.placement, scale=call.scale,
+        )
+    return out, lse
+
+
+def _ring_attention_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group_name: str,
+    *,
+    causal: bool = False,
+    layout: str = "bhsd",
+    placement: str = "zigzag",
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    call = _ring.RingCall(q, k, v, causal=causal, layout=layout, placement=placement, scale=scale)
+    _world_size(group_name)
+    return call.outputs(q)
+
+
 _lib = torch.library.Library(_NAMESPACE, "DEF")
 _lib.define(_SCHEMA, tags=_stride_tag())
 _lib.impl(_layout.OP_NAME, _fused_all_gather_matmul, "CUDA")
@@ -284,6 +578,16 @@ _lib.define(_RS_SCHEMA, tags=_stride_tag())
 _lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CUDA")
 _lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CPU")
 torch.library.register_fake(f"{_NAMESPACE}::{_layout.RS_OP_NAME}", _fused_matmul_reduce_scatter_fake, lib=_lib)
+for _schema, _name, _real, _fake in (
+    (_MOE_DISPATCH_SCHEMA, _moe.DISPATCH, _moe_dispatch, _moe_dispatch_fake),
+    (_MOE_COMBINE_SCHEMA, _moe.COMBINE, _moe_combine, _moe_combine_fake),
+    (_MOE_FORWARD_SCHEMA, _moe.FORWARD, _moe_forward, _moe_forward_fake),
+    (_RING_SCHEMA, _ring.OP_NAME, _ring_attention, _ring_attention_fake),
+):
+    _lib.define(_schema, tags=_stride_tag())
+    _lib.impl(_name, _real, "CUDA")
+    _lib.impl(_name, _real, "CPU")  # refused with the op's own message, naming the device
+    torch.library.register_fake(f"{_NAMESPACE}::{_name}", _fake, lib=_lib)
 
 
 def fused_all_gather_matmul(
@@ -330,3 +634,120 @@ def fused_matmul_reduce_scatter(
     if not isinstance(group_name, str) and hasattr(group_name, "group_name"):
         group_name = group_name.group_name
     return torch.ops.mkernel.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B=allow_copy_B)
+
+
+def _name_of(group_name: Any) -> Any:
+    if not isinstance(group_name, str) and hasattr(group_name, "group_name"):
+        return group_name.group_name
+    return group_name
+
+
+def moe_dispatch(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    group_name: Any,
+    *,
+    out_hidden: int | None = None,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sends every token to the ranks hosting its experts (expert parallelism over the group).
+
+    ``x`` [num_tokens, hidden] bf16, ``topk_ids`` [num_tokens, top_k] int32 or int64 (an expert in
+    [0, num_experts) or -1: no choice; int64 is converted to int32 on the device), ``topk_weights``
+    [num_tokens, top_k] float32. Rank d hosts experts [d E / world, (d + 1) E / world).
+
+    Returns ``(x_expert, expert_offsets, row_source, row_token, row_score)``: x_expert [rows, hidden]
+    holds this rank's experts' rows, expert by expert (local expert e's rows are
+    ``[expert_offsets[e], expert_offsets[e + 1])``, int32 [experts_per_rank + 1], on the device:
+    no host synchronisation); within an expert, by source rank (this rank first) and token. Per
+    row, row_source / row_token (int32) name the token's home rank and index there and row_score
+    (float32) its router score. ``rows`` is the plan's capacity (by default the worst case, world x
+    num_tokens x min(top_k, experts per rank); smaller with ``recv_tokens_per_source`` (tokens one
+    rank may send one rank) or ``expert_rows_capacity``): rows from ``expert_offsets[-1]`` on are
+    unused. Routing beyond a capacity given ends the launch on every rank, named by the next call.
+
+    Run the experts on x_expert (e.g. a grouped GEMM over the offsets), then :func:`moe_combine`
+    with their outputs [rows, out_hidden] (``out_hidden``, default hidden, is fixed here: the plan
+    sizes the partial rows). ``apply_scores=False``: combine sums the outputs without the scores.
+    Runs ``torch.ops.mkernel.moe_dispatch``; ``group_name`` may also be the process group.
+    """
+    return tuple(torch.ops.mkernel.moe_dispatch(  # type: ignore[return-value]
+        x, topk_ids, topk_weights, num_experts, _name_of(group_name), out_hidden=out_hidden,
+        recv_tokens_per_source=recv_tokens_per_source, expert_rows_capacity=expert_rows_capacity,
+        apply_scores=apply_scores,
+    ))
+
+
+def moe_combine(y_expert: torch.Tensor, group_name: Any, *, num_tokens: int) -> torch.Tensor:
+    """Returns the experts' outputs to their tokens: out [num_tokens, out_hidden] bf16, for each
+    token the sum over its choices of score x the expert's output row (fp32 sums in a fixed
+    order: the same bits from run to run; a token with no choice gets a zero row).
+
+    Pairs with the **last moe_dispatch on the group's communicator**: ``y_expert`` [rows,
+    out_hidden] bf16 holds the expert outputs in that dispatch's rows, and ``num_tokens`` is its
+    x.shape[0]. Refused, before anything is launched, when no dispatch waits for its combine
+    (none ran, or its combine already did: mkernel.MkernelError, "failed precondition"), or when
+    y_expert or num_tokens do not match that dispatch (mkernel.ArgumentError naming them);
+    refused by libmkernel when another op of the communicator was launched between the dispatch
+    and the combine (the combine reads the dispatch's routing records). Runs
+    ``torch.ops.mkernel.moe_combine``.
+    """
+    return torch.ops.mkernel.moe_combine(y_expert, _name_of(group_name), num_tokens=num_tokens)
+
+
+def moe_forward(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w: torch.Tensor,
+    group_name: Any,
+    *,
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    """Dispatch, one linear layer per expert and combine in one kernel (mkernel's fused MoE):
+    out [num_tokens, out_hidden] = for each token the sum over its choices of score x
+    (x_token @ w[e].T), with w [experts_per_rank, out_hidden, hidden] bf16 this rank's experts'
+    nn.Linear weights (packed; num_experts = experts_per_rank x world). Expert outputs are rounded
+    to bf16 before they are weighted, as :func:`moe_combine` does. Arguments as for
+    :func:`moe_dispatch`. Runs ``torch.ops.mkernel.moe_forward``.
+    """
+    return torch.ops.mkernel.moe_forward(
+        x, topk_ids, topk_weights, w, _name_of(group_name), recv_tokens_per_source=recv_tokens_per_source,
+        expert_rows_capacity=expert_rows_capacity, apply_scores=apply_scores,
+    )
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group_name: Any,
+    *,
+    causal: bool = False,
+    layout: str = "bhsd",
+    placement: str = "zigzag",
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a sequence split across the group (sequence parallelism): this rank's
+    queries over every rank's keys and values, by one persistent kernel that passes K and V around
+    the ring while it computes.
+
+    ``q`` [B, Hq, S, D], ``k``, ``v`` [B, Hkv, S, D] (``layout="bhsd"``, SDPA's) or [B, S, H, D]
+    (``layout="bshd"``), bf16, D 64 or 128, Hq a multiple of Hkv (grouped-query attention): this
+    rank's S positions. ``causal`` masks later keys; ``placement`` says which positions a rank
+    holds: "zigzag" (chunks r and 2 world - 1 - r of 2 world; see :func:`zigzag_reorder`) or
+    "contiguous" (positions [r S, (r + 1) S)); without ``causal`` both are the same. ``scale``
+    defaults to 1 / sqrt(D). Returns ``(out, lse)``: out in q's shape and layout, bf16; lse
+    [B, Hq, S] float32, the natural-log log-sum-exp of each query's scores (for a backward pass
+    or to merge with other attention). Runs ``torch.ops.mkernel.ring_attention``.
+    """
+    out, lse = torch.ops.mkernel.ring_attention(
+        q, k, v, _name_of(group_name), causal=causal, layout=layout, placement=placement, scale=scale
+    )
+    return out, lse

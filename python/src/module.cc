@@ -77,6 +77,58 @@ CommOptions options_from(int device, uint64_t nvlink_bytes, uint64_t network_wor
   return o;
 }
 
+MoeShape moe_shape(uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts, uint32_t top_k,
+                   uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity, bool apply_scores, bool fused) {
+  MoeShape m;
+  m.tokens = tokens;
+  m.hidden = hidden;
+  m.out_hidden = out_hidden;
+  m.experts = experts;
+  m.top_k = top_k;
+  m.recv_tokens_per_source = recv_tokens_per_source;
+  m.expert_rows_capacity = expert_rows_capacity;
+  m.apply_scores = apply_scores;
+  m.fused = fused;
+  return m;
+}
+
+rt::MoeConfig moe_config(uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity) {
+  rt::MoeConfig c;
+  c.recv_tokens_per_source = recv_tokens_per_source;
+  c.expert_rows_capacity = expert_rows_capacity;
+  return c;
+}
+
+// placement: "non_causal", "causal_zigzag" or "causal_contiguous" (rt::RingPlacement).
+rt::RingAttentionShape ring_shape(uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,
+                                  uint64_t head_dim, const std::string& layout, const std::string& placement,
+                                  float scale) {
+  rt::RingAttentionShape s;
+  s.batch = batch;
+  s.heads_q = heads_q;
+  s.heads_kv = heads_kv;
+  s.s_local = s_local;
+  s.head_dim = head_dim;
+  if (layout == "bhsd") {
+    s.layout = rt::AttentionLayout::kBHSD;
+  } else if (layout == "bshd") {
+    s.layout = rt::AttentionLayout::kBSHD;
+  } else {
+    throw ArgumentError{"layout: '" + layout + "'; expected 'bhsd' or 'bshd'"};
+  }
+  if (placement == "non_causal") {
+    s.placement = rt::RingPlacement::kNonCausal;
+  } else if (placement == "causal_zigzag") {
+    s.placement = rt::RingPlacement::kCausalZigzag;
+  } else if (placement == "causal_contiguous") {
+    s.placement = rt::RingPlacement::kCausalContiguous;
+  } else {
+    throw ArgumentError{"placement: '" + placement + "'; expected 'non_causal', 'causal_zigzag' or 'causal_contiguous'"};
+  }
+  s.scale = scale;
+  return s;
+}
+
 }  // namespace
 }  // namespace mkernel::python
 
@@ -101,6 +153,62 @@ NB_MODULE(_C, m) {
         "Network workspace bytes a GEMM+ReduceScatter of this size needs between nodes (0 on one node).");
   m.def("gemm_reduce_scatter_fused_flags", &rt::gemm_reduce_scatter_fused_flags, "nodes"_a, "gpus"_a, "m_local"_a,
         "n"_a, "Fused-op flags (Options::fused_flags) a GEMM+ReduceScatter of this size needs, for either tile width.");
+  m.def(
+      "moe_nvlink_bytes",
+      [](uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts,
+         uint32_t top_k, uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity) {
+        return rt::moe_nvlink_bytes(nodes, gpus, tokens, hidden, out_hidden, experts, top_k,
+                                    moe_config(recv_tokens_per_source, expert_rows_capacity));
+      },
+      "nodes"_a, "gpus"_a, "tokens"_a, "hidden"_a, "out_hidden"_a, "experts"_a, "top_k"_a,
+      "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0,
+      "NVLink workspace bytes an MoE dispatch/combine (or fused forward) of this size needs.");
+  m.def(
+      "moe_network_bytes",
+      [](uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts,
+         uint32_t top_k, uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity) {
+        return rt::moe_network_bytes(nodes, gpus, tokens, hidden, out_hidden, experts, top_k,
+                                     moe_config(recv_tokens_per_source, expert_rows_capacity));
+      },
+      "nodes"_a, "gpus"_a, "tokens"_a, "hidden"_a, "out_hidden"_a, "experts"_a, "top_k"_a,
+      "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0,
+      "Network workspace bytes the same MoE needs between nodes (0 on one node).");
+  m.def(
+      "moe_fused_flags",
+      [](uint32_t nodes, uint32_t gpus, uint64_t tokens, uint32_t experts, uint32_t top_k,
+         uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity) {
+        return rt::moe_fused_flags(nodes, gpus, tokens, experts, top_k,
+                                   moe_config(recv_tokens_per_source, expert_rows_capacity));
+      },
+      "nodes"_a, "gpus"_a, "tokens"_a, "experts"_a, "top_k"_a, "recv_tokens_per_source"_a = 0,
+      "expert_rows_capacity"_a = 0, "Fused-op flags (Options::fused_flags) the same MoE needs.");
+  m.def(
+      "ring_attention_nvlink_bytes",
+      [](uint32_t nodes, uint32_t gpus, uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,
+         uint64_t head_dim, uint32_t slots) {
+        return rt::ring_attention_nvlink_bytes(
+            nodes, gpus, ring_shape(batch, heads_q, heads_kv, s_local, head_dim, "bhsd", "non_causal", 0.0f), slots);
+      },
+      "nodes"_a, "gpus"_a, "batch"_a, "heads_q"_a, "heads_kv"_a, "s_local"_a, "head_dim"_a, "slots"_a = 0,
+      "NVLink workspace bytes a ring attention of this shape needs (its K/V slots; 0 on one rank).");
+  m.def(
+      "ring_attention_network_bytes",
+      [](uint32_t nodes, uint64_t batch, uint64_t heads_kv, uint64_t s_local, uint64_t head_dim) {
+        return rt::ring_attention_network_bytes(
+            nodes, ring_shape(batch, heads_kv, heads_kv, s_local, head_dim, "bhsd", "non_causal", 0.0f));
+      },
+      "nodes"_a, "batch"_a, "heads_kv"_a, "s_local"_a, "head_dim"_a,
+      "Network workspace bytes the same ring needs between nodes (0 on one node).");
+  m.def("ring_attention_fused_flags", &rt::ring_attention_fused_flags, "nodes"_a, "gpus"_a,
+        "Fused-op flags (Options::fused_flags) a ring attention on nodes x gpus ranks needs.");
+  m.def(
+      "zigzag_permutation",
+      [](uint64_t seq, uint32_t world) {
+        auto perm = rt::zigzag_permutation(seq, world);
+        if (!perm.ok()) throw_status(perm.status());
+        return perm.value();
+      },
+      "seq"_a, "world"_a, "Zigzag placement: perm[placed] = the original position (libmkernel's rule).");
   m.def("default_fused_flags", [] { return rt::Options{}.fused_flags; },
         "libmkernel's default Options::fused_flags.");
 
@@ -119,6 +227,37 @@ NB_MODULE(_C, m) {
       },
       "a"_a, "w"_a, "out"_a, "world"_a,
       "Refuses (ArgumentError) arrays a GEMM+ReduceScatter launch would not take; needs no GPU.");
+
+  m.def(
+      "check_moe_dispatch",
+      [](const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+         const nb::ndarray<>& x_expert, const nb::ndarray<>& expert_offsets,
+         const std::optional<nb::ndarray<>>& row_source, const std::optional<nb::ndarray<>>& row_token,
+         const std::optional<nb::ndarray<>>& row_score) {
+        (void)check_moe_dispatch(x, topk_ids, topk_weights, x_expert, expert_offsets, row_source, row_token,
+                                 row_score);
+      },
+      "x"_a, "topk_ids"_a, "topk_weights"_a, "x_expert"_a, "expert_offsets"_a, "row_source"_a.none(),
+      "row_token"_a.none(), "row_score"_a.none(),
+      "Refuses (ArgumentError) arrays an MoE dispatch would not take; needs no GPU.");
+  m.def(
+      "check_moe_combine",
+      [](const nb::ndarray<>& y_expert, const nb::ndarray<>& out) { (void)check_moe_combine(y_expert, out); },
+      "y_expert"_a, "out"_a, "Refuses (ArgumentError) arrays an MoE combine would not take; needs no GPU.");
+  m.def(
+      "check_moe_forward",
+      [](const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+         const nb::ndarray<>& w, const nb::ndarray<>& out) {
+        (void)check_moe_forward(x, topk_ids, topk_weights, w, out);
+      },
+      "x"_a, "topk_ids"_a, "topk_weights"_a, "w"_a, "out"_a,
+      "Refuses (ArgumentError) arrays a fused MoE forward would not take; needs no GPU.");
+  m.def(
+      "check_ring_attention",
+      [](const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarray<>& v, const nb::ndarray<>& out,
+         const nb::ndarray<>& lse, const std::string& layout) { (void)check_ring_attention(q, k, v, out, lse, layout); },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "layout"_a = "bhsd",
+      "Refuses (ArgumentError) arrays a ring attention launch would not take; needs no GPU.");
 
   m.def(
       "get_unique_id",
@@ -206,6 +345,129 @@ NB_MODULE(_C, m) {
           },
           "a"_a, "w"_a, "out"_a, "stream"_a,
           "out = rows rank * M / world ... of sum over ranks of a @ w^T, on `stream`.")
+      .def(
+          "plan_moe",
+          [](PyCommunicator& c, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts, uint32_t top_k,
+             uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity, bool apply_scores, bool fused,
+             uintptr_t stream) {
+            const MoeShape s = moe_shape(tokens, hidden, out_hidden, experts, top_k, recv_tokens_per_source,
+                                         expert_rows_capacity, apply_scores, fused);
+            nb::gil_scoped_release unlocked;
+            c.plan_moe(s, stream);
+          },
+          "tokens"_a, "hidden"_a, "out_hidden"_a, "experts"_a, "top_k"_a, "recv_tokens_per_source"_a = 0,
+          "expert_rows_capacity"_a = 0, "apply_scores"_a = true, "fused"_a = false, "stream"_a = 0,
+          "Plans an MoE shape now (collective: every rank with the same shape).")
+      .def(
+          "has_moe_plan",
+          [](PyCommunicator& c, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts, uint32_t top_k,
+             uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity, bool apply_scores, bool fused) {
+            return c.has_moe_plan(moe_shape(tokens, hidden, out_hidden, experts, top_k, recv_tokens_per_source,
+                                            expert_rows_capacity, apply_scores, fused));
+          },
+          "tokens"_a, "hidden"_a, "out_hidden"_a, "experts"_a, "top_k"_a, "recv_tokens_per_source"_a = 0,
+          "expert_rows_capacity"_a = 0, "apply_scores"_a = true, "fused"_a = false)
+      .def(
+          "describe_moe",
+          [](PyCommunicator& c, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts, uint32_t top_k,
+             uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity, bool apply_scores, bool fused) {
+            return c.describe_moe(moe_shape(tokens, hidden, out_hidden, experts, top_k, recv_tokens_per_source,
+                                            expert_rows_capacity, apply_scores, fused));
+          },
+          "tokens"_a, "hidden"_a, "out_hidden"_a, "experts"_a, "top_k"_a, "recv_tokens_per_source"_a = 0,
+          "expert_rows_capacity"_a = 0, "apply_scores"_a = true, "fused"_a = false)
+      .def(
+          "moe_dispatch",
+          [](PyCommunicator& c, const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+             const nb::ndarray<>& x_expert, const nb::ndarray<>& expert_offsets,
+             const std::optional<nb::ndarray<>>& row_source, const std::optional<nb::ndarray<>>& row_token,
+             const std::optional<nb::ndarray<>>& row_score, uintptr_t stream, uint32_t experts, uint64_t out_hidden,
+             uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity, bool apply_scores) {
+            const MoeDispatchArgs args = check_moe_dispatch(x, topk_ids, topk_weights, x_expert, expert_offsets,
+                                                            row_source, row_token, row_score);
+            const MoeShape s =
+                moe_shape(args.x.shape[0], args.x.shape[1], out_hidden ? out_hidden : args.x.shape[1], experts,
+                          static_cast<uint32_t>(args.choices.shape[1]), recv_tokens_per_source, expert_rows_capacity,
+                          apply_scores, false);
+            nb::gil_scoped_release unlocked;
+            c.moe_dispatch(args, s, stream);
+          },
+          "x"_a, "topk_ids"_a, "topk_weights"_a, "x_expert"_a, "expert_offsets"_a, "row_source"_a.none(),
+          "row_token"_a.none(), "row_score"_a.none(), "stream"_a, nb::kw_only(), "experts"_a, "out_hidden"_a = 0,
+          "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0, "apply_scores"_a = true,
+          "Sends each token to the ranks of its experts; x_expert gets this rank's experts' rows, expert by expert.")
+      .def(
+          "moe_combine",
+          [](PyCommunicator& c, const nb::ndarray<>& y_expert, const nb::ndarray<>& out, uintptr_t stream) {
+            const MoeCombineArgs args = check_moe_combine(y_expert, out);
+            nb::gil_scoped_release unlocked;
+            c.moe_combine(args, stream);
+          },
+          "y_expert"_a, "out"_a, "stream"_a,
+          "Returns the expert outputs of the last moe_dispatch's rows to their tokens, score-weighted and summed.")
+      .def(
+          "moe_forward",
+          [](PyCommunicator& c, const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+             const nb::ndarray<>& w, const nb::ndarray<>& out, uintptr_t stream, uint32_t recv_tokens_per_source,
+             uint64_t expert_rows_capacity, bool apply_scores) {
+            const MoeForwardArgs args = check_moe_forward(x, topk_ids, topk_weights, w, out);
+            const uint64_t experts = args.w.shape[0] * uint64_t{c.size()};
+            if (experts > 0xFFFFFFFFu)
+              throw ArgumentError{"w: " + std::to_string(args.w.shape[0]) + " experts per rank; expected fewer"};
+            const MoeShape s = moe_shape(args.x.shape[0], args.x.shape[1], args.w.shape[1],
+                                         static_cast<uint32_t>(experts), static_cast<uint32_t>(args.choices.shape[1]),
+                                         recv_tokens_per_source, expert_rows_capacity, apply_scores, true);
+            nb::gil_scoped_release unlocked;
+            c.moe_forward(args, s, stream);
+          },
+          "x"_a, "topk_ids"_a, "topk_weights"_a, "w"_a, "out"_a, "stream"_a, nb::kw_only(),
+          "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0, "apply_scores"_a = true,
+          "Dispatch, one GEMM per local expert (w [experts_per_rank, out_hidden, hidden]) and combine in one launch.")
+      .def(
+          "plan_ring_attention",
+          [](PyCommunicator& c, uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,
+             uint64_t head_dim, const std::string& layout, const std::string& placement, float scale,
+             uintptr_t stream) {
+            const rt::RingAttentionShape s =
+                ring_shape(batch, heads_q, heads_kv, s_local, head_dim, layout, placement, scale);
+            nb::gil_scoped_release unlocked;
+            c.plan_ring_attention(s, stream);
+          },
+          "batch"_a, "heads_q"_a, "heads_kv"_a, "s_local"_a, "head_dim"_a, "layout"_a = "bhsd",
+          "placement"_a = "non_causal", "scale"_a = 0.0f, "stream"_a = 0,
+          "Plans a ring attention shape now (collective: every rank with the same shape).")
+      .def(
+          "has_ring_attention_plan",
+          [](PyCommunicator& c, uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,
+             uint64_t head_dim, const std::string& layout, const std::string& placement, float scale) {
+            return c.has_ring_attention_plan(
+                ring_shape(batch, heads_q, heads_kv, s_local, head_dim, layout, placement, scale));
+          },
+          "batch"_a, "heads_q"_a, "heads_kv"_a, "s_local"_a, "head_dim"_a, "layout"_a = "bhsd",
+          "placement"_a = "non_causal", "scale"_a = 0.0f)
+      .def(
+          "describe_ring_attention",
+          [](PyCommunicator& c, uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,
+             uint64_t head_dim, const std::string& layout, const std::string& placement, float scale) {
+            return c.describe_ring_attention(
+                ring_shape(batch, heads_q, heads_kv, s_local, head_dim, layout, placement, scale));
+          },
+          "batch"_a, "heads_q"_a, "heads_kv"_a, "s_local"_a, "head_dim"_a, "layout"_a = "bhsd",
+          "placement"_a = "non_causal", "scale"_a = 0.0f)
+      .def(
+          "ring_attention",
+          [](PyCommunicator& c, const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarray<>& v,
+             const nb::ndarray<>& out, const nb::ndarray<>& lse, uintptr_t stream, const std::string& layout,
+             const std::string& placement, float scale) {
+            const RingAttentionArgs args = check_ring_attention(q, k, v, out, lse, layout);
+            const rt::RingAttentionShape s = ring_shape(args.batch, args.heads_q, args.heads_kv, args.s_local,
+                                                        args.head_dim, layout, placement, scale);
+            nb::gil_scoped_release unlocked;
+            c.ring_attention(args, s, stream);
+          },
+          "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "stream"_a, nb::kw_only(), "layout"_a = "bhsd",
+          "placement"_a = "non_causal", "scale"_a = 0.0f,
+          "out, lse = attention of this rank's queries over every rank's keys and values, on `stream`.")
       .def("check", &PyCommunicator::check, "Raises the communicator's first failure on the GPU, if any.")
       .def(
           "close",

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -61,6 +62,45 @@ void refuse_if_capturing(uintptr_t stream, const std::string& what, const std::s
                             " has no plan yet and the stream is being captured into a CUDA graph; planning is "
                             "collective and synchronises its stream, so run this shape once before the capture "
                             "(a warm-up call) or call " + plan_call + " with it"));
+}
+
+}  // namespace
+
+rt::MoeConfig MoeShape::config() const {
+  rt::MoeConfig c;
+  c.recv_tokens_per_source = recv_tokens_per_source;
+  c.expert_rows_capacity = expert_rows_capacity;
+  c.apply_scores = apply_scores;
+  c.fused = fused;
+  return c;
+}
+
+std::string MoeShape::text() const {
+  std::string s = "(tokens=" + std::to_string(tokens) + ", hidden=" + std::to_string(hidden) +
+                  ", out_hidden=" + std::to_string(out_hidden) + ", experts=" + std::to_string(experts) +
+                  ", top_k=" + std::to_string(top_k);
+  if (recv_tokens_per_source) s += ", recv_tokens_per_source=" + std::to_string(recv_tokens_per_source);
+  if (expert_rows_capacity) s += ", expert_rows_capacity=" + std::to_string(expert_rows_capacity);
+  if (!apply_scores) s += ", apply_scores=false";
+  if (fused) s += ", fused";
+  return s + ")";
+}
+
+namespace {
+
+std::string ring_text(const rt::RingAttentionShape& s) {
+  static const char* const placements[] = {"non-causal", "causal contiguous", "causal zigzag"};
+  const auto p = static_cast<uint32_t>(s.placement);
+  return "(batch=" + std::to_string(s.batch) + ", heads_q=" + std::to_string(s.heads_q) +
+         ", heads_kv=" + std::to_string(s.heads_kv) + ", s_local=" + std::to_string(s.s_local) +
+         ", head_dim=" + std::to_string(s.head_dim) +
+         ", layout=" + (s.layout == rt::AttentionLayout::kBSHD ? "bshd" : "bhsd") + ", " +
+         (p < 3 ? placements[p] : "placement " + std::to_string(p)) + ", scale=" + std::to_string(s.scale) + ")";
+}
+
+std::string on_device_text(const char* name, int device, const rt::Communicator& comm) {
+  return std::string(name) + ": on CUDA device " + std::to_string(device) + "; expected the communicator's device " +
+         std::to_string(comm.cuda_device()) + " (rank " + std::to_string(comm.rank()) + ")";
 }
 
 }  // namespace
@@ -229,6 +269,169 @@ void PyCommunicator::gemm_reduce_scatter(const GemmReduceScatterArgs& args, uint
   throw_if_error(op.launch(args.a.data, args.w.data, args.c.data, as_stream(stream)));
 }
 
+// ---- MoE ----------------------------------------------------------------------------------------
+
+rt::MoeDispatchCombine& PyCommunicator::moe_plan_locked(const MoeShape& shape, uintptr_t stream) {
+  rt::Communicator& comm = live("moe");
+  auto it = moe_plans_.find(shape.key());
+  if (it != moe_plans_.end()) return *it->second;
+  refuse_if_capturing(stream, shape.fused ? "moe_forward" : "moe_dispatch", shape.text(),
+                      "Communicator.plan_moe()");
+  auto op = rt::MoeDispatchCombine::create(comm, shape.tokens, shape.hidden, shape.out_hidden, shape.experts,
+                                           shape.top_k, shape.config(), as_stream(stream));
+  if (!op.ok()) throw_status(op.status());
+  auto& slot = moe_plans_[shape.key()];
+  slot = std::move(op.value());
+  return *slot;
+}
+
+void PyCommunicator::plan_moe(const MoeShape& shape, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceScope scope(live("plan_moe").cuda_device());
+  (void)moe_plan_locked(shape, stream);
+}
+
+bool PyCommunicator::has_moe_plan(const MoeShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return moe_plans_.count(shape.key()) != 0;
+}
+
+std::string PyCommunicator::describe_moe(const MoeShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = moe_plans_.find(shape.key());
+  if (it == moe_plans_.end())
+    throw_status(Status(StatusCode::kNotFound,
+                        "describe_moe: no plan for " + shape.text() + "; plan it or run the op with that shape first"));
+  return it->second->describe();
+}
+
+void PyCommunicator::moe_dispatch(const MoeDispatchArgs& args, const MoeShape& shape, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("moe_dispatch");
+  if (args.x.device != comm.cuda_device()) throw ArgumentError{on_device_text("x", args.x.device, comm)};
+  if (shape.fused)
+    throw_status(Status(StatusCode::kInvalidArgument, "moe_dispatch: the shape is marked fused; use moe_forward"));
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::MoeDispatchCombine& op = moe_plan_locked(shape, stream);
+  // The plan fixes the rows; Python sizes the outputs with the same rule (mkernel._moe).
+  if (args.x_expert.shape[0] != op.rows_capacity())
+    throw ArgumentError{"x_expert: " + std::to_string(args.x_expert.shape[0]) + " rows; expected the plan's " +
+                        std::to_string(op.rows_capacity()) + " (rows_capacity of " + shape.text() + ")"};
+  if (args.expert_offsets.shape[0] != uint64_t{op.experts_per_rank()} + 1)
+    throw ArgumentError{"expert_offsets: " + std::to_string(args.expert_offsets.shape[0]) + " entries; expected " +
+                        "experts_per_rank + 1 = " + std::to_string(op.experts_per_rank() + 1)};
+  auto ptr = [](const std::optional<Array>& a) { return a ? a->data : nullptr; };
+  moe_dispatched_ = nullptr;  // a new dispatch supersedes one still waiting, whether or not it launches
+  throw_if_error(op.dispatch(args.x.data, static_cast<const int32_t*>(args.choices.data),
+                             static_cast<const float*>(args.scores.data), args.x_expert.data,
+                             static_cast<uint32_t*>(args.expert_offsets.data),
+                             static_cast<int32_t*>(ptr(args.row_source)), static_cast<int32_t*>(ptr(args.row_token)),
+                             static_cast<float*>(ptr(args.row_score)), as_stream(stream)));
+  moe_dispatched_ = &op;
+  moe_dispatched_shape_ = shape;
+}
+
+void PyCommunicator::moe_combine(const MoeCombineArgs& args, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("moe_combine");
+  if (args.y_expert.device != comm.cuda_device())
+    throw ArgumentError{on_device_text("y_expert", args.y_expert.device, comm)};
+  if (moe_dispatched_ == nullptr)
+    throw_status(Status(StatusCode::kFailedPrecondition,
+                        "moe_combine: no moe_dispatch on this communicator waits for its combine (none ran, or its "
+                        "combine already did); expected moe_dispatch, then moe_combine of the expert outputs in its "
+                        "rows"));
+  const MoeShape& s = moe_dispatched_shape_;
+  const uint64_t rows = moe_dispatched_->rows_capacity();
+  if (args.y_expert.shape[0] != rows || args.y_expert.shape[1] != s.out_hidden)
+    throw ArgumentError{"y_expert: shape (" + std::to_string(args.y_expert.shape[0]) + ", " +
+                        std::to_string(args.y_expert.shape[1]) + "); expected (" + std::to_string(rows) + ", " +
+                        std::to_string(s.out_hidden) + "): (rows, out_hidden) of the last moe_dispatch on this " +
+                        "communicator " + s.text()};
+  if (args.out.shape[0] != s.tokens)
+    throw ArgumentError{"num_tokens: " + std::to_string(args.out.shape[0]) + " (rows of out); expected " +
+                        std::to_string(s.tokens) + ", the tokens of the last moe_dispatch on this communicator " +
+                        s.text()};
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::MoeDispatchCombine* op = moe_dispatched_;
+  // Consumed either way: a refused combine (another launch since the dispatch) leaves nothing to combine.
+  moe_dispatched_ = nullptr;
+  throw_if_error(op->combine(args.y_expert.data, args.out.data, as_stream(stream)));
+}
+
+void PyCommunicator::moe_forward(const MoeForwardArgs& args, const MoeShape& shape, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("moe_forward");
+  if (args.x.device != comm.cuda_device()) throw ArgumentError{on_device_text("x", args.x.device, comm)};
+  if (!shape.fused)
+    throw_status(Status(StatusCode::kInvalidArgument, "moe_forward: the shape is not marked fused"));
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::MoeDispatchCombine& op = moe_plan_locked(shape, stream);
+  if (args.w.shape[0] != op.experts_per_rank())
+    throw ArgumentError{"w: " + std::to_string(args.w.shape[0]) + " experts; expected experts_per_rank = " +
+                        std::to_string(op.experts_per_rank()) + " of " + shape.text()};
+  throw_if_error(op.forward(args.x.data, static_cast<const int32_t*>(args.choices.data),
+                            static_cast<const float*>(args.scores.data), args.w.data, args.out.data,
+                            as_stream(stream)));
+}
+
+// ---- ring attention -----------------------------------------------------------------------------
+
+PyCommunicator::RingKey PyCommunicator::ring_key(const rt::RingAttentionShape& s) {
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
+  return {s.batch, s.heads_q, s.heads_kv, s.s_local, s.head_dim, static_cast<uint32_t>(s.layout),
+          static_cast<uint32_t>(s.placement), scale_bits};
+}
+
+rt::RingAttention& PyCommunicator::ring_plan_locked(const rt::RingAttentionShape& shape, uintptr_t stream) {
+  rt::Communicator& comm = live("ring_attention");
+  const RingKey key = ring_key(shape);
+  auto it = ring_plans_.find(key);
+  if (it != ring_plans_.end()) return *it->second;
+  refuse_if_capturing(stream, "ring_attention", ring_text(shape), "Communicator.plan_ring_attention()");
+  auto op = rt::RingAttention::create(comm, shape, rt::RingAttentionConfig{}, as_stream(stream));
+  if (!op.ok()) throw_status(op.status());
+  auto& slot = ring_plans_[key];
+  slot = std::move(op.value());
+  return *slot;
+}
+
+void PyCommunicator::plan_ring_attention(const rt::RingAttentionShape& shape, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceScope scope(live("plan_ring_attention").cuda_device());
+  (void)ring_plan_locked(shape, stream);
+}
+
+bool PyCommunicator::has_ring_attention_plan(const rt::RingAttentionShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ring_plans_.count(ring_key(shape)) != 0;
+}
+
+std::string PyCommunicator::describe_ring_attention(const rt::RingAttentionShape& shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ring_plans_.find(ring_key(shape));
+  if (it == ring_plans_.end())
+    throw_status(Status(StatusCode::kNotFound, "describe_ring_attention: no plan for " + ring_text(shape) +
+                                                   "; plan it or run the op with that shape first"));
+  return it->second->describe();
+}
+
+void PyCommunicator::ring_attention(const RingAttentionArgs& args, const rt::RingAttentionShape& shape,
+                                    uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("ring_attention");
+  if (args.q.device != comm.cuda_device()) throw ArgumentError{on_device_text("q", args.q.device, comm)};
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::RingAttention& op = ring_plan_locked(shape, stream);
+  throw_if_error(op.launch(args.q.data, args.k.data, args.v.data, args.o.data, static_cast<float*>(args.lse.data),
+                           as_stream(stream)));
+}
+
 void PyCommunicator::check() {
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_error(live("check").check());
@@ -238,8 +441,11 @@ void PyCommunicator::close() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) return;
   DeviceScope scope(comm_->cuda_device(), /*quiet=*/true);
+  moe_dispatched_ = nullptr;
   plans_.clear();
   rs_plans_.clear();
+  moe_plans_.clear();
+  ring_plans_.clear();
   comm_.reset();
 }
 

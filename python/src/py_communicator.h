@@ -1,5 +1,6 @@
 // py_communicator.h: the compiled module's communicator: one libmkernel Communicator and the
-// AllGather+GEMM and GEMM+ReduceScatter plans made on it, behind the calls Python makes.
+// AllGather+GEMM, GEMM+ReduceScatter, MoE and ring attention plans made on it, behind the calls
+// Python makes.
 //
 // Design notes
 //  1. Ownership. A PyCommunicator owns its rt::Communicator and every plan made on it; the plans
@@ -21,7 +22,12 @@
 //     communicator's status word is read (no synchronisation): a failure on the GPU in an earlier
 //     launch (a peer that died, a wait past its bound) is raised then, naming rank, launch, step
 //     and cause.
-//  6. The GIL is released around everything that may block: creation (all ranks joining),
+//  6. MoE pairs. A combine reads the routing and records of the dispatch before it, so the
+//     communicator remembers which MoE plan dispatched last; combine runs on that plan, its
+//     y_expert and out checked against that dispatch's shape, and is refused (with what to do)
+//     when there is none. libmkernel itself refuses a combine with another launch of the
+//     communicator since its dispatch. A combine consumes its dispatch.
+//  7. The GIL is released around everything that may block: creation (all ranks joining),
 //     planning (the agreement), close (the daemon's goodbye, device synchronisation).
 #pragma once
 
@@ -51,6 +57,22 @@ struct StatusError {
 inline void throw_if_error(const Status& s) {
   if (!s.ok()) throw_status(s);
 }
+
+// What identifies an MoE plan: the shape and the MoeConfig fields Python may set.
+struct MoeShape {
+  uint64_t tokens = 0, hidden = 0, out_hidden = 0;
+  uint32_t experts = 0, top_k = 0;
+  uint32_t recv_tokens_per_source = 0;  // 0: tokens (the worst case)
+  uint64_t expert_rows_capacity = 0;    // 0: the worst case
+  bool apply_scores = true;
+  bool fused = false;
+  auto key() const {
+    return std::make_tuple(tokens, hidden, out_hidden, experts, top_k, recv_tokens_per_source, expert_rows_capacity,
+                           apply_scores, fused);
+  }
+  rt::MoeConfig config() const;
+  std::string text() const;
+};
 
 // What Python may set of rt::Options (the rest keeps libmkernel's defaults).
 struct CommOptions {
@@ -88,6 +110,19 @@ class PyCommunicator {
   bool has_reduce_scatter_plan(uint64_t m_local, uint64_t n, uint64_t k);
   std::string describe_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k);
   void gemm_reduce_scatter(const GemmReduceScatterArgs& args, uintptr_t stream);
+  // MoE (note 6): plans on first use, as the others. rows_capacity / experts_per_rank of a plan
+  // (planning it if needed) are what dispatch's outputs must hold.
+  void plan_moe(const MoeShape& shape, uintptr_t stream);
+  bool has_moe_plan(const MoeShape& shape);
+  std::string describe_moe(const MoeShape& shape);
+  void moe_dispatch(const MoeDispatchArgs& args, const MoeShape& shape, uintptr_t stream);
+  void moe_combine(const MoeCombineArgs& args, uintptr_t stream);
+  void moe_forward(const MoeForwardArgs& args, const MoeShape& shape, uintptr_t stream);
+  // Ring attention, one plan per shape (rt::RingAttentionShape, every field).
+  void plan_ring_attention(const rt::RingAttentionShape& shape, uintptr_t stream);
+  bool has_ring_attention_plan(const rt::RingAttentionShape& shape);
+  std::string describe_ring_attention(const rt::RingAttentionShape& shape);
+  void ring_attention(const RingAttentionArgs& args, const rt::RingAttentionShape& shape, uintptr_t stream);
   // Raises the communicator's first recorded failure, if any (does not block).
   void check();
   void close();
@@ -110,10 +145,22 @@ class PyCommunicator {
   rt::AllGatherGemm& plan_locked(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream);
   rt::GemmReduceScatter& rs_plan_locked(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream);
 
+  rt::MoeDispatchCombine& moe_plan_locked(const MoeShape& shape, uintptr_t stream);
+  rt::RingAttention& ring_plan_locked(const rt::RingAttentionShape& shape, uintptr_t stream);
+
+  using MoeKey = decltype(MoeShape{}.key());
+  using RingKey = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t, uint32_t>;
+  static RingKey ring_key(const rt::RingAttentionShape& s);
+
   std::mutex mu_;  // one call at a time per communicator (the ops share its workspace anyway)
   std::unique_ptr<rt::Communicator> comm_;  // before plans_: destroyed after them (note 1)
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::AllGatherGemm>> plans_;
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmReduceScatter>> rs_plans_;
+  std::map<MoeKey, std::unique_ptr<rt::MoeDispatchCombine>> moe_plans_;
+  std::map<RingKey, std::unique_ptr<rt::RingAttention>> ring_plans_;
+  // The plan whose dispatch was the last MoE launch, and its shape (note 6); null: none pending.
+  rt::MoeDispatchCombine* moe_dispatched_ = nullptr;
+  MoeShape moe_dispatched_shape_;
   uint64_t nvlink_bytes_ = 0, network_workspace_bytes_ = 0;
   uint32_t fused_flags_ = 0;
 };

@@ -13,6 +13,10 @@
 //     rank's) the runtime refuses itself, with its own message. GEMM+ReduceScatter's a holds
 //     every rank's rows (M = world * m_local), so M must be a multiple of world: that is a
 //     shape agreement between arrays, checked here.
+//  3. MoE and ring attention take arrays of other types and ranks (int32 routing, fp32 scores
+//     and log-sum-exp, 3-D and 4-D bf16): the same checks, through one Array check that takes the
+//     dtype and the number of dimensions. Sizes that only a plan knows (the MoE's expert rows, its
+//     experts per rank) are compared with the plan by the communicator (py_communicator.cc).
 #pragma once
 
 #include <nanobind/ndarray.h>
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mkernel::python {
 
@@ -46,12 +51,62 @@ struct GemmReduceScatterArgs {
   Matrix c;  // [m_local, n]
 };
 
+// A packed (C-contiguous) array of any rank and element type on a CUDA device, 16-byte aligned.
+struct Array {
+  void* data = nullptr;
+  std::vector<uint64_t> shape;
+  int device = -1;
+};
+
+// The arguments of one MoE dispatch (note 3): x [tokens, hidden] bf16, choices [tokens, top_k]
+// int32, scores [tokens, top_k] fp32; out: x_expert [rows, hidden] bf16, expert_offsets
+// [experts_per_rank + 1] int32 or uint32, and, when given, row_source, row_token [rows] int32,
+// row_score [rows] fp32.
+struct MoeDispatchArgs {
+  Array x, choices, scores, x_expert, expert_offsets;
+  std::optional<Array> row_source, row_token, row_score;
+};
+
+// The arguments of one MoE combine: y_expert [rows, out_hidden] bf16 -> out [tokens, out_hidden] bf16.
+struct MoeCombineArgs {
+  Array y_expert, out;
+};
+
+// The arguments of one fused MoE forward: x, choices, scores as for dispatch; w [experts_per_rank,
+// out_hidden, hidden] bf16; out [tokens, out_hidden] bf16.
+struct MoeForwardArgs {
+  Array x, choices, scores, w, out;
+};
+
+// The arguments of one ring attention launch: q, o [B, Hq, S, D] and k, v [B, Hkv, S, D] (layout
+// "bhsd") or [B, S, H, D] ("bshd"), bf16; lse [B, Hq, S] fp32.
+struct RingAttentionArgs {
+  Array q, k, v, o, lse;
+  bool bshd = false;
+  uint64_t batch = 0, heads_q = 0, heads_kv = 0, s_local = 0, head_dim = 0;
+};
+
 // Throw ArgumentError (module.cc translates it) naming the first argument that does not fit.
 AllGatherGemmArgs check_all_gather_gemm(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
                                         const nanobind::ndarray<>& c,
                                         const std::optional<nanobind::ndarray<>>& gathered, uint32_t world);
 GemmReduceScatterArgs check_gemm_reduce_scatter(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
                                                 const nanobind::ndarray<>& c, uint32_t world);
+
+MoeDispatchArgs check_moe_dispatch(const nanobind::ndarray<>& x, const nanobind::ndarray<>& choices,
+                                   const nanobind::ndarray<>& scores, const nanobind::ndarray<>& x_expert,
+                                   const nanobind::ndarray<>& expert_offsets,
+                                   const std::optional<nanobind::ndarray<>>& row_source,
+                                   const std::optional<nanobind::ndarray<>>& row_token,
+                                   const std::optional<nanobind::ndarray<>>& row_score);
+MoeCombineArgs check_moe_combine(const nanobind::ndarray<>& y_expert, const nanobind::ndarray<>& out);
+MoeForwardArgs check_moe_forward(const nanobind::ndarray<>& x, const nanobind::ndarray<>& choices,
+                                 const nanobind::ndarray<>& scores, const nanobind::ndarray<>& w,
+                                 const nanobind::ndarray<>& out);
+// layout: "bhsd" or "bshd".
+RingAttentionArgs check_ring_attention(const nanobind::ndarray<>& q, const nanobind::ndarray<>& k,
+                                       const nanobind::ndarray<>& v, const nanobind::ndarray<>& o,
+                                       const nanobind::ndarray<>& lse, const std::string& layout);
 
 // A refused argument: the message names it (module.cc raises mkernel.ArgumentError).
 struct ArgumentError {

@@ -142,6 +142,111 @@ def test_reduce_scatter_arrays_refused_name_the_argument(native, name, replaceme
     assert info.value.code == "invalid argument"
 
 
+# ---- MoE and ring attention arrays --------------------------------------------------------------
+
+I32, U32, F32 = (0, 32), (1, 32), (2, 32)
+
+
+def _moe_args(tokens=64, hidden=128, top_k=2, rows=256, epr=2):
+    return dict(
+        x=dl_array([tokens, hidden]),
+        topk_ids=dl_array([tokens, top_k], dtype=I32),
+        topk_weights=dl_array([tokens, top_k], dtype=F32),
+        x_expert=dl_array([rows, hidden]),
+        expert_offsets=dl_array([epr + 1], dtype=I32),
+        row_source=dl_array([rows], dtype=I32),
+        row_token=dl_array([rows], dtype=I32),
+        row_score=dl_array([rows], dtype=F32),
+    )
+
+
+def test_moe_well_formed_arrays_pass(native):
+    native.check_moe_dispatch(**_moe_args())
+    args = _moe_args()
+    args.update(row_source=None, row_token=None, row_score=None, expert_offsets=dl_array([3], dtype=U32))
+    native.check_moe_dispatch(**args)
+    native.check_moe_combine(dl_array([256, 64]), dl_array([64, 64]))
+    native.check_moe_forward(dl_array([64, 128]), dl_array([64, 2], dtype=I32), dl_array([64, 2], dtype=F32),
+                             dl_array([2, 32, 128]), dl_array([64, 32]))
+
+
+@pytest.mark.parametrize(
+    "name, replacement, message",
+    [
+        ("x", dl_array([64, 128], dtype=F16), r"^x: dtype float16; expected bfloat16"),
+        ("topk_ids", dl_array([64, 2], dtype=(0, 64)), r"^topk_ids: dtype int64; expected int32"),
+        ("topk_weights", dl_array([64, 2], dtype=BF16), r"^topk_weights: dtype bfloat16; expected float32"),
+        ("topk_ids", dl_array([32, 2], dtype=I32), r"^topk_ids: shape \(32, 2\); expected \(64, top_k\)"),
+        ("topk_weights", dl_array([64, 3], dtype=F32), r"^topk_weights: shape \(64, 3\); expected \(64, 2\)"),
+        ("x_expert", dl_array([256, 64]), r"^x_expert: shape \(256, 64\); expected \(256, 128\)"),
+        ("x_expert", dl_array([256, 128], [256, 1]), r"^x_expert: strides \(256, 1\) for shape \(256, 128\); expected packed \(128, 1\)"),
+        ("expert_offsets", dl_array([3], dtype=F32), r"^expert_offsets: dtype float32; expected int32 or uint32"),
+        ("expert_offsets", dl_array([3, 1], dtype=I32), r"^expert_offsets: shape \(3, 1\); expected 1 dimension"),
+        ("row_source", dl_array([255], dtype=I32), r"^row_source: shape \(255,\); expected \(256,\)"),
+        ("row_score", dl_array([256], dtype=I32), r"^row_score: dtype int32; expected float32"),
+        ("row_token", dl_array([256], dtype=I32, device=DL_CPU), r"^row_token: device cpu; expected a CUDA device"),
+        ("row_token", dl_array([256], dtype=I32, device_id=1), r"^row_token: on CUDA device 1; expected x's device 0"),
+        ("topk_ids", dl_array([64, 2], dtype=I32, data=0x7F0000000004), r"^topk_ids: data at 0x7f0000000004 is not 16-byte aligned"),
+        ("x", dl_array([0, 128]), r"^x: shape \(0, 128\); expected no empty dimension"),
+    ],
+)
+def test_moe_dispatch_arrays_refused_name_the_argument(native, name, replacement, message):
+    args = _moe_args()
+    args[name] = replacement
+    with pytest.raises(mkernel.ArgumentError, match=message):
+        native.check_moe_dispatch(**args)
+
+
+def test_moe_combine_and_forward_arrays_refused_name_the_argument(native):
+    with pytest.raises(mkernel.ArgumentError, match=r"^out: shape \(64, 32\); expected \(tokens, 64\)"):
+        native.check_moe_combine(dl_array([256, 64]), dl_array([64, 32]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^y_expert: dtype float32; expected bfloat16"):
+        native.check_moe_combine(dl_array([256, 64], dtype=F32), dl_array([64, 64]))
+
+    def routing():  # a capsule is consumed by the call it is given to
+        return dl_array([64, 128]), dl_array([64, 2], dtype=I32), dl_array([64, 2], dtype=F32)
+
+    with pytest.raises(mkernel.ArgumentError, match=r"^w: shape \(2, 32, 64\); expected \(experts_per_rank, out_hidden, 128\)"):
+        native.check_moe_forward(*routing(), dl_array([2, 32, 64]), dl_array([64, 32]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^w: shape \(32, 128\); expected 3 dimensions"):
+        native.check_moe_forward(*routing(), dl_array([32, 128]), dl_array([64, 32]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^out: shape \(64, 16\); expected \(64, 32\)"):
+        native.check_moe_forward(*routing(), dl_array([2, 32, 128]), dl_array([64, 16]))
+
+
+def _ring_args(B=2, Hq=8, Hkv=2, S=64, D=128, layout="bhsd"):
+    def t(H, dtype=BF16):
+        return dl_array([B, H, S, D] if layout == "bhsd" else [B, S, H, D], dtype=dtype)
+
+    return dict(q=t(Hq), k=t(Hkv), v=t(Hkv), out=t(Hq), lse=dl_array([B, Hq, S], dtype=F32), layout=layout)
+
+
+def test_ring_well_formed_arrays_pass(native):
+    native.check_ring_attention(**_ring_args())
+    native.check_ring_attention(**_ring_args(layout="bshd"))
+
+
+@pytest.mark.parametrize(
+    "name, replacement, message",
+    [
+        ("q", dl_array([2, 8, 64, 128], dtype=F16), r"^q: dtype float16; expected bfloat16"),
+        ("k", dl_array([2, 2, 32, 128]), r"^k: shape \(2, 2, 32, 128\); expected \[B, H, S, D\] with B, S and D of q"),
+        ("v", dl_array([2, 4, 64, 128]), r"^v: shape \(2, 4, 64, 128\); expected \(2, 2, 64, 128\) = k's shape"),
+        ("out", dl_array([2, 8, 64, 64]), r"^out: shape \(2, 8, 64, 64\); expected \(2, 8, 64, 128\)"),
+        ("lse", dl_array([2, 8, 64], dtype=BF16), r"^lse: dtype bfloat16; expected float32"),
+        ("lse", dl_array([2, 64, 8], dtype=F32), r"^lse: shape \(2, 64, 8\); expected \(2, 8, 64\) = \(B, Hq, S\)"),
+        ("q", dl_array([2, 8, 64, 128], [65536, 128, 1024, 1]), r"^q: strides \(65536, 128, 1024, 1\) for shape \(2, 8, 64, 128\); expected packed \(65536, 8192, 128, 1\)"),
+        ("layout", "sbhd", r"^layout: 'sbhd'; expected 'bhsd' or 'bshd'"),
+        ("v", dl_array([2, 2, 64, 128], device_id=1), r"^v: on CUDA device 1; expected q's device 0"),
+    ],
+)
+def test_ring_arrays_refused_name_the_argument(native, name, replacement, message):
+    args = _ring_args()
+    args[name] = replacement
+    with pytest.raises(mkernel.ArgumentError, match=message):
+        native.check_ring_attention(**args)
+
+
 def test_runtime_status_becomes_an_exception_with_code_and_origin(native, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MKERNEL_TOKEN"):
         monkeypatch.delenv(var, raising=False)

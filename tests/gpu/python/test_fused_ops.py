@@ -9,6 +9,8 @@ inputs, with equal strides:
   (A_shard [8, 64, 32] gathered on dims 0 and 1 with three Bs, 2-D A with B row-major or
   transposed, return_A=False, capture in a CUDA graph) plus a larger shape, under eager mode,
   torch.compile and CUDA graph replay, and both ways to bootstrap.
+* MoE dispatch/combine/forward and ring attention (cases moe_*, ring_*): moe_ring_cases.py,
+  against torch references on the same inputs gathered from every rank.
 * fused_matmul_reduce_scatter (cases rs_*): within bf16 rounding (torch rounds each rank's
   partial to bf16 before summing, mkernel sums in fp32 and rounds once), and mkernel's result
   the same bits when called again. torch's test cases (A [8, 64, 32] scattered on dims 0 and 1),
@@ -47,6 +49,8 @@ GNAME = GROUP.group_name
 
 import torch.distributed._symmetric_memory as symm_mem  # noqa: E402
 
+import moe_ring_cases  # noqa: E402  (beside this file: the MoE and ring attention cases)
+
 try:  # older torch needs this once per group; newer enables it on demand (and warns)
     symm_mem.enable_symm_mem_for_group(GNAME)
 except Exception:
@@ -55,9 +59,12 @@ except Exception:
 BF16 = torch.bfloat16
 # The largest calls below: AllGather+GEMM m_local 2048 x k 4096 (the 4096 x 1024 x 1024 case needs
 # less); GEMM+ReduceScatter [2048, 2048] per rank. The ops take turns with one workspace.
+# The MoE and ring attention cases (moe_ring_cases.py) add their needs.
+_MOE_RING_WORKSPACE, _MOE_RING_FLAGS = moe_ring_cases.workspace_needs(WORLD)
 WORKSPACE = max(mkernel.all_gather_matmul_workspace_bytes(WORLD, 2048, 4096),
-                mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, 2048, 2048))
-FUSED_FLAGS = max(mkernel.default_fused_flags(), mkernel.matmul_reduce_scatter_fused_flags(WORLD, 2048, 2048))
+                mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, 2048, 2048), _MOE_RING_WORKSPACE)
+FUSED_FLAGS = max(mkernel.default_fused_flags(), mkernel.matmul_reduce_scatter_fused_flags(WORLD, 2048, 2048),
+                  _MOE_RING_FLAGS)
 COMM = mkernel.Communicator.from_process_group(GROUP, workspace_bytes=WORKSPACE, fused_flags=FUSED_FLAGS)
 
 
@@ -423,6 +430,10 @@ def rs_ranks_disagreeing_on_a_shape_are_told():
         assert "ranks disagree on k" in str(e), str(e)
     else:
         raise AssertionError("a disagreement on k went through")
+
+
+# The MoE (moe_*) and ring attention (ring_*) cases, after the GEMM ones.
+moe_ring_cases.make_cases(sys.modules[__name__])
 
 
 def main() -> int:
