@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "fused/moe/moe_comm.cuh"
+#include "fused/moe/moe_combine.cuh"
 
 namespace mkernel::kernels {
 

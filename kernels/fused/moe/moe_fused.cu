@@ -5,7 +5,7 @@
 // loading it; the combine waits for the tiles of each token's rows (tile flags with the launch
 // number). Host side: MoePlan (moe.cu).
 #include "fused/moe/moe.h"
-#include "fused/moe/moe_comm.cuh"
+#include "fused/moe/moe_combine.cuh"
 #include "gemm/sm90_bf16_gemm.cuh"
 #include "gemm/sm90_bf16_grouped_gemm_instance.cuh"
 
