@@ -33,6 +33,8 @@ namespace mp = mkernel::protocol;
 
 // Exits 77 (ctest: skipped) with the reason when no Hopper GPU is usable here.
 inline void require_hopper_or_skip(const char* test_name) {
+  // Line-buffered: a test ended by its time bound still shows the case it was in.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess || n == 0) {

@@ -26,6 +26,8 @@ namespace attn_test {
 
 // Exit code 77 (ctest: skipped) with a reason when there is no usable GPU.
 inline void require_hopper_or_skip(const char* prog) {
+  // Line-buffered: a test ended by its time bound still shows the case it was in.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("SKIPPED %s: no CUDA device\n", prog);

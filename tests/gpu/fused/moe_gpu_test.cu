@@ -449,9 +449,12 @@ int run_case(const Case& cs) {
   if (!cluster.start()) return 1;
   std::printf("case %s: T %u H %u E %u top-%u chunk %u%s\n", cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts,
               cs.top_k, cs.chunk_tokens, cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
+  // The buffers sized for the chunk the ranks' ops will use (the chunk changes the network slots).
+  rt::MoeConfig sizing;
+  sizing.chunk_tokens = cs.chunk_tokens;
   const auto t0 = std::chrono::steady_clock::now();
   const int failed = fused_test::run_ranks_in_threads(
-      cluster, options_for(cs), {4096},
+      cluster, options_for(cs, sizing), {4096},
       [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
         return cs.fused_n > 0 ? run_fused_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync)
                               : run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);

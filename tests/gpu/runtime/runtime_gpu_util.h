@@ -48,6 +48,8 @@ inline int failures = 0;
 
 // Exits 77 (ctest: skipped) with the reason unless `need` Hopper GPUs are usable.
 inline void require_gpus_or_skip(const char* test, int need) {
+  // Line-buffered: a test ended by its time bound still shows the case it was in.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess || n < need) {
