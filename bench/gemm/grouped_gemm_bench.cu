@@ -325,6 +325,13 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
   }
 
   const auto t = time_round_robin({launch_grouped, launch_loop, launch_dense, launch_cublas_dense}, o.iters, 5);
+  // Every timed launch must have ended cleanly too (a wait that expired would time an error).
+  GT_CUDA(cudaDeviceSynchronize());
+  GT_CUDA(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost));
+  if (st.code != mk::kDeviceOk) {
+    std::printf("FAIL %s: a timed launch ended with status '%s'\n", c.name.c_str(),
+                mk::describe_device_status(st, 0).c_str());
+  }
   std::vector<Row> out;
   out.push_back({&c, "mkernel", mk::grouped_gemm_config_string(gplan) + " err " + std::to_string(err), t[0]});
   out.push_back({&c, "cublas_loop", "cublasGemmEx x " + std::to_string(groups), t[1]});
@@ -345,6 +352,7 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run ended by its bound still shows how far it got
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

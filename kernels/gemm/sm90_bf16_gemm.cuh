@@ -102,7 +102,8 @@ struct Sm90GemmTraits {
   // alternate as TMA stores drain them.
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
   static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
-  static constexpr uint32_t kBarrierBytes = 2 * kStages * 8 + 16;
+  // Full and empty barriers, one abort word per stage, the split-last word (16-byte rounded).
+  static constexpr uint32_t kBarrierBytes = 2 * kStages * 8 + ((kStages + 1) * 4 + 15) / 16 * 16;
   // Grouped GEMM: the groups' table (sm90_bf16_grouped_gemm_map.h) after the barriers.
   static constexpr bool kGrouped = kGrouped_;
   static constexpr uint32_t kGroupedBytes = kGrouped ? (sizeof(GroupedTable) + 15) / 16 * 16 : 0;
@@ -114,6 +115,10 @@ struct Sm90GemmTraits {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kNumConsumers <= 65536,
                 "register budget over the 64K registers of an SM");
 };
+
+// How long an aborting producer waits for each load it issued to land (its drain): loads take
+// microseconds, so this bounds only a stage whose cluster peer never sent its half.
+inline constexpr uint64_t kDrainBoundNs = 1'000'000;
 
 namespace detail {
 
@@ -425,8 +430,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   uint8_t* smem_epi = smem_b + T::kStages * T::kBBytes;
   auto* full_bar = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes);
   uint64_t* empty_bar = full_bar + T::kStages;
-  auto* abort_flag = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
-  auto* split_last = abort_flag + 1;
+  // stage_abort[s] = 1: the producer stopped and completed stage s's phase without data. Per
+  // stage, not one word: a consumer reads the word of the stage it just saw complete, written (if
+  // at all) before that completion, so all warps of a warpgroup read the same value and take the
+  // same branch (wgmma needs all four; one shared word read at different times split them).
+  auto* stage_abort = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
+  auto* split_last = const_cast<uint32_t*>(stage_abort + T::kStages);
   [[maybe_unused]] auto* grouped_table = reinterpret_cast<GroupedTable*>(smem_epi + T::kEpiBytes + T::kBarrierBytes);
 
   const uint32_t warpgroup = threadIdx.x / 128;
@@ -439,7 +448,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::mbar_init(&full_bar[s], 1);
       ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kClusterM);
     }
-    *abort_flag = 0;
+    for (int s = 0; s < T::kStages; ++s) stage_abort[s] = 0;
     if constexpr (T::kGrouped) grouped_table->bad_group = kGroupedNoBadGroup;
     ptx::fence_mbar_init();
   }
@@ -489,6 +498,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       WorkCursor cursor = sched.begin(cluster_idx);
       WorkItem item;
       [[maybe_unused]] GroupCursor gcursor;
+      // The phase each stage was last armed with (bit s of armed_phase), for the drain below.
+      static_assert(T::kStages <= 32, "armed-stage masks are 32 bits");
+      uint32_t armed_mask = 0, armed_phase = 0;
       while (!aborted && sched.next(cursor, num_clusters, item)) {
         const CUtensorMap* map_a = &tma_a;
         int32_t a_row = 0, w_row = 0;
@@ -541,18 +553,21 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint32_t kb = i + rot;
           kb = item.k_begin + (kb >= len ? kb - len : kb);
           if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
+            // The consumers hold the stage: they are stuck on a stage that will not complete
+            // and leave by their own bounded waits.
             report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
-          }
-          if (aborted) {
-            // Wake the consumers on the next stage with no data; they see the flag and stop.
-            *abort_flag = 1;
-            ptx::mbar_arrive(&full_bar[stage]);
             break;
           }
+          // A wait for rows failed: this stage is loaded as usual (any rows; with clusters the
+          // peer's full barrier expects this CTA's multicast half, and this CTA's own expects
+          // the peer's) but marked, so the consumers stop when it completes.
+          if (aborted) stage_abort[stage] = 1;
           uint8_t* a_dst = smem_a + stage * T::kABytes;
           uint8_t* b_dst = smem_b + stage * T::kBBytes;
           const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
+          armed_mask |= 1u << stage;
+          armed_phase = (armed_phase & ~(1u << stage)) | (phase << stage);
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
           ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           if constexpr (T::kClusterM == 1) {
@@ -574,6 +589,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             stage = 0;
             phase ^= 1;
           }
+          if (aborted) break;
+        }
+      }
+      // Drain: every load this producer issued lands before the block may exit. Normally the
+      // consumers waited for all of them and this is one try_wait per stage; after an abort
+      // they stop early and a load still in flight would write into shared memory of a block
+      // that is gone (a launch failure). Bounded: a stage whose cluster peer never sent its
+      // half does not complete. Its peer waits here too, so the cluster's last multicasts land
+      // before both pass the final cluster barrier.
+      if (aborted) {
+        const uint64_t drain_ns = p.wait.timeout_ns < kDrainBoundNs ? p.wait.timeout_ns : kDrainBoundNs;
+        for (uint32_t s = 0; s < T::kStages; ++s) {
+          if ((armed_mask >> s) & 1u) (void)mbar_wait_bounded(&full_bar[s], (armed_phase >> s) & 1u, drain_ns);
         }
       }
     }
@@ -590,6 +618,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     bool aborted = false;
     [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
 
+    const uint64_t consumer_wait_ns =
+        p.wait.timeout_ns > (~uint64_t{0}) / 2 ? ~uint64_t{0} : 2 * p.wait.timeout_ns;
     WorkCursor cursor = sched.begin(cluster_idx);
     WorkItem item;
     [[maybe_unused]] GroupCursor gcursor;
@@ -614,12 +644,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       //    fragment is zero --
       uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
-        if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns)) {
+        // Twice the producers' bound: a producer whose wait expires still completes its stage
+        // (marked), so a consumer gives up only once every producer has stopped and no stage
+        // can complete any more. Its four warps then agree; with equal bounds a stage completing
+        // right at the deadline could let some warps into the wgmma and not others.
+        if (!mbar_wait_bounded(&full_bar[stage], phase, consumer_wait_ns)) {
           report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
           aborted = true;
           break;
         }
-        if (ptx::ld_shared_volatile_u32(const_cast<uint32_t*>(abort_flag)) != 0) {
+        if (stage_abort[stage] != 0) {
           aborted = true;
           break;
         }
@@ -637,8 +671,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::wgmma_commit();
           ptx::wgmma_wait<1>();
           if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
-        } else if (signals) {
-          detail::release_stage<T>(&empty_bar[stage]);
+        } else {
+          // No MMA keeps this warpgroup's warps in step here: all four must have seen the stage
+          // complete before its one signalling thread hands it back. Released early, the stage
+          // could be refilled and complete its next phase (same parity) before a slow warp
+          // looked, and that warp would then wait one phase behind the others (a later wgmma
+          // without it hangs or faults, or its last wait expires).
+          ptx::named_barrier_sync(3 + cw, 128);
+          if (signals) detail::release_stage<T>(&empty_bar[stage]);
         }
         prev_stage = stage;
         if (++stage == T::kStages) {

@@ -210,6 +210,7 @@ void run_case(const char* label, const std::vector<uint32_t>& off, int64_t capac
     check(false, name + ": plan failed: " + r.message);
     return;
   }
+  std::printf("..    %s [%s]\n", name.c_str(), mk::grouped_gemm_config_string(plan).c_str());
   std::vector<uint16_t> first;
   for (int rep = 0; rep < 2; ++rep) {
     poison(p.d, static_cast<size_t>(capacity) * n);
