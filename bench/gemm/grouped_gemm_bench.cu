@@ -3,13 +3,15 @@
 // total rows and one weight (what the grouped GEMM would be if the routing cost nothing).
 //
 //   grouped_gemm_bench [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick]
-//                      [--iters N] [--seed S] [--config BLOCK_N,CLUSTER]
+//                      [--aligned] [--iters N] [--seed S] [--config BLOCK_N,CLUSTER]
 //
 // Cases (issue 13): 128 experts; the up projection (K = 7168 -> N = 2048) and the down
 // projection (K = 2048 -> N = 7168); 4096 x 8 and 16384 x 8 routed rows (tokens x top-8);
 // routing uniform (Gaussian logits, top-8 per token, as ../shared/baselines/moe_baseline.py),
 // Zipf (logits log(1 / (e + 1)^1.1) + Gaussian) and "empty" (uniform over 96 experts, every
-// fourth expert receives nothing). The counts come from a seeded generator (--seed, printed and
+// fourth expert receives nothing). --aligned adds "aligned" (every expert exactly 256 or 1024
+// rows: no partial m blocks, no split tiles), which separates what a group's last block costs
+// from what grouping itself costs. The counts come from a seeded generator (--seed, printed and
 // recorded); --cases-out writes them so bench/gemm/grouped_gemm_torch.py times
 // torch._grouped_mm on the same counts.
 //
@@ -45,6 +47,7 @@ struct Options {
   std::string commit = "unknown";
   std::string machine = "1xH200";
   bool quick = false;
+  bool aligned = false;  // also the "aligned" routing (a diagnostic beside the issue's cases)
   int iters = 50;
   uint64_t seed = 20261201;
   int block_n = 0, cluster = 0;
@@ -81,6 +84,10 @@ std::vector<uint32_t> route(int tokens, const std::string& routing, uint64_t see
     if (routing == "empty" && e % 4 == 3) prior[e] = -INFINITY;
   }
   std::vector<uint32_t> counts(kExperts, 0);
+  if (routing == "aligned") {  // every expert the same rows, a multiple of 128: no tails, no split tiles
+    for (auto& c : counts) c = static_cast<uint32_t>(tokens) * kTopK / kExperts;
+    return counts;
+  }
   std::vector<int> idx(kExperts);
   std::vector<float> logit(kExperts);
   for (int t = 0; t < tokens; ++t) {
@@ -99,7 +106,8 @@ std::vector<Case> make_cases(const Options& o) {
   const std::vector<int> tokens = o.quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384};
   for (const char* proj : {"up", "down"})
     for (int t : tokens)
-      for (const char* routing : {"uniform", "zipf", "empty"}) {
+      for (const char* routing : {"uniform", "zipf", "empty", "aligned"}) {
+        if (std::string(routing) == "aligned" && !o.aligned) continue;
         Case c;
         c.proj = proj;
         c.tokens = t;
@@ -373,6 +381,8 @@ int main(int argc, char** argv) {
       o.machine = next("--machine");
     else if (a == "--quick")
       o.quick = true;
+    else if (a == "--aligned")
+      o.aligned = true;
     else if (a == "--iters")
       o.iters = std::max(5, std::atoi(next("--iters").c_str()));
     else if (a == "--seed")
@@ -385,7 +395,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick] [--iters N] "
+                   "usage: %s [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick] [--aligned] [--iters N] "
                    "[--seed S] [--config BLOCK_N,CLUSTER]\n",
                    argv[0]);
       return 2;
