@@ -3,7 +3,7 @@
 // total rows and one weight (what the grouped GEMM would be if the routing cost nothing).
 //
 //   grouped_gemm_bench [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick]
-//                      [--aligned] [--iters N] [--seed S] [--config BLOCK_N,CLUSTER]
+//                      [--aligned] [--case NAME] [--iters N] [--seed S] [--config BLOCK_N,CLUSTER]
 //
 // Cases (issue 13): 128 experts; the up projection (K = 7168 -> N = 2048) and the down
 // projection (K = 2048 -> N = 7168); 4096 x 8 and 16384 x 8 routed rows (tokens x top-8);
@@ -47,7 +47,8 @@ struct Options {
   std::string commit = "unknown";
   std::string machine = "1xH200";
   bool quick = false;
-  bool aligned = false;  // also the "aligned" routing (a diagnostic beside the issue's cases)
+  bool aligned = false;
+  std::string only;  // --case NAME: run that case alone (profiling)  // also the "aligned" routing (a diagnostic beside the issue's cases)
   int iters = 50;
   uint64_t seed = 20261201;
   int block_n = 0, cluster = 0;
@@ -115,6 +116,7 @@ std::vector<Case> make_cases(const Options& o) {
         c.n = c.proj == "up" ? 2048 : 7168;
         c.k = c.proj == "up" ? 7168 : 2048;
         c.name = c.proj + "_T" + std::to_string(t) + "_" + routing;
+        if (!o.only.empty() && c.name != o.only) continue;
         c.counts = route(t, routing,
                          o.seed + 1000003ull * t +
                              (c.routing == "zipf"    ? 1
@@ -383,6 +385,8 @@ int main(int argc, char** argv) {
       o.quick = true;
     else if (a == "--aligned")
       o.aligned = true;
+    else if (a == "--case")
+      o.only = next("--case");
     else if (a == "--iters")
       o.iters = std::max(5, std::atoi(next("--iters").c_str()));
     else if (a == "--seed")
@@ -395,7 +399,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick] [--aligned] [--iters N] "
+                   "usage: %s [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick] [--aligned] [--case NAME] [--iters N] "
                    "[--seed S] [--config BLOCK_N,CLUSTER]\n",
                    argv[0]);
       return 2;
@@ -413,6 +417,11 @@ int main(int argc, char** argv) {
     }
   }
   const std::vector<Case> cases = make_cases(o);
+  if (cases.empty()) {
+    std::fprintf(stderr, "grouped_gemm_bench: --case %s names no case (NAME is proj_Ttokens_routing, e.g. up_T4096_zipf; "
+                 "aligned cases need --aligned, T16384 ones no --quick)\n", o.only.c_str());
+    return 2;
+  }
   write_cases(o, cases);  // before the GPU check: the torch script can use them either way
   require_hopper_or_skip("grouped_gemm_bench");
   cudaDeviceProp prop{};
