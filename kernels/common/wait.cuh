@@ -93,8 +93,12 @@ __device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, c
 
 // Waits for the phase of parity `parity` of an mbarrier (note 4). The timer is read only after
 // the first failed try, so the fast path costs one try_wait.
-__device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t timeout_ns) {
+// `scale`: the bound is timeout_ns << scale (computed only once the first try failed, so a
+// caller in a hot loop keeps no extra register for it).
+__device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
+                                                  uint32_t scale = 0) {
   if (ptx::mbar_try_wait(bar, parity)) return true;
+  if (scale != 0) timeout_ns = timeout_ns > (~uint64_t{0} >> scale) ? ~uint64_t{0} : timeout_ns << scale;
   const uint64_t start = sync::globaltimer_ns();
   while (true) {
 #pragma unroll 1

@@ -498,9 +498,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       WorkCursor cursor = sched.begin(cluster_idx);
       WorkItem item;
       [[maybe_unused]] GroupCursor gcursor;
-      // The phase each stage was last armed with (bit s of armed_phase), for the drain below.
-      static_assert(T::kStages <= 32, "armed-stage masks are 32 bits");
-      uint32_t armed_mask = 0, armed_phase = 0;
       while (!aborted && sched.next(cursor, num_clusters, item)) {
         const CUtensorMap* map_a = &tma_a;
         int32_t a_row = 0, w_row = 0;
@@ -566,8 +563,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint8_t* a_dst = smem_a + stage * T::kABytes;
           uint8_t* b_dst = smem_b + stage * T::kBBytes;
           const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
-          armed_mask |= 1u << stage;
-          armed_phase = (armed_phase & ~(1u << stage)) | (phase << stage);
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
           ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           if constexpr (T::kClusterM == 1) {
@@ -600,8 +595,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       // before both pass the final cluster barrier.
       if (aborted) {
         const uint64_t drain_ns = p.wait.timeout_ns < kDrainBoundNs ? p.wait.timeout_ns : kDrainBoundNs;
-        for (uint32_t s = 0; s < T::kStages; ++s) {
-          if ((armed_mask >> s) & 1u) (void)mbar_wait_bounded(&full_bar[s], (armed_phase >> s) & 1u, drain_ns);
+        // The last kStages stages armed, newest first. A stage never armed still has the phase of
+        // parity 1 "before" its first as completed, so walking back past the first one is free.
+        uint32_t s = stage, ph = phase;
+        for (uint32_t j = 0; j < T::kStages; ++j) {
+          if (s == 0) {
+            s = T::kStages;
+            ph ^= 1u;
+          }
+          --s;
+          (void)mbar_wait_bounded(&full_bar[s], ph, drain_ns);
         }
       }
     }
@@ -618,8 +621,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     bool aborted = false;
     [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
 
-    const uint64_t consumer_wait_ns =
-        p.wait.timeout_ns > (~uint64_t{0}) / 2 ? ~uint64_t{0} : 2 * p.wait.timeout_ns;
     WorkCursor cursor = sched.begin(cluster_idx);
     WorkItem item;
     [[maybe_unused]] GroupCursor gcursor;
@@ -648,7 +649,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // (marked), so a consumer gives up only once every producer has stopped and no stage
         // can complete any more. Its four warps then agree; with equal bounds a stage completing
         // right at the deadline could let some warps into the wgmma and not others.
-        if (!mbar_wait_bounded(&full_bar[stage], phase, consumer_wait_ns)) {
+        if (!mbar_wait_bounded(&full_bar[stage], phase, p.wait.timeout_ns, 1)) {
           report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
           aborted = true;
           break;
