@@ -8,9 +8,10 @@
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
 // [256, 32768] (tests/gpu/gemm/gemm_random_family.h); the seed is printed and recorded with
 // every row, and the five worst ratios are printed last.
-// --variants also times, in the same interleaved rounds, the configuration of the rule before
-// stream-K ("old"), whole tiles only ("dp"), stream-K forced ("sk"), and the rule with the other
-// tile width ("bn") and the other cluster size ("cl"): the data that calibrates the cost model.
+// --variants also times, in the same interleaved rounds, the rule choosing between the 128- and
+// 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
+// stream-K forced ("sk"), and the rule with the other of 128 and 256 columns ("bn") and the
+// other cluster size ("cl"): the data that calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -628,18 +629,9 @@ int main(int argc, char** argv) {
       const mk::GemmPlan& dp = def_runner->plans[0];
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
       {
-        // The rule before stream-K (commit 10b72b3): 256-wide tiles unless 64 < m <= 256,
-        // clusters of 2 from 4 m blocks, uniform split-K while the tiles fill at most half the SMs.
-        mk::GemmConfig c;
-        const int mb = (s.m + 127) / 128, kb = (s.k + 63) / 64;
-        c.block_n = (s.m <= 64 || mb > 2) ? 256 : 128;
-        c.cluster_m = mb >= 4 ? 2 : 1;
-        const int tiles = (mb + c.cluster_m - 1) / c.cluster_m * c.cluster_m * ((s.n + c.block_n - 1) / c.block_n);
-        int splits = 1;
-        if (tiles * 2 <= prop.multiProcessorCount)
-          splits = std::min({prop.multiProcessorCount / tiles, std::max(1, kb / 8), 16});
-        c.num_splits = std::max(1, splits);
-        vs.emplace_back("old", c);
+        mk::GemmConfig c;  // the rule with the 128- and 256-wide tiles only
+        c.widths_128_256 = true;
+        vs.emplace_back("w2", c);
       }
       {
         mk::GemmConfig c;  // whole tiles only
@@ -654,7 +646,7 @@ int main(int argc, char** argv) {
       }
       {
         mk::GemmConfig c;
-        c.block_n = dp.config.block_n == 256 ? 128 : 256;
+        c.block_n = dp.config.block_n == 128 ? 256 : 128;
         vs.emplace_back("bn", c);
       }
       if ((s.m + 127) / 128 >= 2) {

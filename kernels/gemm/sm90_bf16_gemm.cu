@@ -1,6 +1,6 @@
 // sm90_bf16_gemm.cu: argument checks, configuration choice, tensor maps and dispatch for the
-// persistent bf16 GEMM. No device code here; the kernels are instantiated per BLOCK_N in
-// sm90_bf16_gemm_n128.cu and sm90_bf16_gemm_n256.cu.
+// persistent bf16 GEMM. No device code here; the kernels are instantiated per BLOCK_N of
+// kGemmBlockWidths in sm90_bf16_gemm_n<BLOCK_N>.cu (generated, kernels/CMakeLists.txt).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -49,8 +49,9 @@ GemmResult device_info(DeviceInfo* info) {
     return fail(GemmError::kCudaError, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
   }
   if (d.major == 9 && d.minor == 0) {
-    // Both tile widths use the same shared memory and threads, so one query per cluster size
-    // (the smaller of the two, to be safe).
+    // Every tile width has the same threads and at most the 256-wide tile's shared memory (the
+    // pipeline depth fills what is left), so one query per cluster size (the smaller of the
+    // widest and narrowest, to be safe).
     for (int cl : {1, 2}) {
       d.resident[cl] = std::min(detail::max_resident_block_n<256>(cl, d.num_sms),
                                 detail::max_resident_block_n<128>(cl, d.num_sms));
@@ -116,7 +117,12 @@ GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError co
 // configuration that cannot run; `c` gets no zeros back.
 GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* c, GemmSchedule* sched) {
   *c = a.config;
-  if (c->block_n != 0 && c->block_n != 128 && c->block_n != 256) return fail(GemmError::kInvalidConfig, "block_n must be 128 or 256");
+  if (c->block_n != 0 && !gemm_block_width_built(c->block_n)) {
+    std::string widths;
+    for (int w : kGemmBlockWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+    return fail(GemmError::kInvalidConfig,
+                "block_n = " + std::to_string(c->block_n) + " is not a built tile width (expected 0 or one of " + widths + ")");
+  }
   if (c->cluster_m != 0 && c->cluster_m != 1 && c->cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->group == 0) c->group = 8;
@@ -148,6 +154,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                                                std::to_string(c->num_role_blocks) + " role blocks leave no room)");
   }
   req.block_n = c->block_n;
+  req.widths_128_256 = c->widths_128_256;
   req.cluster_m = c->cluster_m;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
@@ -379,9 +386,26 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
-  return plan.config.block_n == 256 ? detail::launch_block_n<256>(plan, stream)
-                                    : detail::launch_block_n<128>(plan, stream);
+  switch (plan.config.block_n) {
+    case 256: return detail::launch_block_n<256>(plan, stream);
+    case 224: return detail::launch_block_n<224>(plan, stream);
+    case 208: return detail::launch_block_n<208>(plan, stream);
+    case 192: return detail::launch_block_n<192>(plan, stream);
+    case 176: return detail::launch_block_n<176>(plan, stream);
+    case 160: return detail::launch_block_n<160>(plan, stream);
+    case 144: return detail::launch_block_n<144>(plan, stream);
+    case 128: return detail::launch_block_n<128>(plan, stream);
+    default:
+      return fail(GemmError::kInvalidConfig,
+                  "plan.config.block_n = " + std::to_string(plan.config.block_n) + " is not a built tile width");
+  }
 }
+// Every width the rule may choose has a case above.
+static_assert([] {
+  for (int w : kGemmBlockWidths)
+    if (w % 16 != 0 || w < 128 || w > 256) return false;
+  return sizeof(kGemmBlockWidths) / sizeof(int) == 8;
+}(), "kGemmBlockWidths and gemm_launch's cases disagree");
 
 GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
   GemmPlan plan;

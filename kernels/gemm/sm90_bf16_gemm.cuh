@@ -108,7 +108,10 @@ struct Sm90GemmTraits {
   static constexpr bool kGrouped = kGrouped_;
   static constexpr uint32_t kGroupedBytes = kGrouped ? (sizeof(GroupedTable) + 15) / 16 * 16 : 0;
   static constexpr uint32_t kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + kBarrierBytes + kGroupedBytes;
-  static_assert(kBlockN == 128 || kBlockN == 256, "BLOCK_N must be 128 or 256");
+  // wgmma takes any N that is a multiple of 8; 16 keeps each CTA's multicast half of the weight
+  // tile whole 8-row swizzle atoms (1024-byte aligned).
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 256, "BLOCK_N: a multiple of 16 in [64, 256]");
+  static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
   static_assert(!kGrouped || kEpilogue == kEpilogueStore, "grouped GEMM: store epilogue only");
@@ -174,7 +177,8 @@ __device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
 }
 
 // Stores one consumer's 64 x BLOCK_N accumulator slice through shared memory and TMA, in 64 x 64
-// chunks alternating between two buffers. The stores drain asynchronously while the consumer
+// chunks alternating between two buffers (the whole chunks only: a BLOCK_N that is not a
+// multiple of 64 leaves its last BLOCK_N % 64 columns to store_chunk_masked). The stores drain asynchronously while the consumer
 // starts its next tile; TMA clips rows past m and columns past n. Conflict-free staging: the
 // 16-byte column group j of row r sits at group j ^ (r % 8) (TMA's 128-byte swizzle).
 template <class T>
@@ -234,46 +238,58 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
   }
 }
 
+// Stores kCols columns (a multiple of 8, at most 64) of one consumer's 64 x BLOCK_N slice,
+// starting at the slice's column c0 (a multiple of 8), of which only the first `rows` rows are
+// written: staged in the swizzled 64 x 64 buffer at shared address `buf` as store_tile_tma does,
+// then each row's kCols / 8 16-byte pieces are written by consecutive threads, masked by row and
+// by column (n is a multiple of 8, so a piece is in or out as a whole). The leader first waits
+// until every earlier TMA store has read its buffer (this path commits none of its own).
+template <class T, int kCols>
+__device__ __forceinline__ void store_chunk_masked(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+                                                   uint32_t buf, int c0, uint32_t row0, uint32_t rows, uint32_t col0,
+                                                   uint32_t warp_in_wg, uint32_t lane, bool leader, uint32_t bar_id) {
+  static_assert(kCols % 8 == 0 && kCols > 0 && kCols <= 64, "a chunk is 8 to 64 columns");
+  constexpr int kGroups = kCols / 8;  // 16-byte pieces per row
+  const uint32_t row = warp_in_wg * 16 + lane / 4;
+  const uint32_t swz = lane / 4;
+  const uint32_t t = warp_in_wg * 32 + lane;  // 0..127
+  auto* d = static_cast<uint16_t*>(p.d);
+  if (leader) ptx::bulk_wait_group_read<0>();
+  ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+  for (int jj = 0; jj < kGroups; ++jj) {
+    const int j = c0 / 8 + jj;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t addr = buf + (row + 8 * h) * 128 + ((jj ^ swz) * 16) + 4 * (lane % 4);
+      ptx::st_shared_b32(addr, ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+    }
+  }
+  ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+  for (int i = 0; i < (64 * kGroups + 127) / 128; ++i) {
+    const uint32_t piece = t + 128 * i;  // 64 rows x kGroups pieces of 16 bytes
+    const uint32_t r = piece / kGroups, j = piece % kGroups;
+    const uint32_t col = col0 + j * 8;
+    if (piece < 64 * kGroups && r < rows && col < p.n) {
+      const uint4 v = ptx::ld_shared_v4_b32(buf + r * 128 + ((j ^ (r % 8)) * 16));
+      ptx::st_global_v4_b32(d + static_cast<uint64_t>(row0 + r) * p.ldd + col, v);
+    }
+  }
+}
+
 // Stores one consumer's 64 x BLOCK_N slice of which only the first `rows` rows are written
-// (grouped GEMM: the rows after them belong to the next group). The slice goes through the same
-// swizzled shared-memory chunks as store_tile_tma, then each 128-byte row segment is written by 8
-// consecutive threads with 16-byte stores, masked by row and by column (n is a multiple of 8, so
-// a 16-byte piece is in or out as a whole). The leader first waits until every earlier TMA store
-// has read its buffer (this path commits none of its own).
+// (grouped GEMM: the rows after them belong to the next group), in 64-column chunks through the
+// two staging buffers (store_chunk_masked).
 template <class T>
 __device__ __forceinline__ void store_tile_masked(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
                                                   uint8_t* bufs, uint32_t row0, uint32_t rows, uint32_t col0,
                                                   uint32_t warp_in_wg, uint32_t lane, bool leader, uint32_t bar_id) {
   const uint32_t base = ptx::smem_addr(bufs);
-  const uint32_t row = warp_in_wg * 16 + lane / 4;
-  const uint32_t swz = lane / 4;
-  const uint32_t t = warp_in_wg * 32 + lane;  // 0..127
-  auto* d = static_cast<uint16_t*>(p.d);
 #pragma unroll
   for (int c = 0; c < T::kBlockN / 64; ++c) {
-    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
-    if (leader) ptx::bulk_wait_group_read<0>();
-    ptx::named_barrier_sync(bar_id, 128);
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const int j = c * 8 + jj;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t addr = buf + (row + 8 * h) * 128 + ((jj ^ swz) * 16) + 4 * (lane % 4);
-        ptx::st_shared_b32(addr, ptx::pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-      }
-    }
-    ptx::named_barrier_sync(bar_id, 128);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t piece = t + 128 * i;  // 64 rows x 8 pieces of 16 bytes
-      const uint32_t r = piece / 8, j = piece % 8;
-      const uint32_t col = col0 + c * 64 + j * 8;
-      if (r < rows && col < p.n) {
-        const uint4 v = ptx::ld_shared_v4_b32(buf + r * 128 + ((j ^ (r % 8)) * 16));
-        ptx::st_global_v4_b32(d + static_cast<uint64_t>(row0 + r) * p.ldd + col, v);
-      }
-    }
+    store_chunk_masked<T, 64>(p, acc, base + (c % 2) * T::kEpiChunkBytes, c * 64, row0, rows, col0 + c * 64,
+                              warp_in_wg, lane, leader, bar_id);
   }
 }
 
@@ -752,10 +768,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const uint32_t col0 = tc.n_block * T::kBlockN + 2 * (lane % 4);
         detail::store_tile<T>(p, acc, row0, col0);
       } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
-        detail::store_tile_tma<T>(&tma_d, acc, smem_epi + cw * 2 * T::kEpiChunkBytes,
-                                  static_cast<int32_t>(tc.m_block * T::kBlockM + cw * 64),
-                                  static_cast<int32_t>(tc.n_block * T::kBlockN), warp_in_wg, lane, signals,
-                                  3 + cw);
+        uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
+        const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64;
+        const uint32_t col0 = tc.n_block * T::kBlockN;
+        detail::store_tile_tma<T>(&tma_d, acc, bufs, static_cast<int32_t>(row0), static_cast<int32_t>(col0),
+                                  warp_in_wg, lane, signals, 3 + cw);
+        if constexpr (T::kBlockN % 64 != 0) {
+          // The last BLOCK_N % 64 columns: a 64-column TMA box would overwrite the next tile's.
+          constexpr int kFull = T::kBlockN / 64;
+          const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
+          detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc, ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
+                                                         kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
+                                                         lane, signals, 3 + cw);
+        }
       }
 
       if (p.tile_flags != nullptr && tc.m_block < p.num_m_blocks) {

@@ -53,7 +53,8 @@ struct GemmResult {
 // Tile configuration. Zero (or -1 for raster and stream_k) means "choose for this shape"; the
 // choice is the cost model's (gemm/sm90_bf16_gemm_schedule.h, docs/kernels.md "No cliffs").
 struct GemmConfig {
-  int block_n = 0;          // 128 or 256 (BLOCK_M is 128, BLOCK_K 64)
+  int block_n = 0;          // tile width, one of kGemmBlockWidths: 128 to 256 in steps of 16
+                            // (BLOCK_M is 128, BLOCK_K 64)
   int cluster_m = 0;        // 1, or 2 to share (multicast) each weight tile between two CTAs
   int num_splits = 0;       // uniform split-K: k splits per output tile; 1 = none (and no stream-K)
   int raster = -1;          // GemmRaster
@@ -65,6 +66,8 @@ struct GemmConfig {
   int dp_tiles = -1;        // stream-K: cluster tiles computed whole before the stream-K region;
                             // -1 = choose (a plan's resolved config names it, so planning again
                             // with that config gives the same schedule and workspace)
+  bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only (callers that
+                                // instantiate the engine with those two widths: the fused ops)
 };
 
 struct GemmHooks {

@@ -1,5 +1,5 @@
 // sm90_bf16_gemm_dispatch.h: the launchers of the library's own instantiations, one translation
-// unit per BLOCK_N (sm90_bf16_gemm_n128.cu, sm90_bf16_gemm_n256.cu) so they compile in parallel.
+// unit per BLOCK_N of kGemmBlockWidths (sm90_bf16_gemm_n128.cu, ...) so they compile in parallel.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,8 +8,16 @@
 
 namespace mkernel::kernels::detail {
 
-// Pipeline depth per BLOCK_N: as many 64-deep k stages as fit next to the barriers.
-constexpr int gemm_stages_for_block_n(int block_n) { return block_n == 256 ? 4 : 6; }
+// Pipeline depth per BLOCK_N: as many 64-deep k stages (A's 128 x 64 tile and W's BLOCK_N x 64)
+// as fit in the 227 KB a block may use beside the alignment slack (1 KB), the epilogue's staging
+// buffers (32 KB) and the barriers; 6 for 128 columns, 5 for 144-176, 4 for 192-256.
+constexpr int gemm_stages_for_block_n(int block_n) {
+  const int budget = 227 * 1024 - 1024 - 32 * 1024 - 256;
+  const int stages = budget / (128 * 64 * 2 + block_n * 64 * 2);
+  return stages > 8 ? 8 : stages;
+}
+static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) == 4,
+              "the depths the 128- and 256-wide tiles were tuned with");
 
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream);

@@ -6,8 +6,10 @@
 // The rule (docs/kernels.md, "No cliffs"): for every candidate the model predicts the time of
 // the busiest cluster and the time to move the operands through DRAM once; the candidate with
 // the lowest prediction wins. Candidates:
-//   tile width    128 or 256 columns (BLOCK_M is 128): a narrow tile wastes less of a last
-//                 column of tiles, a wide one loads less per flop;
+//   tile width    one of kGemmBlockWidths (128 to 256 columns, BLOCK_M is 128): a narrower
+//                 tile wastes less of a last column of tiles (n = 280: two 144-wide tiles
+//                 instead of three 128-wide or two 256-wide ones), a wider one loads less
+//                 per flop;
 //   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
 //                 tile of zeros, which the model counts);
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
@@ -30,6 +32,18 @@
 
 namespace mkernel::kernels {
 
+// The tile widths the library builds (one translation unit each, kernels/CMakeLists.txt), in the
+// order the rule prefers them on a tie: the two measured most, then the rest, widest first. Any
+// multiple of 16 from 64 to 256 compiles (a width that is not a multiple of 64 stores its last
+// columns through shared memory with masked stores instead of TMA).
+inline constexpr int kGemmBlockWidths[] = {256, 128, 224, 208, 192, 176, 160, 144};
+
+inline constexpr bool gemm_block_width_built(int block_n) {
+  for (int w : kGemmBlockWidths)
+    if (w == block_n) return true;
+  return false;
+}
+
 // Costs of the model, in microseconds and bytes per microsecond, fitted to two H200 runs of this
 // kernel (docs/kernels.md, "No cliffs": the third run, 320 random shapes and the benchmark's
 // list, each timed in six configurations), one set for m <= 64 (the weight stream; one consumer
@@ -46,6 +60,9 @@ struct GemmCostRegime {
   // (1 - concurrency * (1 - busy SMs / all SMs)) of the above.
   double concurrency;
   double tile_us_n256, tile_us_n128;  // epilogue and pipeline refill per finished tile
+  // Widths between 128 and 256 (not fitted yet): the k block's and the tile's costs interpolated
+  // linearly in the width (the k block's cost follows the bytes a CTA pulls per k block, which
+  // grow linearly with the width).
   // Fix-up of a split tile: every participant adds its fp32 partial into the tile's
   // accumulator (reductions in L2) and takes a ticket; the last also reads the sum and zeroes it.
   double fixup_latency_us;      // the round trips through memory around the ticket
@@ -70,7 +87,8 @@ struct GemmScheduleRequest {
   int64_t m = 0, n = 0, k = 0;
   int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
   int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
-  int block_n = 0;          // 128 or 256, 0 = choose
+  int block_n = 0;          // a width of kGemmBlockWidths, 0 = choose
+  bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only
   int cluster_m = 0;        // 1 or 2, 0 = choose
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
@@ -127,14 +145,15 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // (it is usually the last to arrive, since that block is at the end of its unit).
 inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
   const GemmCostRegime& cm = m <= 64 ? model.small_m : model.general;
-  const bool wide = s->block_n == 256;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
   const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
-  double it = wide ? (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1)
-                   : (s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1);
+  const double wide = (s->block_n - 128) / 128.0;  // 0 at 128 columns, 1 at 256
+  auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
+  double it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
+                                : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
-  const double tile = wide ? cm.tile_us_n256 : cm.tile_us_n128;
+  const double tile = between(cm.tile_us_n128, cm.tile_us_n256);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, 128)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
   const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
@@ -202,8 +221,9 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
     if (blocks < cl) continue;
     if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
-    for (int bn : {256, 128}) {
+    for (int bn : kGemmBlockWidths) {
       if (r.block_n != 0 && r.block_n != bn) continue;
+      if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
       GemmSchedule base;
       base.block_n = bn;
       base.cluster_m = cl;

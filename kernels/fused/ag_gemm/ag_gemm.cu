@@ -113,6 +113,7 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   // Whole tiles (or uniform split-K), no stream-K: the decomposition this op's readiness waits were
   // tested with on the GPU; stream-K under the readiness hook is still to be measured.
   g.config.stream_k = 0;
+  g.config.widths_128_256 = true;  // the widths this op instantiates (AgTraits)
   g.hooks.ready_flags = ready + s.layout.nvl_op_flags();  // ready(0, 0) onwards
   g.hooks.ready_value_ptr = c.launch_counter;
   g.hooks.ready_rows_per_flag = geo.chunk_rows;

@@ -76,6 +76,7 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   // Whole tiles (or uniform split-K), no stream-K: the order of tiles and the argument that no
   // wait goes in a circle (gemm_rs_plan.h note 4) are those the CPU replay checks.
   g.config.stream_k = 0;
+  g.config.widths_128_256 = true;  // the widths this op instantiates (RsTraits)
   g.wait = s.wait;
   // Split-K where the engine picks it (few tiles: small M), with the plan's own scratch; the
   // order changes only the raster group and rotation, never the split.

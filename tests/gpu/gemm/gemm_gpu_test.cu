@@ -442,6 +442,42 @@ int main() {
           c.group = 3;
           run_case(1100, 1280, 1096, c, "config");  // 9 m blocks: a padding tile with clusters of 2
         }
+  // The other tile widths (multiples of 16 between 128 and 256; one that is not a multiple of 64
+  // stores its last columns with masked stores): data-parallel, split-K and stream-K with
+  // clusters of 1 and 2 on a shape whose n ends inside a tile for every width (and inside the
+  // masked columns for some), then a narrow n (what the widths are for) and the atomic-add
+  // epilogue. Unwritten or overwritten columns show as errors (the output is poisoned first).
+  for (int bn : mk::kGemmBlockWidths) {
+    if (bn == 128 || bn == 256) continue;
+    mk::GemmConfig c;
+    c.block_n = bn;
+    for (int cl : {1, 2})
+      for (int mode = 0; mode < 3; ++mode) {
+        c.cluster_m = cl;
+        c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
+        c.stream_k = mode == 2 ? 1 : 0;
+        run_case(1100, 1000, 1096, c, "width");
+      }
+    mk::GemmConfig narrow;
+    narrow.block_n = bn;
+    run_case(777, 280, 2000, narrow, "width, narrow n");
+    run_atomic_case(300, 1000, 512, bn, 2);
+  }
+  run_case(5000, 280, 3000, def, "narrow n");
+  run_case(2289, 320, 3672, def, "narrow n");
+  run_case(3000, 536, 2376, def, "narrow n");
+  {
+    // A width no translation unit builds is refused, naming the field and the widths there are.
+    Buffers b(64, 64, 64);
+    mk::GemmConfig c;
+    c.block_n = 100;
+    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+    mk::GemmPlan plan;
+    const mk::GemmResult r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 100") != std::string::npos &&
+              r.message.find("144") != std::string::npos,
+          "block_n = 100 refused with a message naming it and the built widths (got: " + r.message + ")");
+  }
   // Stream-K edges: one k block per tile (units are whole tiles), units that split one tile
   // many ways (decode-like m), a tail of a few tiles after full waves, many waves.
   {

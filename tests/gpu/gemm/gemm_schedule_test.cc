@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -135,6 +136,9 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
 void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
   if (r.block_n && s.block_n != r.block_n) fail(shape_str(r, s) + ": block_n not honoured");
+  if (!mk::gemm_block_width_built(s.block_n)) fail(shape_str(r, s) + ": a width no translation unit builds");
+  if (!r.block_n && r.widths_128_256 && s.block_n != 128 && s.block_n != 256)
+    fail(shape_str(r, s) + ": widths_128_256 not honoured");
   if (r.cluster_m && s.cluster_m != r.cluster_m) fail(shape_str(r, s) + ": cluster_m not honoured");
   if (r.num_splits > 0 && r.stream_k != 1) {
     const uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
@@ -280,7 +284,8 @@ int main(int argc, char** argv) {
     const int blocks[] = {132, 132, 132, 128, 116, 64, 7, 2, 1};
     r.blocks_cluster1 = blocks[pick(rng) % 9];
     r.blocks_cluster2 = r.blocks_cluster1 - r.blocks_cluster1 % 2;
-    if (pick(rng) < 20) r.block_n = pick(rng) < 50 ? 128 : 256;
+    if (pick(rng) < 20) r.block_n = mk::kGemmBlockWidths[pick(rng) % std::size(mk::kGemmBlockWidths)];
+    if (pick(rng) < 10) r.widths_128_256 = true;
     if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;
     const int mode = pick(rng);
     if (mode < 15) r.num_splits = 1 + pick(rng) % 8;
