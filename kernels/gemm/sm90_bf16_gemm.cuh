@@ -554,11 +554,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           map_a = local ? &tma_a_local : &tma_a;
           a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
           w_row = static_cast<int32_t>(tc.n_block * T::kBlockN);
-          // With a single m block (small m: the weight is streamed once) whole tiles start their
+          // With a single m group (small m: the weight is streamed once) whole tiles start their
           // k loop at a different place per cluster, so the SMs do not all read the same columns
-          // of the weight at the same time (they would crowd the same DRAM channels). With more
-          // m blocks the tiles in flight share A's k slices in L2, so they keep the same order.
-          rot = (p.num_m_blocks == 1 && item.unit == WorkItem::kWholeTile)
+          // of the weight at the same time (they would crowd the same DRAM channels; 137 rows in
+          // clusters of 2 ran at 0.51 of cuBLAS before this covered two m blocks). With more m
+          // groups the tiles in flight share A's k slices in L2, so they keep the same order.
+          rot = (p.num_m_blocks <= T::kClusterM && item.unit == WorkItem::kWholeTile)
                     ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
                     : 0u;
         }

@@ -60,9 +60,11 @@ struct GemmCostRegime {
   // (1 - concurrency * (1 - busy SMs / all SMs)) of the above.
   double concurrency;
   double tile_us_n256, tile_us_n128;  // epilogue and pipeline refill per finished tile
-  // Widths between 128 and 256 (not fitted yet): the k block's and the tile's costs interpolated
+  // Widths between 128 and 256 (not fitted): the k block's and the tile's costs interpolated
   // linearly in the width (the k block's cost follows the bytes a CTA pulls per k block, which
-  // grow linearly with the width).
+  // grow linearly with the width), plus, for a width that is not a multiple of 64, the masked
+  // store of its last columns per finished tile (from the first run with these widths: 0.5-1.2
+  // us more per tile than interpolated on shapes of 5 to 12 k blocks).
   // Fix-up of a split tile: every participant adds its fp32 partial into the tile's
   // accumulator (reductions in L2) and takes a ticket; the last also reads the sum and zeroes it.
   double fixup_latency_us;      // the round trips through memory around the ticket
@@ -73,6 +75,7 @@ struct GemmCostRegime {
 };
 
 struct GemmCostModel {
+  double masked_tail_tile_us = 0.6;  // see GemmCostRegime: the masked columns of a tile
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
   GemmCostRegime general{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
@@ -153,7 +156,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   double it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
                                 : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
-  const double tile = between(cm.tile_us_n128, cm.tile_us_n256);
+  const double tile =
+      between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, 128)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
   const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
