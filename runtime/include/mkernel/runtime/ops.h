@@ -68,7 +68,7 @@ namespace mkernel::rt {
 struct AllGatherGemmConfig {
   int comm_blocks = 0;      // blocks that move the activation
   int gemm_blocks = 0;      // blocks that compute tiles (0: the SMs the comm blocks leave)
-  int block_n = 0;          // GEMM tile width 128 or 256
+  int block_n = 0;          // GEMM tile width 128 or 256 (the fused ops build those two)
   int cluster_m = 0;        // 1 or 2
   uint32_t chunk_rows = 0;  // rows moved and flagged together
   bool bulk_copies = true;  // GPU-memory copies by TMA bulk copies (false: 16-byte loads/stores)
