@@ -210,9 +210,10 @@ struct AttnSmem {
   __device__ uint64_t* v_empty(uint32_t s) const { return bars() + 2 + 3 * T::kStages + s; }
   __device__ uint64_t* sched_full(uint32_t i) const { return bars() + 2 + 4 * T::kStages + i; }
   __device__ uint64_t* sched_empty(uint32_t i) const { return bars() + 4 + 4 * T::kStages + i; }
-  __device__ volatile uint32_t* slot(uint32_t i) const {
-    return reinterpret_cast<volatile uint32_t*>(base + T::kSlotOffset + 8 * i);
-  }
+  // The announcement slot i (unit, chunk): read and written with explicit shared-memory
+  // instructions (ptx::st_shared_b32, ptx::ld_shared_volatile_u32); through a volatile generic
+  // pointer the compiler emits system-scope generic loads and stores (LD/ST.E.STRONG.SYS).
+  __device__ uint8_t* slot(uint32_t i) const { return base + T::kSlotOffset + 8 * i; }
 
   // One thread; the caller synchronises the block afterwards.
   __device__ void init() const {
@@ -298,9 +299,9 @@ struct Sm90AttnCore {
   __device__ static void announce(const AttnParams& p, const Smem& sm, ProducerState& st, uint32_t unit,
                                   uint32_t chunk) {
     wait_empty(p, sm.sched_empty(st.sched.stage), st.sched.phase ^ 1, st, 2 * T::kStages + 1 + st.sched.stage);
-    volatile uint32_t* slot = sm.slot(st.sched.stage);
-    slot[0] = unit;
-    slot[1] = chunk;
+    const uint32_t slot = ptx::smem_addr(sm.slot(st.sched.stage));
+    ptx::st_shared_b32(slot, unit);
+    ptx::st_shared_b32(slot + 4, chunk);
     ptx::mbar_arrive(sm.sched_full(st.sched.stage));  // release: the slot's stores come first
     st.sched.template advance<2>();
   }
@@ -376,12 +377,12 @@ struct Sm90AttnCore {
   __device__ static bool receive(const AttnParams& p, const Smem& sm, ConsumerState& st, uint32_t& unit,
                                  uint32_t& chunk) {
     wait_full(p, sm.sched_full(st.sched.stage), st.sched.phase, st, 2 * T::kStages + 1 + st.sched.stage);
-    volatile uint32_t* slot = sm.slot(st.sched.stage);
+    const uint8_t* slot = sm.slot(st.sched.stage);
     // Broadcast from lane 0: the compiler then knows the values are warp-uniform and keeps the
     // main loop's stage and descriptor arithmetic on the uniform datapath (read per lane, they
     // cost a 5% slower loop: a dozen instructions between consecutive wgmma in the SASS).
-    unit = __shfl_sync(0xffffffffu, slot[0], 0);
-    chunk = __shfl_sync(0xffffffffu, slot[1], 0);
+    unit = __shfl_sync(0xffffffffu, ptx::ld_shared_volatile_u32(slot), 0);
+    chunk = __shfl_sync(0xffffffffu, ptx::ld_shared_volatile_u32(slot + 4), 0);
     ptx::mbar_arrive(sm.sched_empty(st.sched.stage));  // release: the loads above come first
     st.sched.template advance<2>();
     return unit != kAttnNoUnit;

@@ -191,7 +191,16 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const f
 #pragma unroll
   for (int c = 0; c < T::kBlockN / 64; ++c) {
     const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
-    if (leader) ptx::bulk_wait_group_read<1>();  // the store that last used this buffer is done
+    // The store that last used this buffer is done reading it: the one before the latest, except
+    // for a tile's first chunk when a tile has an odd number of chunks (192 columns: buffers 0,
+    // 1, 0), where the latest store, the previous tile's last chunk, used this buffer too.
+    if (leader) {
+      if (c == 0 && (T::kBlockN / 64) % 2 == 1) {
+        ptx::bulk_wait_group_read<0>();
+      } else {
+        ptx::bulk_wait_group_read<1>();
+      }
+    }
     ptx::named_barrier_sync(bar_id, 128);
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
