@@ -10,8 +10,9 @@
 // every row, and the five worst ratios are printed last.
 // --variants also times, in the same interleaved rounds, the rule choosing between the 128- and
 // 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
-// stream-K forced ("sk"), and the rule with the other of 128 and 256 columns ("bn") and the
-// other cluster size ("cl"): the data that calibrates the cost model.
+// stream-K forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other
+// cluster size ("cl"), and the rule held to 128-row or to 256-row tiles ("m128", "m256"): the
+// data that calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -653,6 +654,12 @@ int main(int argc, char** argv) {
         mk::GemmConfig c;
         c.cluster_m = dp.config.cluster_m == 2 ? 1 : 2;
         vs.emplace_back("cl", c);
+      }
+      for (int bm : {128, 256}) {  // the rule held to one tile height
+        if (bm == 256 && s.m <= 128) continue;
+        mk::GemmConfig c;
+        c.block_m = bm;
+        vs.emplace_back("m" + std::to_string(bm), c);
       }
       for (const auto& [tag, c] : vs) {
         Row v{s, "mkernel_" + tag, "", {}, 0, 0};

@@ -124,6 +124,27 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                 "block_n = " + std::to_string(c->block_n) + " is not a built tile width (expected 0 or one of " + widths + ")");
   }
   if (c->cluster_m != 0 && c->cluster_m != 1 && c->cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
+  // 256-row tiles: plain GEMMs only (the hooks and the fused ops' roles count 128-row tiles), and
+  // the widths built for them.
+  const GemmHooks& h = a.hooks;
+  const bool plain = h.ready_flags == nullptr && h.a_local == nullptr && h.tile_flags == nullptr &&
+                     h.first_m_block == 0 && c->num_role_blocks == 0 && a.epilogue == kEpilogueStore;
+  if (c->block_m != 0 && c->block_m != 128 && c->block_m != 256) {
+    return fail(GemmError::kInvalidConfig, "block_m = " + std::to_string(c->block_m) + " is not a built tile height (expected 0, 128 or 256)");
+  }
+  if (c->block_m == 256) {
+    if (!plain) {
+      return fail(GemmError::kInvalidConfig,
+                  "block_m = 256 needs a plain GEMM (store epilogue, no hooks, no role blocks); this call has " +
+                      std::string(a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
+    }
+    if (c->block_n != 0 && !gemm_tall_width_built(c->block_n)) {
+      std::string widths;
+      for (int w : kGemmTallWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+      return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
+                                                 " is not built with block_m = 256 (expected 0 or one of " + widths + ")");
+    }
+  }
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->group == 0) c->group = 8;
   if (c->raster != kRasterAlongN && c->raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
@@ -154,6 +175,8 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                                                std::to_string(c->num_role_blocks) + " role blocks leave no room)");
   }
   req.block_n = c->block_n;
+  req.block_m = c->block_m;
+  req.allow_tall = plain;
   req.widths_128_256 = c->widths_128_256;
   req.cluster_m = c->cluster_m;
   req.num_splits = c->num_splits;
@@ -162,6 +185,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.dp_tiles = c->dp_tiles;
   *sched = choose_gemm_schedule(req);
   c->block_n = sched->block_n;
+  c->block_m = sched->block_m;
   c->cluster_m = sched->cluster_m;
   c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
   c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
@@ -176,7 +200,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
 GemmResult encode_maps(GemmPlan* plan) {
   const GemmArgs& a = plan->args;
   const GemmConfig& c = plan->config;
-  GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, kBlockM, kBlockK, "a");
+  GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m), kBlockK, "a");
   if (!r.ok()) return r;
   if (a.hooks.a_local != nullptr) {
     r = make_tensor_map(&plan->tma_a_local, a.hooks.a_local, a.hooks.local_rows_end - a.hooks.local_rows_begin, a.k,
@@ -318,7 +342,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->args.ldd = ldd;
   plan->config = c;
   plan->schedule = sched;
-  plan->num_stages = detail::gemm_stages_for_block_n(c.block_n);
+  plan->num_stages = detail::gemm_stages_for_block_n(c.block_n, c.block_m);
   plan->epilogue = args.epilogue;
   return encode_maps(plan);
 }
@@ -386,6 +410,18 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.block_m == 256) {
+    switch (plan.config.block_n) {
+      case 192: return detail::launch_tall_block_n<192>(plan, stream);
+      case 176: return detail::launch_tall_block_n<176>(plan, stream);
+      case 160: return detail::launch_tall_block_n<160>(plan, stream);
+      case 144: return detail::launch_tall_block_n<144>(plan, stream);
+      case 128: return detail::launch_tall_block_n<128>(plan, stream);
+      default:
+        return fail(GemmError::kInvalidConfig,
+                    "plan.config.block_n = " + std::to_string(plan.config.block_n) + " is not built with block_m = 256");
+    }
+  }
   switch (plan.config.block_n) {
     case 256: return detail::launch_block_n<256>(plan, stream);
     case 224: return detail::launch_block_n<224>(plan, stream);
@@ -406,6 +442,11 @@ static_assert([] {
     if (w % 16 != 0 || w < 128 || w > 256) return false;
   return sizeof(kGemmBlockWidths) / sizeof(int) == 8;
 }(), "kGemmBlockWidths and gemm_launch's cases disagree");
+static_assert([] {
+  for (int w : kGemmTallWidths)
+    if (w % 16 != 0 || w < 128 || w > 192) return false;
+  return sizeof(kGemmTallWidths) / sizeof(int) == 5;
+}(), "kGemmTallWidths and gemm_launch's 256-row cases disagree");
 
 GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
   GemmPlan plan;
@@ -416,7 +457,7 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return "n" + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
+  return (c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe();
 }

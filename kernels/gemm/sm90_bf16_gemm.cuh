@@ -11,6 +11,8 @@
 //                 wgmma from shared memory, keeping one k-block of wgmma in flight; then the
 //                 epilogue stages its 64 x BLOCK_N slice in shared memory and stores it with
 //                 TMA, overlapped with the next tile (or adds it from registers with atomics).
+//                 Plain GEMMs may also use 256-row tiles (Traits::kBlockM): each consumer then
+//                 owns two 64-row sub-tiles and issues two wgmma per k step.
 // With kClusterM == 2 the two CTAs of a cluster work on vertically adjacent tiles with the same
 // weight tile: each loads half of it and multicasts it to both, halving weight traffic into
 // shared memory; a stage is free again only when the consumers of both CTAs released it.
@@ -83,9 +85,15 @@ struct NoRole {
   __device__ static void block_exit(const GemmParams&) {}
 };
 
-template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false>
+template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false,
+          int kBlockM_ = 128>
 struct Sm90GemmTraits {
-  static constexpr int kBlockM = 128;
+  // 128 rows: each consumer warpgroup owns one 64-row half. 256 rows ("tall" tiles): each owns
+  // two 64-row sub-tiles, rows 64 * (2 s + cw) for sub-tile s of consumer cw (interleaved, so a
+  // last m block that ends early leaves both consumers the same work), and issues two
+  // m64 wgmma per k step: the smem traffic per flop of a 128 x 256 tile at widths 128 to 192.
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kMSub = kBlockM_ / 128;  // 64-row sub-tiles per consumer
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kBlockK = 64;  // 64 bf16 = 128 bytes: one 128-byte swizzle row
   static constexpr int kStages = kStages_;
@@ -93,8 +101,10 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kEpilogue = kEpilogue_;
   static constexpr int kNumConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kNumConsumers);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // A 256-row tile's consumer holds two accumulators (up to 2 x 96 fp32 registers): it takes
+  // the most setmaxnreg gives (240), the producer thread's warpgroup the least (24).
+  static constexpr int kProducerRegs = kBlockM_ == 256 ? 24 : 40;
+  static constexpr int kConsumerRegs = kBlockM_ == 256 ? 240 : 232;
   static constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
   static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
@@ -113,6 +123,9 @@ struct Sm90GemmTraits {
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 256, "BLOCK_N: a multiple of 16 in [64, 256]");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(kBlockM == 128 || kBlockM == 256, "BLOCK_M: 128 or 256");
+  static_assert(kBlockM == 128 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),
+                "256-row tiles: plain GEMM, store epilogue, at most 192 columns (accumulator registers)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
   static_assert(!kGrouped || kEpilogue == kEpilogueStore, "grouped GEMM: store epilogue only");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kNumConsumers <= 65536,
@@ -388,17 +401,24 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
 template <class T>
 __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
                                              const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
-                                             float (&acc)[T::kBlockN / 2], uint32_t ctid, volatile uint32_t* words) {
+                                             float (&acc)[T::kMSub][T::kBlockN / 2], uint32_t ctid,
+                                             volatile uint32_t* words) {
   constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
+  constexpr uint32_t kSubFloats = 128 * T::kBlockN;  // both consumers' sub-tile s
   const uint32_t parts = sched.participants(item.tile);
   const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
   uint32_t* counter = p.split_counters + index;
   float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
-  const bool live = m_block * T::kBlockM + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m;
-  if (live) {
+  // Sub-tile s of consumer cw (ctid / 128) holds rows 128 s + 64 cw + ...: ctid / 32 * 16 covers
+  // the consumer's 64-row offset and its warp's 16 rows.
+  auto live = [&](int s) { return m_block * T::kBlockM + 128 * s + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m; };
+#pragma unroll
+  for (int s = 0; s < T::kMSub; ++s) {
+    if (!live(s)) continue;
 #pragma unroll
     for (int i = 0; i < T::kBlockN / 8; ++i) {
-      red_add_v4_f32(sum + (i * 256 + ctid) * 4, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      const float* a = acc[s];
+      red_add_v4_f32(sum + s * kSubFloats + (i * 256 + ctid) * 4, a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
     }
   }
   ptx::named_barrier_sync(1, 256);
@@ -409,18 +429,22 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   }
   ptx::named_barrier_sync(1, 256);
   if (words[0] == 0) return kFixupStored;
-  if (live) {
+#pragma unroll
+  for (int s = 0; s < T::kMSub; ++s) {
+    if (!live(s)) continue;
+    float* sub = sum + s * kSubFloats;
 #pragma unroll
     for (int i = 0; i < T::kBlockN / 8; ++i) {
-      const float4 x = ptx::ld_global_cg_v4_f32(sum + (i * 256 + ctid) * 4);
-      acc[4 * i] = x.x;
-      acc[4 * i + 1] = x.y;
-      acc[4 * i + 2] = x.z;
-      acc[4 * i + 3] = x.w;
+      const float4 x = ptx::ld_global_cg_v4_f32(sub + (i * 256 + ctid) * 4);
+      acc[s][4 * i] = x.x;
+      acc[s][4 * i + 1] = x.y;
+      acc[s][4 * i + 2] = x.z;
+      acc[s][4 * i + 3] = x.w;
     }
 #pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(sum + (i * 256 + ctid) * 4, 0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(sub + (i * 256 + ctid) * 4, 0.f, 0.f, 0.f, 0.f);
   }
+  (void)kTileFloats;
   return kFixupLast;
 }
 
@@ -642,7 +666,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp_in_wg = (threadIdx.x / 32) % 4;
     const bool signals = (threadIdx.x % 128) == 0;
-    float acc[T::kBlockN / 2];
+    float acc[T::kMSub][T::kBlockN / 2];
     uint32_t stage = 0, phase = 0;
     bool aborted = false;
     [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
@@ -688,15 +712,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           break;
         }
         if (rows_live) {
-          const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                               cw * (T::kABytes / 2));
           const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
           ptx::wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-            ptx::wgmma_m64k16<T::kBlockN>(acc, ptx::advance_desc(desc_a, kk * 32),
-                                          ptx::advance_desc(desc_b, kk * 32),
-                                          (kb > kb_begin || kk > 0) ? 1u : 0u);
+          for (int s = 0; s < T::kMSub; ++s) {
+            // Sub-tile s of this consumer: rows 64 * (2 s + cw) of the stage's A tile (64 rows of
+            // 128 bytes = 8 KB, whole swizzle atoms).
+            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
+                                                                 (2 * s + cw) * (64 * T::kBlockK * 2));
+#pragma unroll
+            for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+              ptx::wgmma_m64k16<T::kBlockN>(acc[s], ptx::advance_desc(desc_a, kk * 32),
+                                            ptx::advance_desc(desc_b, kk * 32),
+                                            (kb > kb_begin || kk > 0) ? 1u : 0u);
+            }
           }
           ptx::wgmma_commit();
           ptx::wgmma_wait<1>();
@@ -720,10 +749,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if (aborted) break;
       if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
 #pragma unroll
-      for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[i]);
+      for (int s = 0; s < T::kMSub; ++s) {
+#pragma unroll
+        for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[s][i]);
+      }
       if (kb_end <= kb_begin || !rows_live) {
 #pragma unroll
-        for (int i = 0; i < T::kBlockN / 2; ++i) acc[i] = 0.0f;
+        for (int s = 0; s < T::kMSub; ++s) {
+#pragma unroll
+          for (int i = 0; i < T::kBlockN / 2; ++i) acc[s][i] = 0.0f;
+        }
       }
 
       // -- grouped epilogue: rows of the tile's group only; whole 64-row halves with TMA, a
@@ -731,17 +766,17 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if constexpr (T::kGrouped) {
         if (gt.row_end <= gt.row_begin) continue;  // a cluster's padding CTA: no rows
         if constexpr (detail::role_epilogue<Role>()) {
-          Role::template epilogue<T>(p, epi_state, acc, gt, ctid, &tma_d, smem_epi);
+          Role::template epilogue<T>(p, epi_state, acc[0], gt, ctid, &tma_d, smem_epi);
         } else {
           const uint32_t half_row0 = gt.row_begin + cw * 64;
           const uint32_t half_rows = gt.row_end > half_row0 ? min(gt.row_end - half_row0, 64u) : 0u;
           uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
           if (half_rows == 64) {
-            detail::store_tile_tma<T>(&tma_d, acc, bufs, static_cast<int32_t>(half_row0),
+            detail::store_tile_tma<T>(&tma_d, acc[0], bufs, static_cast<int32_t>(half_row0),
                                       static_cast<int32_t>(tc.n_block * T::kBlockN), warp_in_wg, lane, signals,
                                       3 + cw);
           } else if (half_rows > 0) {
-            detail::store_tile_masked<T>(p, acc, bufs, half_row0, half_rows, tc.n_block * T::kBlockN, warp_in_wg,
+            detail::store_tile_masked<T>(p, acc[0], bufs, half_row0, half_rows, tc.n_block * T::kBlockN, warp_in_wg,
                                          lane, signals, 3 + cw);
           }
           if (p.tile_flags != nullptr) {
@@ -770,26 +805,36 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
       // -- epilogue --
       if constexpr (detail::role_epilogue<Role>() && !T::kGrouped) {
+        static_assert(T::kMSub == 1, "a role's epilogue takes 128-row tiles");
         if (tc.m_block < p.num_m_blocks)
-          Role::template epilogue<T>(p, epi_state, acc, tc.m_block, tc.n_block, ctid, &tma_d, smem_epi);
+          Role::template epilogue<T>(p, epi_state, acc[0], tc.m_block, tc.n_block, ctid, &tma_d, smem_epi);
         continue;  // the role raises whatever flags its tiles need
       } else if constexpr (T::kEpilogue == kEpilogueAtomicAdd) {
-        const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64 + warp_in_wg * 16 + lane / 4;
         const uint32_t col0 = tc.n_block * T::kBlockN + 2 * (lane % 4);
-        detail::store_tile<T>(p, acc, row0, col0);
+#pragma unroll
+        for (int s = 0; s < T::kMSub; ++s) {
+          const uint32_t row0 = tc.m_block * T::kBlockM + (2 * s + cw) * 64 + warp_in_wg * 16 + lane / 4;
+          detail::store_tile<T>(p, acc[s], row0, col0);
+        }
       } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
         uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
-        const uint32_t row0 = tc.m_block * T::kBlockM + cw * 64;
         const uint32_t col0 = tc.n_block * T::kBlockN;
-        detail::store_tile_tma<T>(&tma_d, acc, bufs, static_cast<int32_t>(row0), static_cast<int32_t>(col0),
-                                  warp_in_wg, lane, signals, 3 + cw);
-        if constexpr (T::kBlockN % 64 != 0) {
-          // The last BLOCK_N % 64 columns: a 64-column TMA box would overwrite the next tile's.
-          constexpr int kFull = T::kBlockN / 64;
-          const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
-          detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc, ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
-                                                         kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
-                                                         lane, signals, 3 + cw);
+#pragma unroll
+        for (int s = 0; s < T::kMSub; ++s) {
+          const uint32_t row0 = tc.m_block * T::kBlockM + (2 * s + cw) * 64;
+          // A sub-tile wholly past m (the last m block of a tall tile) stores nothing.
+          if (s > 0 && row0 >= p.m) break;
+          detail::store_tile_tma<T>(&tma_d, acc[s], bufs, static_cast<int32_t>(row0), static_cast<int32_t>(col0),
+                                    warp_in_wg, lane, signals, 3 + cw);
+          if constexpr (T::kBlockN % 64 != 0) {
+            // The last BLOCK_N % 64 columns: a 64-column TMA box would overwrite the next tile's.
+            constexpr int kFull = T::kBlockN / 64;
+            const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
+            detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc[s],
+                                                           ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
+                                                           kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
+                                                           lane, signals, 3 + cw);
+          }
         }
       }
 

@@ -23,6 +23,15 @@ GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
              : launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueStore>, NoRole>(plan, stream);
 }
 
+template <int kBlockN, int kClusterM>
+using TallTraits = Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 256), kClusterM, kEpilogueStore, false, 256>;
+
+template <int kBlockN>
+GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<TallTraits<kBlockN, 2>, NoRole>(plan, stream)
+                                    : launch_sm90_bf16_gemm<TallTraits<kBlockN, 1>, NoRole>(plan, stream);
+}
+
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms) {
   return cluster_m == 2 ? max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(num_sms)

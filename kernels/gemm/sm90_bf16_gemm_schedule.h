@@ -10,6 +10,10 @@
 //                 tile wastes less of a last column of tiles (n = 280: two 144-wide tiles
 //                 instead of three 128-wide or two 256-wide ones), a wider one loads less
 //                 per flop;
+//   tile height   128 rows, or 256 (kGemmTallWidths; plain GEMMs only, GemmScheduleRequest::
+//                 allow_tall): a 256 x 128..192 tile loads as little per flop as the 128 x 256
+//                 one, where a 128-row tile narrower than 256 loads up to a third more (the
+//                 model charges a tall tile the 128 x 256 tile's cost per flop, plus a margin);
 //   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
 //                 tile of zeros, which the model counts);
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
@@ -40,6 +44,16 @@ inline constexpr int kGemmBlockWidths[] = {256, 128, 224, 208, 192, 176, 160, 14
 
 inline constexpr bool gemm_block_width_built(int block_n) {
   for (int w : kGemmBlockWidths)
+    if (w == block_n) return true;
+  return false;
+}
+
+// The widths built with 256-row tiles (store epilogue, no hooks): at most 192 columns, since a
+// consumer then holds two 64 x BLOCK_N fp32 accumulators in registers.
+inline constexpr int kGemmTallWidths[] = {192, 176, 160, 144, 128};
+
+inline constexpr bool gemm_tall_width_built(int block_n) {
+  for (int w : kGemmTallWidths)
     if (w == block_n) return true;
   return false;
 }
@@ -76,6 +90,11 @@ struct GemmCostRegime {
 
 struct GemmCostModel {
   double masked_tail_tile_us = 0.6;  // see GemmCostRegime: the masked columns of a tile
+  // A 256-row tile's k block and finished tile cost the 128 x 256 tile's per flop (same cluster
+  // size) times this margin: the same bytes per flop into shared memory, two wgmma per k step
+  // instead of one, a shallower pipeline (3 or 4 stages). Not fitted: a guard that keeps the
+  // tall tiles to shapes where they save real waste or replace narrow 128-row tiles.
+  double tall_cost_factor = 1.05;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
   GemmCostRegime general{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
@@ -91,6 +110,8 @@ struct GemmScheduleRequest {
   int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
   int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
   int block_n = 0;          // a width of kGemmBlockWidths, 0 = choose
+  int block_m = 0;          // 128, or 256 (a width of kGemmTallWidths); 0 = choose
+  bool allow_tall = false;  // block_m = 0 may choose 256 (plain GEMMs: no hooks, store epilogue)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only
   int cluster_m = 0;        // 1 or 2, 0 = choose
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
@@ -101,6 +122,7 @@ struct GemmScheduleRequest {
 };
 
 struct GemmSchedule {
+  int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
   int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m)
@@ -122,7 +144,7 @@ struct GemmSchedule {
   }
   size_t workspace_bytes() const {
     if (sk_units == 0) return 0;
-    return counter_bytes() + static_cast<size_t>(sk_tiles()) * cluster_m * 128 * block_n * sizeof(float);
+    return counter_bytes() + static_cast<size_t>(sk_tiles()) * cluster_m * block_m * block_n * sizeof(float);
   }
   std::string describe() const {
     std::string s;
@@ -153,12 +175,20 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
   const double wide = (s->block_n - 128) / 128.0;  // 0 at 128 columns, 1 at 256
   auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
-  double it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
-                                : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+  double it, tile;
+  if (s->block_m == 256) {
+    // Tall tile: the 128 x 256 tile's cost per flop, times the margin; two 64-row sub-tiles per
+    // consumer, each with its masked columns.
+    const double area = s->block_n / 128.0;  // (256 x block_n) / (128 x 256)
+    it = (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1) * area * model.tall_cost_factor;
+    tile = cm.tile_us_n256 * area * model.tall_cost_factor + (s->block_n % 64 != 0 ? 2 * model.masked_tail_tile_us : 0.0);
+  } else {
+    it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
+                           : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+    tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
+  }
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
-  const double tile =
-      between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
-  const double partial_bytes = static_cast<double>(std::min<int64_t>(m, 128)) * s->block_n * 4;
+  const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
   const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
   const uint32_t groups = s->tiles / s->n_blocks;
@@ -218,91 +248,99 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
       have = true;
     }
   };
-  const int64_t m_blocks = ceil_div(r.m, 128);
   const int64_t k_blocks = ceil_div(r.k, 64);
-  for (int cl : {2, 1}) {
-    if (r.cluster_m != 0 && r.cluster_m != cl) continue;
-    const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
-    if (blocks < cl) continue;
-    if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
-    for (int bn : kGemmBlockWidths) {
-      if (r.block_n != 0 && r.block_n != bn) continue;
-      if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
-      GemmSchedule base;
-      base.block_n = bn;
-      base.cluster_m = cl;
-      base.m_blocks = static_cast<uint32_t>(m_blocks);
-      base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
-      base.k_blocks = static_cast<uint32_t>(k_blocks);
-      base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_blocks);
-      const int64_t G = blocks / cl;
-      const int64_t T = base.tiles;
-      // Clusters launched: never more than there is work for.
-      auto with_clusters = [&](GemmSchedule s, int64_t wanted) {
-        s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(G, wanted)));
-        return s;
-      };
-      if (r.num_splits > 0 && r.stream_k != 1) {
-        // Explicit uniform split-K (1 = data-parallel).
-        GemmSchedule s = base;
-        const int64_t splits = std::min<int64_t>(r.num_splits, k_blocks);
-        if (splits <= 1) {
+  // Heights: 128 first (ties go to it); 256 when asked for, or allowed and m fills more than
+  // one 128-row block (a single block is never better served by a taller tile).
+  for (int bm : {128, 256}) {
+    if (r.block_m != 0 && r.block_m != bm) continue;
+    if (bm == 256 && r.block_m == 0 && (!r.allow_tall || r.widths_128_256 || r.m <= 128)) continue;
+    const int64_t m_blocks = ceil_div(r.m, bm);
+    for (int cl : {2, 1}) {
+      if (r.cluster_m != 0 && r.cluster_m != cl) continue;
+      const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
+      if (blocks < cl) continue;
+      if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
+      for (int bn : kGemmBlockWidths) {
+        if (r.block_n != 0 && r.block_n != bn) continue;
+        if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
+        if (bm == 256 && !gemm_tall_width_built(bn)) continue;
+        GemmSchedule base;
+        base.block_m = bm;
+        base.block_n = bn;
+        base.cluster_m = cl;
+        base.m_blocks = static_cast<uint32_t>(m_blocks);
+        base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
+        base.k_blocks = static_cast<uint32_t>(k_blocks);
+        base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_blocks);
+        const int64_t G = blocks / cl;
+        const int64_t T = base.tiles;
+        // Clusters launched: never more than there is work for.
+        auto with_clusters = [&](GemmSchedule s, int64_t wanted) {
+          s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(G, wanted)));
+          return s;
+        };
+        if (r.num_splits > 0 && r.stream_k != 1) {
+          // Explicit uniform split-K (1 = data-parallel).
+          GemmSchedule s = base;
+          const int64_t splits = std::min<int64_t>(r.num_splits, k_blocks);
+          if (splits <= 1) {
+            s.dp_tiles = s.tiles;
+            consider(with_clusters(s, T));
+          } else {
+            s.dp_tiles = 0;
+            s.sk_per_tile = static_cast<uint32_t>(splits);
+            s.sk_units = static_cast<uint32_t>(T * splits);
+            consider(with_clusters(s, T * splits));
+          }
+          continue;
+        }
+        if (r.stream_k != 1) {
+          GemmSchedule s = base;
           s.dp_tiles = s.tiles;
           consider(with_clusters(s, T));
-        } else {
-          s.dp_tiles = 0;
-          s.sk_per_tile = static_cast<uint32_t>(splits);
-          s.sk_units = static_cast<uint32_t>(T * splits);
-          consider(with_clusters(s, T * splits));
         }
-        continue;
-      }
-      if (r.stream_k != 1) {
-        GemmSchedule s = base;
-        s.dp_tiles = s.tiles;
-        consider(with_clusters(s, T));
-      }
-      // Uniform split-K when the tiles fill less than half of the clusters: s units per tile,
-      // one round, no unit crossing a tile.
-      if (r.stream_k != 1 && r.sk_units == 0 && 2 * T <= G) {
-        for (int64_t splits = std::min<int64_t>(G / T, k_blocks); splits >= 2; splits = splits * 2 / 3) {
-          GemmSchedule s = base;
-          s.dp_tiles = 0;
-          s.sk_per_tile = static_cast<uint32_t>(splits);
-          s.sk_units = static_cast<uint32_t>(T * splits);
-          consider(with_clusters(s, T * splits));
+        // Uniform split-K when the tiles fill less than half of the clusters: s units per tile,
+        // one round, no unit crossing a tile.
+        if (r.stream_k != 1 && r.sk_units == 0 && 2 * T <= G) {
+          for (int64_t splits = std::min<int64_t>(G / T, k_blocks); splits >= 2; splits = splits * 2 / 3) {
+            GemmSchedule s = base;
+            s.dp_tiles = 0;
+            s.sk_per_tile = static_cast<uint32_t>(splits);
+            s.sk_units = static_cast<uint32_t>(T * splits);
+            consider(with_clusters(s, T * splits));
+          }
         }
-      }
-      if (r.stream_k == 0) continue;
-      const int64_t full_waves = T / G;
-      if (r.stream_k < 0) {
-        const bool small_m = r.m <= 64;
-        if (k_blocks < (small_m ? cm.min_k_blocks_stream_k_small_m : cm.min_k_blocks_stream_k)) continue;
-        if (!small_m && full_waves > 0 && 2 * (T % G) >= G) continue;
-      }
-      // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves), or
-      // after the data-parallel tiles the caller named.
-      int64_t dp_options[2] = {(full_waves - 1) * G, full_waves * G};
-      if (r.dp_tiles >= 0) dp_options[0] = dp_options[1] = r.dp_tiles;
-      for (int o = 0; o < (r.dp_tiles >= 0 ? 1 : 2); ++o) {
-        const int64_t dp = dp_options[o];
-        if (dp < 0) continue;
-        const int64_t sk_tiles = T - dp;
-        if (sk_tiles <= 0) continue;
-        const int64_t iters = sk_tiles * k_blocks;
-        auto add_units = [&](int64_t units) {
-          units = std::min<int64_t>({units, G, iters});
-          if (units < 1) return;
-          GemmSchedule s = base;
-          s.dp_tiles = static_cast<uint32_t>(dp);
-          s.sk_units = static_cast<uint32_t>(units);
-          s.sk_per_tile = 0;
-          consider(with_clusters(s, std::max(dp, units)));
-        };
-        if (r.sk_units > 0) {
-          add_units(r.sk_units);
-        } else {
-          for (int64_t div : {1, 2, 4, 8}) add_units(ceil_div(G, div));
+        if (r.stream_k == 0) continue;
+        const int64_t full_waves = T / G;
+        if (r.stream_k < 0) {
+          const bool small_m = r.m <= 64;
+          if (k_blocks < (small_m ? cm.min_k_blocks_stream_k_small_m : cm.min_k_blocks_stream_k)) continue;
+          if (!small_m && full_waves > 0 && 2 * (T % G) >= G) continue;
+        }
+        // Stream-K over the last one or two waves' tiles (the rest in data-parallel waves), or
+        // after the data-parallel tiles the caller named.
+        int64_t dp_options[2] = {(full_waves - 1) * G, full_waves * G};
+        if (r.dp_tiles >= 0) dp_options[0] = dp_options[1] = r.dp_tiles;
+        for (int o = 0; o < (r.dp_tiles >= 0 ? 1 : 2); ++o) {
+          const int64_t dp = dp_options[o];
+          if (dp < 0) continue;
+          const int64_t sk_tiles = T - dp;
+          if (sk_tiles <= 0) continue;
+          const int64_t iters = sk_tiles * k_blocks;
+          auto add_units = [&](int64_t units) {
+            units = std::min<int64_t>({units, G, iters});
+            if (units < 1) return;
+            GemmSchedule s = base;
+            s.dp_tiles = static_cast<uint32_t>(dp);
+            s.sk_units = static_cast<uint32_t>(units);
+            s.sk_per_tile = 0;
+            consider(with_clusters(s, std::max(dp, units)));
+          };
+          if (r.sk_units > 0) {
+            add_units(r.sk_units);
+          } else {
+            for (int64_t div : {1, 2, 4, 8}) add_units(ceil_div(G, div));
+          }
         }
       }
     }

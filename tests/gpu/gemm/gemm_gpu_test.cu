@@ -463,6 +463,57 @@ int main() {
     run_case(777, 280, 2000, narrow, "width, narrow n");
     run_atomic_case(300, 1000, 512, bn, 2);
   }
+  // 256-row tiles (block_m = 256, widths 128 to 192): every width with clusters of 1 and 2,
+  // data-parallel, split-K and stream-K (a split tile's fix-up covers both sub-tiles of each
+  // consumer), on m that ends inside the first and inside the second 128 rows of the last tile,
+  // m below one tile, and the refusals (a width not built tall, the atomic-add epilogue, hooks).
+  for (int bn : mk::kGemmTallWidths) {
+    mk::GemmConfig c;
+    c.block_m = 256;
+    c.block_n = bn;
+    for (int cl : {1, 2})
+      for (int mode = 0; mode < 3; ++mode) {
+        c.cluster_m = cl;
+        c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
+        c.stream_k = mode == 2 ? 1 : 0;
+        run_case(1100, 1000, 1096, c, "tall");  // last tile: rows 1024..1099 (first sub-tiles only)
+        run_case(1200, 712, 520, c, "tall");    // last tile: rows 1024..1199 (into the second)
+      }
+    mk::GemmConfig one;
+    one.block_m = 256;
+    one.block_n = bn;
+    run_case(90, 1000, 2000, one, "tall, m < 128");
+    run_case(6080, 544, 2048, one, "tall, narrow n");
+  }
+  {
+    mk::GemmConfig tall;
+    tall.block_m = 256;
+    run_case(5000, 3000, 3000, tall, "tall, rule's width");
+    run_case(2058, 920, 11712, tall, "tall, rule's width");
+  }
+  {
+    Buffers b(64, 64, 64);
+    mk::GemmConfig c;
+    c.block_m = 256;
+    c.block_n = 256;
+    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+    mk::GemmPlan plan;
+    mk::GemmResult r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 256") != std::string::npos &&
+              r.message.find("block_m = 256") != std::string::npos,
+          "block_m = 256 with block_n = 256 refused, naming both (got: " + r.message + ")");
+    c.block_n = 0;
+    args = make_args(b, 64, 64, 64, c);
+    args.epilogue = mk::kEpilogueAtomicAdd;
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("atomic-add") != std::string::npos,
+          "block_m = 256 with the atomic-add epilogue refused (got: " + r.message + ")");
+    c.block_m = 200;
+    args = make_args(b, 64, 64, 64, c);
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 200") != std::string::npos,
+          "block_m = 200 refused, naming it (got: " + r.message + ")");
+  }
   run_case(5000, 280, 3000, def, "narrow n");
   run_case(2289, 320, 3672, def, "narrow n");
   run_case(3000, 536, 2376, def, "narrow n");

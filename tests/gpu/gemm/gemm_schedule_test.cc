@@ -36,7 +36,8 @@ void fail(const std::string& what) {
 }
 
 std::string shape_str(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s) {
-  return std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [n" + std::to_string(s.block_n) +
+  return std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [m" + std::to_string(s.block_m) +
+         " n" + std::to_string(s.block_n) +
          " c" + std::to_string(s.cluster_m) + " G" + std::to_string(s.num_clusters) + " " + s.describe() + "]";
 }
 
@@ -124,7 +125,8 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   }
   const size_t ws = s.workspace_bytes();
   if (s.sk_units > 0) {
-    const size_t need = s.counter_bytes() + static_cast<size_t>(s.sk_tiles()) * kClusterM * 128 * s.block_n * sizeof(float);
+    const size_t need =
+        s.counter_bytes() + static_cast<size_t>(s.sk_tiles()) * kClusterM * s.block_m * s.block_n * sizeof(float);
     if (ws < need) return fail(name + ": workspace too small");
     if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * sizeof(uint32_t))
       return fail(name + ": counters too small");
@@ -140,6 +142,12 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   if (!r.block_n && r.widths_128_256 && s.block_n != 128 && s.block_n != 256)
     fail(shape_str(r, s) + ": widths_128_256 not honoured");
   if (r.cluster_m && s.cluster_m != r.cluster_m) fail(shape_str(r, s) + ": cluster_m not honoured");
+  if (r.block_m && s.block_m != r.block_m) fail(shape_str(r, s) + ": block_m not honoured");
+  if (s.block_m != 128 && s.block_m != 256) fail(shape_str(r, s) + ": a tile height no translation unit builds");
+  if (s.block_m == 256 && !mk::gemm_tall_width_built(s.block_n)) fail(shape_str(r, s) + ": a width not built 256 rows tall");
+  if (!r.block_m && s.block_m == 256 && (!r.allow_tall || r.widths_128_256 || r.m <= 128))
+    fail(shape_str(r, s) + ": a 256-row tile where the request does not allow one");
+  if (s.m_blocks != static_cast<uint32_t>((r.m + s.block_m - 1) / s.block_m)) fail(shape_str(r, s) + ": m blocks of the wrong height");
   if (r.num_splits > 0 && r.stream_k != 1) {
     const uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
     if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
@@ -158,6 +166,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.k = r.k;
   (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
   again.block_n = s.block_n;
+  again.block_m = s.block_m;
   again.cluster_m = s.cluster_m;
   const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
   again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
@@ -165,7 +174,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
   again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
-  if (s2.block_n != s.block_n || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -215,6 +224,7 @@ int model(uint64_t seed, int count) {
     r.k = sh.k;
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
+    r.allow_tall = true;
     const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
     const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
     const double flops = 2.0 * sh.m * sh.n * sh.k;
@@ -225,7 +235,7 @@ int model(uint64_t seed, int count) {
     eff_old.push_back(ideal / o.predicted_us);
     gain.push_back(o.predicted_us / s.predicted_us);
     const std::string kind = s.sk_units == 0 ? "dp" : (s.sk_per_tile ? "splitk" : (s.dp_tiles ? "dp+sk" : "sk"));
-    ++choices["n" + std::to_string(s.block_n) + " c" + std::to_string(s.cluster_m) + " " + kind];
+    ++choices[(s.block_m == 256 ? "m256 n" : "n") + std::to_string(s.block_n) + " c" + std::to_string(s.cluster_m) + " " + kind];
   }
   auto summary = [](const char* what, std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -267,6 +277,7 @@ int main(int argc, char** argv) {
       r.k = f[2];
       r.blocks_cluster1 = b1;
       r.blocks_cluster2 = b1 - b1 % 2;
+      r.allow_tall = b1 != 116;
       check(r, rng);
       ++cases;
     }
@@ -286,6 +297,8 @@ int main(int argc, char** argv) {
     r.blocks_cluster2 = r.blocks_cluster1 - r.blocks_cluster1 % 2;
     if (pick(rng) < 20) r.block_n = mk::kGemmBlockWidths[pick(rng) % std::size(mk::kGemmBlockWidths)];
     if (pick(rng) < 10) r.widths_128_256 = true;
+    if (pick(rng) < 60) r.allow_tall = true;
+    if (pick(rng) < 10 && (!r.block_n || mk::gemm_tall_width_built(r.block_n))) r.block_m = pick(rng) < 50 ? 128 : 256;
     if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;
     const int mode = pick(rng);
     if (mode < 15) r.num_splits = 1 + pick(rng) % 8;
