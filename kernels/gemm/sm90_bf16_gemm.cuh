@@ -101,10 +101,12 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kEpilogue = kEpilogue_;
   static constexpr int kNumConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kNumConsumers);
-  // A 256-row tile's consumer holds two accumulators (up to 2 x 96 fp32 registers): it takes
-  // the most setmaxnreg gives (240), the producer thread's warpgroup the least (24).
-  static constexpr int kProducerRegs = kBlockM_ == 256 ? 24 : 40;
-  static constexpr int kConsumerRegs = kBlockM_ == 256 ? 240 : 232;
+  // A 256-row tile's consumer holds two accumulators: above 160 columns (2 x 88 or 2 x 96 fp32
+  // registers) it takes the most setmaxnreg gives (240) and the producer warpgroup the least
+  // (24); otherwise 232 and 40 leave the producer's loop without spills.
+  static constexpr bool kWideTall = kBlockM_ == 256 && kBlockN_ > 160;
+  static constexpr int kProducerRegs = kWideTall ? 24 : 40;
+  static constexpr int kConsumerRegs = kWideTall ? 240 : 232;
   static constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
   static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
@@ -714,14 +716,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         if (rows_live) {
           const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
           ptx::wgmma_fence();
+          // Sub-tile s of this consumer: rows 64 * (2 s + cw) of the stage's A tile (64 rows of
+          // 128 bytes = 8 KB, whole swizzle atoms). With two sub-tiles the k slices alternate
+          // between the accumulators, so consecutive wgmma do not depend on each other.
 #pragma unroll
-          for (int s = 0; s < T::kMSub; ++s) {
-            // Sub-tile s of this consumer: rows 64 * (2 s + cw) of the stage's A tile (64 rows of
-            // 128 bytes = 8 KB, whole swizzle atoms).
-            const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                                 (2 * s + cw) * (64 * T::kBlockK * 2));
+          for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
 #pragma unroll
-            for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+            for (int s = 0; s < T::kMSub; ++s) {
+              const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
+                                                                   (2 * s + cw) * (64 * T::kBlockK * 2));
               ptx::wgmma_m64k16<T::kBlockN>(acc[s], ptx::advance_desc(desc_a, kk * 32),
                                             ptx::advance_desc(desc_b, kk * 32),
                                             (kb > kb_begin || kk > 0) ? 1u : 0u);
