@@ -176,7 +176,10 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   }
   req.block_n = c->block_n;
   req.block_m = c->block_m;
-  req.allow_tall = plain;
+  // 256-row tiles only when asked for: measured beside the 128-row rule they won on a few
+  // shapes (6-8%) and lost up to 1.5x on others, and the cost model could not tell which
+  // (docs/kernels.md section 7).
+  req.allow_tall = false;
   req.widths_128_256 = c->widths_128_256;
   req.cluster_m = c->cluster_m;
   req.num_splits = c->num_splits;

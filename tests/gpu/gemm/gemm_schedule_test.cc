@@ -224,7 +224,6 @@ int model(uint64_t seed, int count) {
     r.k = sh.k;
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
-    r.allow_tall = true;
     const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
     const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
     const double flops = 2.0 * sh.m * sh.n * sh.k;
