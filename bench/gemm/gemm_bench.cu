@@ -11,8 +11,9 @@
 // --variants also times, in the same interleaved rounds, the rule choosing between the 128- and
 // 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
 // stream-K forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other
-// cluster size ("cl"), and the rule held to 128-row or to 256-row tiles ("m128", "m256"): the
-// data that calibrates the cost model.
+// cluster size ("cl"), the rule held to 128-row or to 256-row tiles ("m128", "m256"), and the
+// other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic): the data that
+// calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -654,6 +655,13 @@ int main(int argc, char** argv) {
         mk::GemmConfig c;
         c.cluster_m = dp.config.cluster_m == 2 ? 1 : 2;
         vs.emplace_back("cl", c);
+      }
+      {
+        // The other fix-up: deterministic (a slot per work item, summed in unit order) against
+        // the default, or the atomic one when the default is deterministic.
+        mk::GemmConfig c;
+        c.deterministic = !mk::GemmConfig{}.deterministic;
+        vs.emplace_back(c.deterministic ? "det" : "atomic", c);
       }
       for (int bm : {128, 256}) {  // the rule held to one tile height
         if (bm == 256 && s.m <= 128) continue;

@@ -30,8 +30,13 @@
 //     every cluster visits its tiles in increasing schedule order (data-parallel tiles, then its
 //     units in order, each unit's tiles in order), an epilogue that itself waits on other
 //     ranks' tiles (a fused role) sees the same order argument as with whole tiles. The order
-//     of the additions varies from run to run, so split tiles are not bitwise reproducible
-//     (rounding differences of fp32 sums only).
+//     of the additions varies from run to run, so a tile of three or more parts is not bitwise
+//     reproducible (rounding differences of fp32 sums only; two parts are: a + b == b + a).
+//     The deterministic variant (GemmParams::split_slots) stores each work item's partial into
+//     a slot of its own instead, numbered unit + (tile - dp_tiles): along the line every step
+//     crosses one unit boundary or one tile boundary, so the numbers are distinct and below
+//     sk_units + sk_tiles(); the last participant sums the slots of units first_unit ..
+//     first_unit + P - 1 in that order.
 //  4. Workspace. Split tiles are the tiles of the stream-K region (index tile - dp_tiles); each
 //     has one counter and one fp32 accumulator tile per CTA of its cluster.
 //  5. Compatibility. get(unit, cta_rank) keeps the earlier uniform split-K numbering (unit =

@@ -181,6 +181,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   // (docs/kernels.md section 7).
   req.allow_tall = false;
   req.widths_128_256 = c->widths_128_256;
+  req.deterministic = c->deterministic;
   req.cluster_m = c->cluster_m;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
@@ -337,6 +338,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
     }
     p.split_counters = static_cast<uint32_t*>(args.workspace);
     p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + sched.counter_bytes());
+    p.split_slots = sched.deterministic ? 1u : 0u;
   }
 
   plan->args = args;
@@ -462,7 +464,8 @@ std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
   return (c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
-         std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe();
+         std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
+         (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");
 }
 
 }  // namespace mkernel::kernels

@@ -410,10 +410,69 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   const uint32_t parts = sched.participants(item.tile);
   const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
   uint32_t* counter = p.split_counters + index;
-  float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
   // Sub-tile s of consumer cw (ctid / 128) holds rows 128 s + 64 cw + ...: ctid / 32 * 16 covers
   // the consumer's 64-row offset and its warp's 16 rows.
   auto live = [&](int s) { return m_block * T::kBlockM + 128 * s + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m; };
+  if (p.split_slots != 0) {
+    // Deterministic: this item's partial into its own slot (items of the stream-K line are
+    // numbered unit + tile, each step along the line crossing one unit or one tile boundary).
+    auto slot = [&](uint32_t unit) {
+      const uint32_t item_index = unit + sched.counter(item.tile);
+      return p.split_workspace + (static_cast<uint64_t>(item_index) * T::kClusterM + cta_rank) * kTileFloats;
+    };
+    float* mine = slot(item.unit);
+#pragma unroll
+    for (int s = 0; s < T::kMSub; ++s) {
+      if (!live(s)) continue;
+#pragma unroll
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        const float* a = acc[s];
+        ptx::st_global_v4_f32(mine + s * kSubFloats + (i * 256 + ctid) * 4, a[4 * i], a[4 * i + 1], a[4 * i + 2],
+                              a[4 * i + 3]);
+      }
+    }
+    ptx::named_barrier_sync(1, 256);
+    if (ctid == 0) {
+      const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
+      if (last) *counter = 0;
+      words[0] = last ? 1u : 0u;
+    }
+    ptx::named_barrier_sync(1, 256);
+    if (words[0] == 0) return kFixupStored;
+    // The sum in unit order, this item's own partial taken from its registers (the same values
+    // it stored), so every arrival order gives the same bits.
+    const uint32_t first = sched.first_unit(item.tile);
+#pragma unroll
+    for (int s = 0; s < T::kMSub; ++s) {
+      if (!live(s)) continue;
+#pragma unroll
+      for (int i = 0; i < T::kBlockN / 8; ++i) {
+        float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (uint32_t u = 0; u < parts; ++u) {
+          float4 x;
+          if (first + u == item.unit) {
+            x = make_float4(acc[s][4 * i], acc[s][4 * i + 1], acc[s][4 * i + 2], acc[s][4 * i + 3]);
+          } else {
+            x = ptx::ld_global_cg_v4_f32(slot(first + u) + s * kSubFloats + (i * 256 + ctid) * 4);
+          }
+          if (u == 0) {
+            total = x;
+          } else {
+            total.x += x.x;
+            total.y += x.y;
+            total.z += x.z;
+            total.w += x.w;
+          }
+        }
+        acc[s][4 * i] = total.x;
+        acc[s][4 * i + 1] = total.y;
+        acc[s][4 * i + 2] = total.z;
+        acc[s][4 * i + 3] = total.w;
+      }
+    }
+    return kFixupLast;
+  }
+  float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
 #pragma unroll
   for (int s = 0; s < T::kMSub; ++s) {
     if (!live(s)) continue;

@@ -71,6 +71,12 @@ struct GemmConfig {
                             // with that config gives the same schedule and workspace)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only (callers that
                                 // instantiate the engine with those two widths: the fused ops)
+  // Tiles split by stream-K or split-K are finished through the workspace. true: every work item
+  // stores its partial into a slot of its own and the last one sums them in a fixed order, so
+  // the same inputs give the same bits on every launch (a larger workspace, one more read per
+  // extra part). false: the partials are added into one fp32 accumulator in arrival order
+  // (tiles of three or more parts can differ in their last bits from launch to launch).
+  bool deterministic = false;
 };
 
 struct GemmHooks {

@@ -42,6 +42,11 @@ struct GemmParams {
   // launches).
   float* split_workspace;
   uint32_t* split_counters;
+  // 1: deterministic fix-up. Every work item of a split tile stores its partial into a slot of
+  // its own (slot = unit + tile - dp_tiles, per CTA of the cluster) and the last to arrive sums
+  // the tile's slots in unit order, so the result is bitwise the same whichever arrives last.
+  // 0: every participant adds into one accumulator (fp32 reductions in L2, arrival order).
+  uint32_t split_slots;
 
   // Hook: ordering by availability (GemmHooks). Row g of A is ready when
   //   ready_flags[(g / ready_shard_rows) * ready_chunks_per_shard + (g % ready_shard_rows) /

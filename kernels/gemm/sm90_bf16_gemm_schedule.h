@@ -120,9 +120,19 @@ struct GemmScheduleRequest {
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
   int dp_tiles = -1;        // >= 0 (with stream-K): tiles computed whole first, -1 = choose
   int num_sms = 132;        // the device's SMs (the model's "all SMs busy")
+  // > 0: no tile is split among more units than this. 2 makes every result bitwise reproducible:
+  // the fix-up adds at most two fp32 partials onto zero, and a + b == b + a exactly, whichever
+  // arrives first (GemmConfig::deterministic).
+  int max_participants = 0;
+  // Deterministic fix-up (GemmParams::split_slots): every work item of a split tile stores its
+  // partial into a slot of its own and the last participant sums them in unit order. Bitwise
+  // reproducible for any number of participants; a larger workspace (one slot per work item)
+  // and the last participant reads every partial.
+  bool deterministic = false;
 };
 
 struct GemmSchedule {
+  bool deterministic = false;  // the fix-up with one slot per work item (see the request)
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
@@ -137,15 +147,29 @@ struct GemmSchedule {
   double busiest_us = 0, dram_us = 0;
 
   uint32_t sk_tiles() const { return tiles - dp_tiles; }
+  // The most units any tile is split among (1 for data-parallel schedules).
+  uint32_t max_participants() const {
+    if (sk_units == 0) return 1;
+    if (sk_per_tile != 0) return sk_per_tile;
+    TileScheduler<1> ts{tiles / n_blocks, n_blocks, 1, kRasterAlongN, 8, 0};
+    ts.num_k_blocks = k_blocks;
+    ts.dp_tiles = dp_tiles;
+    ts.sk_units = sk_units;
+    uint32_t most = 1;
+    for (uint32_t t = dp_tiles; t < tiles; ++t) most = std::max(most, ts.participants(t));
+    return most;
+  }
   // Workspace: one arrival counter per CTA of a stream-K tile (256-byte aligned), then one fp32
   // accumulator tile per CTA of a stream-K tile (tile_scheduler.cuh, notes 3 and 4).
   size_t counter_bytes() const {
     const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * sizeof(uint32_t);
     return (b + 255) / 256 * 256;
   }
+  // Deterministic: one accumulator tile per work item instead (at most units + tiles of them).
   size_t workspace_bytes() const {
     if (sk_units == 0) return 0;
-    return counter_bytes() + static_cast<size_t>(sk_tiles()) * cluster_m * block_m * block_n * sizeof(float);
+    const size_t slots = deterministic ? static_cast<size_t>(sk_units) + sk_tiles() : sk_tiles();
+    return counter_bytes() + slots * cluster_m * block_m * block_n * sizeof(float);
   }
   std::string describe() const {
     std::string s;
@@ -191,7 +215,12 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
-  const double take_sum = 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
+  // The last participant reads the sum and zeroes it, or (deterministic) reads the other
+  // participants' slots.
+  auto take_sum = [&](uint32_t parts) {
+    const double reads = s->deterministic ? static_cast<double>(parts - 1) : 2.0;
+    return reads * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
+  };
   const uint32_t groups = s->tiles / s->n_blocks;
   TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
   ts.num_k_blocks = s->k_blocks;
@@ -217,7 +246,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
           t += tile;
         } else {
           t += add_partial;
-          if (w.unit == ts.first_unit(w.tile)) t += tile + take_sum;
+          if (w.unit == ts.first_unit(w.tile)) t += tile + take_sum(parts);
         }
       }
     }
@@ -242,6 +271,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   GemmSchedule best;
   bool have = false;
   auto consider = [&](GemmSchedule s) {
+    if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants)) return;
     schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s);
     // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
     if (!have || s.predicted_us < best.predicted_us * 0.99) {
@@ -266,6 +296,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
         GemmSchedule base;
+        base.deterministic = r.deterministic;
         base.block_m = bm;
         base.block_n = bn;
         base.cluster_m = cl;
@@ -346,10 +377,12 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
       }
     }
   }
-  if (!have && r.stream_k == 1) {
-    // Nothing left for stream-K (the named data-parallel tiles cover the problem).
+  if (!have && (r.stream_k != 0 || r.num_splits > 1)) {
+    // Nothing left for stream-K (the named data-parallel tiles cover the problem), or every
+    // split the caller named exceeds max_participants: whole tiles.
     GemmScheduleRequest dp = r;
     dp.stream_k = 0;
+    dp.num_splits = 1;
     dp.sk_units = 0;
     dp.dp_tiles = -1;
     return choose_gemm_schedule(dp, cm);

@@ -147,6 +147,57 @@ void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label)
   }
 }
 
+// Bitwise reproducibility: the same inputs launched `launches` times, the output's bits
+// compared with the first launch's (and the first launch against the fp32 reference). With
+// deterministic = true every launch must give the same bits; otherwise the number of launches
+// that differed is only reported (fp32 additions in arrival order).
+void run_bitwise_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label, int launches = 5) {
+  static uint64_t counter = 0;
+  Buffers b(m, n, k);
+  const uint64_t seed = g_seed + 7777 * (++counter);
+  fill_random(b.a, static_cast<size_t>(m) * k, seed);
+  fill_random(b.w, static_cast<size_t>(n) * k, seed + 1);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  mk::GemmArgs args = make_args(b, m, n, k, cfg);
+  mk::GemmPlan plan;
+  mk::GemmResult r = mk::gemm_plan(args, &plan);
+  const std::string name = std::string(label) + " " + shape_str(m, n, k);
+  if (!r.ok()) {
+    check(false, name + ": plan failed: " + r.message);
+    return;
+  }
+  const size_t count = static_cast<size_t>(m) * n;
+  std::vector<uint16_t> first(count), now(count);
+  int differed = 0;
+  for (int i = 0; i < launches; ++i) {
+    poison(b.d, count);
+    r = mk::gemm_launch(plan, nullptr);
+    if (!r.ok()) {
+      check(false, name + ": launch failed: " + r.message);
+      return;
+    }
+    GT_CUDA(cudaDeviceSynchronize());
+    const mk::DeviceStatus st = read_status(b);
+    check(st.code == mk::kDeviceOk, name + ": status " + status_text(st));
+    GT_CUDA(cudaMemcpy((i == 0 ? first : now).data(), b.d, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (i == 0) {
+      const ErrorStats e = compare(to_host_float(b.d, count), to_host(b.ref, count));
+      check(e.non_finite == 0 && e.rel_fro < kTolerance, name + ": rel err vs fp32 " + std::to_string(e.rel_fro));
+    } else if (std::memcmp(first.data(), now.data(), count * sizeof(uint16_t)) != 0) {
+      ++differed;
+    }
+  }
+  const std::string cfg_str = mk::gemm_config_string(plan);
+  const bool want_same = cfg.deterministic;
+  const bool ok = !want_same || differed == 0;
+  std::printf("%s  %-34s [%s] %d launches, %d differed from the first in some bit%s\n", ok ? "ok  " : "FAIL", name.c_str(),
+              cfg_str.c_str(), launches, differed, want_same ? " (deterministic: must be 0)" : " (arrival order)");
+  if (!ok) ++g_failures;
+  if (want_same && plan.schedule.max_participants() < 3) {
+    check(false, name + ": the case does not split a tile into 3 or more parts (" + cfg_str + "), so it checks nothing");
+  }
+}
+
 // D starts as random C; D += A W^T with the atomic-add epilogue.
 void run_atomic_case(int m, int n, int k, int block_n, int cluster, int stream_k = -1) {
   Buffers b(m, n, k);
@@ -513,6 +564,41 @@ int main() {
     r = mk::gemm_plan(args, &plan);
     check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 200") != std::string::npos,
           "block_m = 200 refused, naming it (got: " + r.message + ")");
+  }
+  // Deterministic fix-up: stream-K units shorter than a tile (3+ parts a tile), split-K into
+  // 5 and 8, a decode-like m, clusters of 1 and 2; first correct, then bitwise equal over
+  // launches; the same schedules without it are timed for their spread only.
+  for (bool det : {true, false}) {
+    mk::GemmConfig c;
+    c.deterministic = det;
+    c.stream_k = 1;
+    c.sk_units = 120;  // 45 tiles of 18 k blocks: units of 6 or 7 k blocks, 3 or 4 parts a tile
+    c.cluster_m = 1;
+    run_bitwise_case(1100, 1280, 1096, c, det ? "deterministic, 120 units" : "atomic, 120 units");
+    c.cluster_m = 2;
+    c.sk_units = 60;
+    run_bitwise_case(1100, 1280, 1096, c, det ? "deterministic, 60 units c2" : "atomic, 60 units c2");
+    mk::GemmConfig sk;
+    sk.deterministic = det;
+    sk.num_splits = 5;
+    run_bitwise_case(300, 1000, 4096, sk, det ? "deterministic, 5 splits" : "atomic, 5 splits");
+    sk.num_splits = 8;
+    run_bitwise_case(5, 2048, 8192, sk, det ? "deterministic, m=5, 8 splits" : "atomic, m=5, 8 splits");
+    mk::GemmConfig tall;
+    tall.deterministic = det;
+    tall.block_m = 256;
+    tall.stream_k = 1;
+    tall.sk_units = 60;
+    run_bitwise_case(1200, 712, 2520, tall, det ? "deterministic, 256 rows" : "atomic, 256 rows");
+  }
+  {
+    // The rule with the deterministic fix-up on the random family's kind of shapes (correctness
+    // and workspace sizing through gemm_workspace_bytes; any schedule it picks).
+    mk::GemmConfig c;
+    c.deterministic = true;
+    run_case(77, 4096, 3000, c, "deterministic rule");
+    run_case(2058, 920, 11712, c, "deterministic rule");
+    run_case(137, 9440, 2056, c, "deterministic rule");
   }
   run_case(5000, 280, 3000, def, "narrow n");
   run_case(2289, 320, 3672, def, "narrow n");

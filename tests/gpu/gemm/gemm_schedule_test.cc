@@ -123,10 +123,23 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
       if (arrived++ == parts - 1 && added != parts) return fail(name + ": last participant misses a partial");
     }
   }
+  // Deterministic fix-up: every work item of the stream-K line has its own slot, unit + tile
+  // (in the region), inside the workspace; each tile's slots are those of units first_unit ..
+  // first_unit + participants - 1.
+  const size_t slots = s.deterministic ? static_cast<size_t>(s.sk_units) + s.sk_tiles() : s.sk_tiles();
+  if (s.deterministic) {
+    std::vector<bool> slot_used(slots, false);
+    for (uint32_t t = s.dp_tiles; t < T; ++t) {
+      for (const mk::WorkItem& it : by_tile[t]) {
+        const size_t slot = static_cast<size_t>(it.unit) + sched.counter(t);
+        if (slot >= slots || slot_used[slot]) return fail(name + ": deterministic slot out of range or shared");
+        slot_used[slot] = true;
+      }
+    }
+  }
   const size_t ws = s.workspace_bytes();
   if (s.sk_units > 0) {
-    const size_t need =
-        s.counter_bytes() + static_cast<size_t>(s.sk_tiles()) * kClusterM * s.block_m * s.block_n * sizeof(float);
+    const size_t need = s.counter_bytes() + slots * kClusterM * s.block_m * s.block_n * sizeof(float);
     if (ws < need) return fail(name + ": workspace too small");
     if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * sizeof(uint32_t))
       return fail(name + ": counters too small");
@@ -142,6 +155,9 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   if (!r.block_n && r.widths_128_256 && s.block_n != 128 && s.block_n != 256)
     fail(shape_str(r, s) + ": widths_128_256 not honoured");
   if (r.cluster_m && s.cluster_m != r.cluster_m) fail(shape_str(r, s) + ": cluster_m not honoured");
+  if (s.deterministic != r.deterministic) fail(shape_str(r, s) + ": deterministic not honoured");
+  if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants))
+    fail(shape_str(r, s) + ": a tile split among more units than max_participants");
   if (r.block_m && s.block_m != r.block_m) fail(shape_str(r, s) + ": block_m not honoured");
   if (s.block_m != 128 && s.block_m != 256) fail(shape_str(r, s) + ": a tile height no translation unit builds");
   if (s.block_m == 256 && !mk::gemm_tall_width_built(s.block_n)) fail(shape_str(r, s) + ": a width not built 256 rows tall");
@@ -149,7 +165,8 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
     fail(shape_str(r, s) + ": a 256-row tile where the request does not allow one");
   if (s.m_blocks != static_cast<uint32_t>((r.m + s.block_m - 1) / s.block_m)) fail(shape_str(r, s) + ": m blocks of the wrong height");
   if (r.num_splits > 0 && r.stream_k != 1) {
-    const uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
+    uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
+    if (r.max_participants > 0 && want > static_cast<uint32_t>(r.max_participants)) want = 1;  // whole tiles instead
     if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
   }
   if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
@@ -167,6 +184,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
   again.block_n = s.block_n;
   again.block_m = s.block_m;
+  again.deterministic = s.deterministic;
   again.cluster_m = s.cluster_m;
   const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
   again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
@@ -174,7 +192,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
   again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
-  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -215,7 +233,7 @@ int model(uint64_t seed, int count) {
   const mk::GemmCostRegime& g = cm.general;
   const double flop_per_us = 2.0 * 128 * 256 * 64 / g.iter_us_n256_c2 * 132;
   std::map<std::string, int> choices;
-  std::vector<double> eff_new, eff_old, gain;
+  std::vector<double> eff_new, eff_old, gain, repro, two_parts;
   const auto shapes = gemm_test::random_family(seed, count);
   for (const auto& sh : shapes) {
     mk::GemmScheduleRequest r;
@@ -224,8 +242,17 @@ int model(uint64_t seed, int count) {
     r.k = sh.k;
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
+    r.deterministic = true;  // the library default (GemmConfig::deterministic)
     const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
     const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
+    mk::GemmScheduleRequest atomic = r;
+    atomic.deterministic = false;
+    const mk::GemmSchedule f = mk::choose_gemm_schedule(atomic, cm);
+    mk::GemmScheduleRequest two = atomic;
+    two.max_participants = 2;
+    const mk::GemmSchedule t2 = mk::choose_gemm_schedule(two, cm);
+    repro.push_back(f.predicted_us / s.predicted_us);
+    two_parts.push_back(f.predicted_us / t2.predicted_us);
     const double flops = 2.0 * sh.m * sh.n * sh.k;
     const double bytes = 2.0 * (double(sh.m) * sh.k + double(sh.n) * sh.k + double(sh.m) * sh.n);
     const mk::GemmCostRegime& re = sh.m <= 64 ? cm.small_m : cm.general;
@@ -247,6 +274,8 @@ int model(uint64_t seed, int count) {
   summary("predicted efficiency, rule", eff_new);
   summary("predicted efficiency, old rule", eff_old);
   summary("predicted speed-up over old rule", gain);
+  summary("speed, deterministic / atomic fix-up", repro);
+  summary("speed, <= 2 parts a tile / any", two_parts);
   std::printf("  choices:\n");
   for (const auto& [k, v] : choices) std::printf("    %-20s %6d (%.1f%%)\n", k.c_str(), v, 100.0 * v / count);
   return 0;
@@ -277,6 +306,7 @@ int main(int argc, char** argv) {
       r.blocks_cluster1 = b1;
       r.blocks_cluster2 = b1 - b1 % 2;
       r.allow_tall = b1 != 116;
+      r.deterministic = b1 == 132;
       check(r, rng);
       ++cases;
     }
@@ -297,6 +327,8 @@ int main(int argc, char** argv) {
     if (pick(rng) < 20) r.block_n = mk::kGemmBlockWidths[pick(rng) % std::size(mk::kGemmBlockWidths)];
     if (pick(rng) < 10) r.widths_128_256 = true;
     if (pick(rng) < 60) r.allow_tall = true;
+    if (pick(rng) < 50) r.deterministic = true;
+    if (pick(rng) < 10) r.max_participants = 1 + pick(rng) % 3;
     if (pick(rng) < 10 && (!r.block_n || mk::gemm_tall_width_built(r.block_n))) r.block_m = pick(rng) < 50 ? 128 : 256;
     if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;
     const int mode = pick(rng);
