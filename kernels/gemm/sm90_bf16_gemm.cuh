@@ -439,35 +439,33 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     }
     ptx::named_barrier_sync(1, 256);
     if (words[0] == 0) return kFixupStored;
-    // The sum in unit order, this item's own partial taken from its registers (the same values
-    // it stored), so every arrival order gives the same bits.
+    // The sum in unit order, every slot read back (this item's own too: each thread reads only
+    // what it stored itself), the runtime loop over the parts outside the unrolled one over the
+    // fragment so the accumulator stays in registers (indexing it inside a runtime loop spilled
+    // it to local memory in every instantiation).
     const uint32_t first = sched.first_unit(item.tile);
 #pragma unroll
     for (int s = 0; s < T::kMSub; ++s) {
       if (!live(s)) continue;
+      const float* src = slot(first) + s * kSubFloats + ctid * 4;
 #pragma unroll
       for (int i = 0; i < T::kBlockN / 8; ++i) {
-        float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (uint32_t u = 0; u < parts; ++u) {
-          float4 x;
-          if (first + u == item.unit) {
-            x = make_float4(acc[s][4 * i], acc[s][4 * i + 1], acc[s][4 * i + 2], acc[s][4 * i + 3]);
-          } else {
-            x = ptx::ld_global_cg_v4_f32(slot(first + u) + s * kSubFloats + (i * 256 + ctid) * 4);
-          }
-          if (u == 0) {
-            total = x;
-          } else {
-            total.x += x.x;
-            total.y += x.y;
-            total.z += x.z;
-            total.w += x.w;
-          }
+        const float4 x = ptx::ld_global_cg_v4_f32(src + i * 1024);
+        acc[s][4 * i] = x.x;
+        acc[s][4 * i + 1] = x.y;
+        acc[s][4 * i + 2] = x.z;
+        acc[s][4 * i + 3] = x.w;
+      }
+      for (uint32_t u = 1; u < parts; ++u) {
+        const float* part = slot(first + u) + s * kSubFloats + ctid * 4;
+#pragma unroll
+        for (int i = 0; i < T::kBlockN / 8; ++i) {
+          const float4 x = ptx::ld_global_cg_v4_f32(part + i * 1024);
+          acc[s][4 * i] += x.x;
+          acc[s][4 * i + 1] += x.y;
+          acc[s][4 * i + 2] += x.z;
+          acc[s][4 * i + 3] += x.w;
         }
-        acc[s][4 * i] = total.x;
-        acc[s][4 * i + 1] = total.y;
-        acc[s][4 * i + 2] = total.z;
-        acc[s][4 * i + 3] = total.w;
       }
     }
     return kFixupLast;
