@@ -95,6 +95,11 @@ struct GemmCostModel {
   // the width and decomposition when a caller asks for 256 rows: the model cannot tell where the
   // tall tile wins, so allow_tall is not set by the library (sm90_bf16_gemm.cu).
   double tall_cost_factor = 1.10;
+  // Deterministic fix-up: the last participant reads each other part's slot in turn, a round
+  // trip per part on top of the bytes (measured at f425f6c's successor: 0.3-0.7 us a part for
+  // m <= 64, where the partials are a few rows; about nothing beyond the bytes for larger m).
+  double det_part_us_small_m = 0.5;
+  double det_part_us = 0.1;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
   GemmCostRegime general{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
@@ -217,9 +222,12 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
   // The last participant reads the sum and zeroes it, or (deterministic) reads the other
   // participants' slots.
+  const double det_part_us = m <= 64 ? model.det_part_us_small_m : model.det_part_us;
   auto take_sum = [&](uint32_t parts) {
-    const double reads = s->deterministic ? static_cast<double>(parts - 1) : 2.0;
-    return reads * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
+    if (s->deterministic) {
+      return (parts - 1) * (partial_bytes / cm.partial_bytes_per_us + det_part_us) + cm.sum_latency_us;
+    }
+    return 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
   };
   const uint32_t groups = s->tiles / s->n_blocks;
   TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};

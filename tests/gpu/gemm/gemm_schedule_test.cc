@@ -242,17 +242,16 @@ int model(uint64_t seed, int count) {
     r.k = sh.k;
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
-    r.deterministic = true;  // the library default (GemmConfig::deterministic)
     const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
     const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
-    mk::GemmScheduleRequest atomic = r;
-    atomic.deterministic = false;
-    const mk::GemmSchedule f = mk::choose_gemm_schedule(atomic, cm);
-    mk::GemmScheduleRequest two = atomic;
+    mk::GemmScheduleRequest det = r;  // GemmConfig::deterministic (off by default)
+    det.deterministic = true;
+    const mk::GemmSchedule sd = mk::choose_gemm_schedule(det, cm);
+    mk::GemmScheduleRequest two = r;
     two.max_participants = 2;
     const mk::GemmSchedule t2 = mk::choose_gemm_schedule(two, cm);
-    repro.push_back(f.predicted_us / s.predicted_us);
-    two_parts.push_back(f.predicted_us / t2.predicted_us);
+    repro.push_back(s.predicted_us / sd.predicted_us);
+    two_parts.push_back(s.predicted_us / t2.predicted_us);
     const double flops = 2.0 * sh.m * sh.n * sh.k;
     const double bytes = 2.0 * (double(sh.m) * sh.k + double(sh.n) * sh.k + double(sh.m) * sh.n);
     const mk::GemmCostRegime& re = sh.m <= 64 ? cm.small_m : cm.general;
