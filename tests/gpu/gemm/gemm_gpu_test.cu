@@ -576,8 +576,9 @@ int main() {
     c.cluster_m = 1;
     run_bitwise_case(1100, 1280, 1096, c, det ? "deterministic, 120 units" : "atomic, 120 units");
     c.cluster_m = 2;
-    c.sk_units = 60;
-    run_bitwise_case(1100, 1280, 1096, c, det ? "deterministic, 60 units c2" : "atomic, 60 units c2");
+    c.block_n = 128;  // 50 cluster tiles of 18 k blocks: 64 units of 14, up to 3 parts a tile
+    c.sk_units = 64;
+    run_bitwise_case(1100, 1280, 1096, c, det ? "deterministic, 64 units c2" : "atomic, 64 units c2");
     mk::GemmConfig sk;
     sk.deterministic = det;
     sk.num_splits = 5;
@@ -588,7 +589,9 @@ int main() {
     tall.deterministic = det;
     tall.block_m = 256;
     tall.stream_k = 1;
-    tall.sk_units = 60;
+    tall.block_n = 128;  // 30 tiles of 40 k blocks: 64 units of 18 or 19, up to 4 parts a tile
+    tall.cluster_m = 1;
+    tall.sk_units = 64;
     run_bitwise_case(1200, 712, 2520, tall, det ? "deterministic, 256 rows" : "atomic, 256 rows");
   }
   {
