@@ -44,6 +44,7 @@
 #include "common/wait.cuh"
 #include "common/wgmma.cuh"
 #include "mkernel/protocol/sync.cuh"
+#include "gemm/sm90_bf16_gemm_fixup.cuh"
 #include "gemm/sm90_bf16_gemm_params.h"
 
 namespace mkernel::kernels {
@@ -371,141 +372,7 @@ __device__ __forceinline__ void build_grouped_table(const GroupedTileMap<kCluste
   }
 }
 
-// Atomic add with acquire-release semantics at gpu scope: releases what this thread (and, through
-// the barrier before it, its block) stored, and acquires what earlier adders released.
-__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
-enum FixupResult : uint32_t {
-  kFixupStored = 0,  // this participant added its partial; another one finishes the tile
-  kFixupLast = 1,    // this participant holds the sum of all partials: run the epilogue
-};
-
-// Adds four floats into global memory (no return value; sm_90 vector reduction).
-__device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float c, float d) {
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-
-// The fix-up of a tile covered by several units (tile_scheduler.cuh, notes 3 and 4), run by the
-// 256 consumer threads of a CTA after the main loop of their part of the tile: add the fp32
-// partial into the tile's accumulator in the workspace, then take a ticket; the participant
-// with the last ticket reads the sum, zeroes the accumulator for the next launch and runs the
-// epilogue. Nobody waits, and the cost does not grow with the number of participants. The
-// accumulator is kept in fragment order (each thread's float4s contiguous across the 256
-// threads); a thread whose rows all lie past m (small-m shapes) moves nothing. The ticket is
-// taken by thread 0 after a barrier (its acquire-release add covers the block's additions) and
-// handed to the others in words[0], which they read between two barriers that thread 0 passes
-// before writing it again.
-template <class T>
-__device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
-                                             const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
-                                             float (&acc)[T::kMSub][T::kBlockN / 2], uint32_t ctid,
-                                             volatile uint32_t* words) {
-  constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
-  constexpr uint32_t kSubFloats = 128 * T::kBlockN;  // both consumers' sub-tile s
-  const uint32_t parts = sched.participants(item.tile);
-  const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
-  uint32_t* counter = p.split_counters + index;
-  // Sub-tile s of consumer cw (ctid / 128) holds rows 128 s + 64 cw + ...: ctid / 32 * 16 covers
-  // the consumer's 64-row offset and its warp's 16 rows.
-  auto live = [&](int s) { return m_block * T::kBlockM + 128 * s + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m; };
-  if (p.split_slots != 0) {
-    // Deterministic: this item's partial into its own slot (items of the stream-K line are
-    // numbered unit + tile, each step along the line crossing one unit or one tile boundary).
-    auto slot = [&](uint32_t unit) {
-      const uint32_t item_index = unit + sched.counter(item.tile);
-      return p.split_workspace + (static_cast<uint64_t>(item_index) * T::kClusterM + cta_rank) * kTileFloats;
-    };
-    float* mine = slot(item.unit);
-#pragma unroll
-    for (int s = 0; s < T::kMSub; ++s) {
-      if (!live(s)) continue;
-#pragma unroll
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
-        const float* a = acc[s];
-        ptx::st_global_v4_f32(mine + s * kSubFloats + (i * 256 + ctid) * 4, a[4 * i], a[4 * i + 1], a[4 * i + 2],
-                              a[4 * i + 3]);
-      }
-    }
-    ptx::named_barrier_sync(1, 256);
-    if (ctid == 0) {
-      const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
-      if (last) *counter = 0;
-      words[0] = last ? 1u : 0u;
-    }
-    ptx::named_barrier_sync(1, 256);
-    if (words[0] == 0) return kFixupStored;
-    // The sum in unit order, every slot read back (this item's own too: each thread reads only
-    // what it stored itself), the runtime loop over the parts outside the unrolled one over the
-    // fragment so the accumulator stays in registers (indexing it inside a runtime loop spilled
-    // it to local memory in every instantiation).
-    const uint32_t first = sched.first_unit(item.tile);
-#pragma unroll
-    for (int s = 0; s < T::kMSub; ++s) {
-      if (!live(s)) continue;
-      const float* src = slot(first) + s * kSubFloats + ctid * 4;
-#pragma unroll
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
-        const float4 x = ptx::ld_global_cg_v4_f32(src + i * 1024);
-        acc[s][4 * i] = x.x;
-        acc[s][4 * i + 1] = x.y;
-        acc[s][4 * i + 2] = x.z;
-        acc[s][4 * i + 3] = x.w;
-      }
-      for (uint32_t u = 1; u < parts; ++u) {
-        const float* part = slot(first + u) + s * kSubFloats + ctid * 4;
-#pragma unroll
-        for (int i = 0; i < T::kBlockN / 8; ++i) {
-          const float4 x = ptx::ld_global_cg_v4_f32(part + i * 1024);
-          acc[s][4 * i] += x.x;
-          acc[s][4 * i + 1] += x.y;
-          acc[s][4 * i + 2] += x.z;
-          acc[s][4 * i + 3] += x.w;
-        }
-      }
-    }
-    return kFixupLast;
-  }
-  float* sum = p.split_workspace + static_cast<uint64_t>(index) * kTileFloats;
-#pragma unroll
-  for (int s = 0; s < T::kMSub; ++s) {
-    if (!live(s)) continue;
-#pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) {
-      const float* a = acc[s];
-      red_add_v4_f32(sum + s * kSubFloats + (i * 256 + ctid) * 4, a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
-    }
-  }
-  ptx::named_barrier_sync(1, 256);
-  if (ctid == 0) {
-    const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
-    if (last) *counter = 0;  // every participant has arrived: zero for the next launch
-    words[0] = last ? 1u : 0u;
-  }
-  ptx::named_barrier_sync(1, 256);
-  if (words[0] == 0) return kFixupStored;
-#pragma unroll
-  for (int s = 0; s < T::kMSub; ++s) {
-    if (!live(s)) continue;
-    float* sub = sum + s * kSubFloats;
-#pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) {
-      const float4 x = ptx::ld_global_cg_v4_f32(sub + (i * 256 + ctid) * 4);
-      acc[s][4 * i] = x.x;
-      acc[s][4 * i + 1] = x.y;
-      acc[s][4 * i + 2] = x.z;
-      acc[s][4 * i + 3] = x.w;
-    }
-#pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(sub + (i * 256 + ctid) * 4, 0.f, 0.f, 0.f, 0.f);
-  }
-  (void)kTileFloats;
-  return kFixupLast;
-}
+// The fix-up of split tiles (stream-K / split-K): gemm/sm90_bf16_gemm_fixup.cuh.
 
 }  // namespace detail
 

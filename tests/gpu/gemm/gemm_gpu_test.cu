@@ -94,25 +94,29 @@ mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cf
   return args;
 }
 
+// Fresh random inputs (from the test's seed and `seed_offset`), the fp32 reference and a plan;
+// false (with the failure recorded) when planning fails.
+bool prepare_case(Buffers& b, int m, int n, int k, const mk::GemmConfig& cfg, uint64_t seed_offset,
+                  const std::string& name, mk::GemmPlan* plan) {
+  const uint64_t seed = g_seed + seed_offset;
+  fill_random(b.a, static_cast<size_t>(m) * k, seed);
+  fill_random(b.w, static_cast<size_t>(n) * k, seed + 1);
+  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  const mk::GemmResult r = mk::gemm_plan(make_args(b, m, n, k, cfg), plan);
+  if (!r.ok()) check(false, name + ": plan failed: " + r.message);
+  return r.ok();
+}
+
 // Fresh inputs, reference, poisoned output, launch, compare with reference and cuBLAS.
 void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label) {
   static uint64_t counter = 0;
   Buffers b(m, n, k);
-  const uint64_t seed = g_seed + 1000 * (++counter);
-  fill_random(b.a, static_cast<size_t>(m) * k, seed);
-  fill_random(b.w, static_cast<size_t>(n) * k, seed + 1);
-  reference_gemm(b.a, b.w, b.ref, m, n, k);
+  const std::string name = std::string(label) + " " + shape_str(m, n, k);
+  mk::GemmPlan plan;
+  if (!prepare_case(b, m, n, k, cfg, 1000 * (++counter), name, &plan)) return;
   poison(b.dc, static_cast<size_t>(m) * n);
   cublas_gemm(g_cublas, b.a, b.w, b.dc, m, n, k);
-
-  mk::GemmArgs args = make_args(b, m, n, k, cfg);
-  mk::GemmPlan plan;
-  mk::GemmResult r = mk::gemm_plan(args, &plan);
-  const std::string name = std::string(label) + " " + shape_str(m, n, k);
-  if (!r.ok()) {
-    check(false, name + ": plan failed: " + r.message);
-    return;
-  }
+  mk::GemmResult r;
   const std::string cfg_str = mk::gemm_config_string(plan);
   double worst = 0;
   for (int rep = 0; rep < 2; ++rep) {  // twice: the split-K counters must come back to zero
@@ -154,18 +158,10 @@ void run_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label)
 void run_bitwise_case(int m, int n, int k, const mk::GemmConfig& cfg, const char* label, int launches = 5) {
   static uint64_t counter = 0;
   Buffers b(m, n, k);
-  const uint64_t seed = g_seed + 7777 * (++counter);
-  fill_random(b.a, static_cast<size_t>(m) * k, seed);
-  fill_random(b.w, static_cast<size_t>(n) * k, seed + 1);
-  reference_gemm(b.a, b.w, b.ref, m, n, k);
-  mk::GemmArgs args = make_args(b, m, n, k, cfg);
-  mk::GemmPlan plan;
-  mk::GemmResult r = mk::gemm_plan(args, &plan);
   const std::string name = std::string(label) + " " + shape_str(m, n, k);
-  if (!r.ok()) {
-    check(false, name + ": plan failed: " + r.message);
-    return;
-  }
+  mk::GemmPlan plan;
+  if (!prepare_case(b, m, n, k, cfg, 7777 * (++counter), name, &plan)) return;
+  mk::GemmResult r;
   const size_t count = static_cast<size_t>(m) * n;
   std::vector<uint16_t> first(count), now(count);
   int differed = 0;
