@@ -8,13 +8,12 @@
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
 // [256, 32768] (tests/gpu/gemm/gemm_random_family.h); the seed is printed and recorded with
 // every row, and the five worst ratios are printed last.
-// --variants also times, in the same interleaved rounds, whole tiles only ("dp"), stream-K
-// forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other cluster size
-// ("cl"), the other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic) and,
-// where a tile has at most 64 live rows, the rule without column-split tail tiles ("nosplit",
-// GemmConfig::split_tail): the data that calibrates the cost model. (Earlier variants, the
-// 128/256-only rule "w2" and the tile heights "m128" / "m256", are in bench/results with the
-// commits that measured them; docs/kernels.md section 7.)
+// --variants also times, in the same interleaved rounds, the rule choosing between the 128- and
+// 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
+// stream-K forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other
+// cluster size ("cl"), the rule held to 128-row or to 256-row tiles ("m128", "m256"), and the
+// other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic): the data that
+// calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -632,6 +631,11 @@ int main(int argc, char** argv) {
       const mk::GemmPlan& dp = def_runner->plans[0];
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
       {
+        mk::GemmConfig c;  // the rule with the 128- and 256-wide tiles only
+        c.widths_128_256 = true;
+        vs.emplace_back("w2", c);
+      }
+      {
         mk::GemmConfig c;  // whole tiles only
         c.stream_k = 0;
         c.num_splits = 1;
@@ -659,11 +663,11 @@ int main(int argc, char** argv) {
         c.deterministic = !mk::GemmConfig{}.deterministic;
         vs.emplace_back(c.deterministic ? "det" : "atomic", c);
       }
-      if (s.m <= 64 || (s.m % 128 >= 1 && s.m % 128 <= 64)) {
-        // Split tail tiles the other way: off where the rule splits (m > 64), on for m <= 64.
+      for (int bm : {128, 256}) {  // the rule held to one tile height
+        if (bm == 256 && s.m <= 128) continue;
         mk::GemmConfig c;
-        c.split_tail = s.m > 64 ? 0 : 1;
-        vs.emplace_back(s.m > 64 ? "nosplit" : "split", c);
+        c.block_m = bm;
+        vs.emplace_back("m" + std::to_string(bm), c);
       }
       for (const auto& [tag, c] : vs) {
         Row v{s, "mkernel_" + tag, "", {}, 0, 0};

@@ -20,8 +20,7 @@
 // p90 of per-launch event times. The weights alone (128 x 2048 x 7168 bf16 = 3.8 GB) are far
 // larger than L2, so one operand set is used. mkernel's output is checked against the cuBLAS
 // loop's (relative Frobenius error) before timing. Prints a table last; appends one JSON line
-// per (case, impl) to FILE: impl mkernel, cublas_loop, mkernel_dense, cublas_dense, and
-// mkernel_nosplit (the grouped GEMM with GroupedGemmConfig::split_tail off).
+// per (case, impl) to FILE: impl mkernel, cublas_loop, mkernel_dense, cublas_dense.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -288,22 +287,6 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
     }
   };
   // One cuBLAS call per non-empty group (the host knows the counts: the baseline's advantage).
-  // The same without split tail tiles (GroupedGemmConfig::split_tail), timed in the same rounds.
-  mk::GroupedGemmArgs ga_nosplit = ga;
-  ga_nosplit.config.split_tail = false;
-  mk::GroupedGemmPlan gplan_nosplit;
-  r = mk::grouped_gemm_plan(ga_nosplit, &gplan_nosplit);
-  if (!r.ok()) {
-    std::fprintf(stderr, "%s: grouped plan (split_tail off) failed: %s\n", c.name.c_str(), r.message.c_str());
-    std::exit(1);
-  }
-  auto launch_grouped_nosplit = [&] {
-    const mk::GemmResult e = mk::grouped_gemm_launch(gplan_nosplit, nullptr);
-    if (!e.ok()) {
-      std::fprintf(stderr, "grouped launch (split_tail off) failed: %s\n", e.message.c_str());
-      std::exit(1);
-    }
-  };
   auto launch_loop = [&] {
     for (int64_t g = 0; g < groups; ++g) {
       if (c.counts[g] == 0) continue;
@@ -351,8 +334,7 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
                 mk::describe_device_status(st, 0).c_str());
   }
 
-  const auto t = time_round_robin({launch_grouped, launch_loop, launch_dense, launch_cublas_dense,
-                                   launch_grouped_nosplit}, o.iters, 5);
+  const auto t = time_round_robin({launch_grouped, launch_loop, launch_dense, launch_cublas_dense}, o.iters, 5);
   // Every timed launch must have ended cleanly too (a wait that expired would time an error).
   GT_CUDA(cudaDeviceSynchronize());
   GT_CUDA(cudaMemcpy(&st, status, sizeof(st), cudaMemcpyDeviceToHost));
@@ -365,7 +347,6 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
   out.push_back({&c, "cublas_loop", "cublasGemmEx x " + std::to_string(groups), t[1]});
   out.push_back({&c, "mkernel_dense", mk::gemm_config_string(dplan), t[2]});
   out.push_back({&c, "cublas_dense", "cublasGemmEx", t[3]});
-  out.push_back({&c, "mkernel_nosplit", mk::grouped_gemm_config_string(gplan_nosplit) + " split_tail off", t[4]});
 
   cudaFree(ws);
   cudaFree(a);
@@ -460,24 +441,22 @@ int main(int argc, char** argv) {
   }
   GT_CUBLAS(cublasDestroy(cublas));
 
-  std::printf("\n%-22s %7s %6s %6s | %9s %9s %9s %9s | %8s %8s %8s\n", "case", "rows", "max", "empty", "mkernel",
-              "cub_loop", "mk_dense", "cub_dense", "vs loop", "vs dense", "vs nosplit");
-  for (size_t i = 0; i < all.size(); i += 5) {
+  std::printf("\n%-22s %7s %6s %6s | %9s %9s %9s %9s | %8s %8s\n", "case", "rows", "max", "empty", "mkernel",
+              "cub_loop", "mk_dense", "cub_dense", "vs loop", "vs dense");
+  for (size_t i = 0; i < all.size(); i += 4) {
     const Case& c = *all[i].c;
     uint32_t mx = 0, empty = 0;
     for (auto v : c.counts) {
       mx = std::max(mx, v);
       empty += v == 0;
     }
-    std::printf("%-22s %7lld %6u %6u | %9.1f %9.1f %9.1f %9.1f | %8.3f %8.3f %8.3f\n", c.name.c_str(),
+    std::printf("%-22s %7lld %6u %6u | %9.1f %9.1f %9.1f %9.1f | %8.3f %8.3f\n", c.name.c_str(),
                 static_cast<long long>(c.rows()), mx, empty, tflops(c, all[i].t.median_ms),
                 tflops(c, all[i + 1].t.median_ms), tflops(c, all[i + 2].t.median_ms), tflops(c, all[i + 3].t.median_ms),
-                all[i + 1].t.median_ms / all[i].t.median_ms, all[i + 2].t.median_ms / all[i].t.median_ms,
-                all[i + 4].t.median_ms / all[i].t.median_ms);
+                all[i + 1].t.median_ms / all[i].t.median_ms, all[i + 2].t.median_ms / all[i].t.median_ms);
   }
   std::printf(
       "(TFLOP/s from medians; 'vs loop' = cuBLAS loop time / mkernel time, 'vs dense' = mkernel dense "
-      "time on the same rows / mkernel grouped time: the issue's goal is >= 0.9 with uniform routing; 'vs nosplit' "
-      "= the grouped GEMM without split tail tiles / with them)\n");
+      "time on the same rows / mkernel grouped time: the issue's goal is >= 0.9 with uniform routing)\n");
   return 0;
 }

@@ -16,6 +16,14 @@
 //  3. Flags carry launch numbers and only grow, so "reached" is `>=` and nothing is reset.
 //  4. mbar_wait_bounded is the same rule for a shared-memory mbarrier phase (a block's own
 //     pipeline): bounded, reported by the caller as kDevicePipelineTimeout.
+//  5. Bounds grow along the chain of consequences, so the first report names the cause: a wait
+//     on a flag (another rank, a readiness hook) has the bound; a consumer waiting for a stage
+//     to fill twice it (the stage's producer, or its cluster peer's, may be in such a wait);
+//     a producer waiting for a stage to be handed back four times (its consumers may be in the
+//     previous wait). With equal bounds for the last two, a producer whose consumers waited on
+//     a cluster peer stuck on a readiness flag could time out first and name the pipeline. The
+//     producer (one thread) also stops as soon as the status word holds an error, so the
+//     longer bound does not lengthen the kernel's end after a failure.
 #pragma once
 
 #include <cstdint>
@@ -95,17 +103,27 @@ __device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, c
 // the first failed try, so the fast path costs one try_wait.
 // `scale`: the bound is timeout_ns << scale (computed only once the first try failed, so a
 // caller in a hot loop keeps no extra register for it).
+// `stop_if_failed` (a single waiting thread only, never a warpgroup that must agree): also give
+// up, without a report of its own, once that status word holds an error, looked at every
+// kStatusCheckNs of waiting.
+inline constexpr uint64_t kStatusCheckNs = 100'000;
 __device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
-                                                  uint32_t scale = 0) {
+                                                  uint32_t scale = 0, const DeviceStatus* stop_if_failed = nullptr) {
   if (ptx::mbar_try_wait(bar, parity)) return true;
   if (scale != 0) timeout_ns = timeout_ns > (~uint64_t{0} >> scale) ? ~uint64_t{0} : timeout_ns << scale;
   const uint64_t start = sync::globaltimer_ns();
+  uint64_t checked = start;
   while (true) {
 #pragma unroll 1
     for (int i = 0; i < 32; ++i) {
       if (ptx::mbar_try_wait(bar, parity)) return true;
     }
-    if (sync::globaltimer_ns() - start > timeout_ns) return false;
+    const uint64_t now = sync::globaltimer_ns();
+    if (now - start > timeout_ns) return false;
+    if (stop_if_failed != nullptr && now - checked > kStatusCheckNs) {
+      checked = now;
+      if (sync::ld_acquire_sys(&stop_if_failed->code) != 0) return false;
+    }
   }
 }
 

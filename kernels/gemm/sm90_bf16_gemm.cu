@@ -182,7 +182,6 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.allow_tall = false;
   req.widths_128_256 = c->widths_128_256;
   req.deterministic = c->deterministic;
-  req.split_tail = c->split_tail;
   req.cluster_m = c->cluster_m;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
@@ -192,7 +191,6 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   c->block_n = sched->block_n;
   c->block_m = sched->block_m;
   c->cluster_m = sched->cluster_m;
-  c->split_tail = sched->split_tail ? 1 : 0;
   c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
   c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
   c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
@@ -342,7 +340,6 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
     p.split_workspace = reinterpret_cast<float*>(static_cast<char*>(args.workspace) + sched.counter_bytes());
     p.split_slots = sched.deterministic ? 1u : 0u;
   }
-  p.split_tail = sched.split_tail ? 1u : 0u;
 
   plan->args = args;
   plan->args.lda = lda;
@@ -468,8 +465,7 @@ std::string gemm_config_string(const GemmPlan& plan) {
   return (c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
-         (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "") +
-         (plan.schedule.split_tail && plan.args.m % 128 >= 1 && plan.args.m % 128 <= 64 ? " split-tail" : "");
+         (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");
 }
 
 }  // namespace mkernel::kernels

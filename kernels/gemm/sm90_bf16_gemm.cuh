@@ -318,50 +318,6 @@ __device__ __forceinline__ void store_tile_masked(const GemmParams& p, const flo
   }
 }
 
-// Split tail tile (GemmParams::split_tail): consumer 1's fp32 fragment goes through the
-// epilogue staging buffers (all four, 32 KB) into consumer 0's, 64 floats a thread per round,
-// in fragment order (float4 i of thread t at (i * 128 + t) * 16 bytes: conflict-free); consumer
-// 1 then holds zeros. Run by both consumers (named barrier 1, 256 threads). The buffers may
-// still be read by this CTA's TMA stores of an earlier tile: each consumer's leader (who issued
-// them) waits for those first.
-template <class T>
-__device__ __forceinline__ void join_split_tile(float (&acc)[T::kBlockN / 2], uint8_t* bufs, uint32_t cw, uint32_t t,
-                                                bool leader) {
-  constexpr int kFloats = T::kBlockN / 2;  // per thread
-  constexpr int kRound = T::kEpiBytes / (128 * 16) * 4;  // floats per thread per round (64)
-  static_assert(kRound % 4 == 0 && kRound > 0, "whole float4s per round");
-  const uint32_t base = ptx::smem_addr(bufs);
-  if (leader) ptx::bulk_wait_group_read<0>();
-#pragma unroll
-  for (int r = 0; r < (kFloats + kRound - 1) / kRound; ++r) {
-    ptx::named_barrier_sync(1, 256);  // the buffers are free: stores read them, round r - 1 added
-    if (cw == 1) {
-#pragma unroll
-      for (int i = 0; i < kRound / 4 && r * kRound + 4 * i < kFloats; ++i) {
-        const int f = r * kRound + 4 * i;
-        ptx::st_shared_v4_f32(base + (i * 128 + t) * 16, acc[f], acc[f + 1], acc[f + 2], acc[f + 3]);
-      }
-    }
-    ptx::named_barrier_sync(1, 256);
-    if (cw == 0) {
-#pragma unroll
-      for (int i = 0; i < kRound / 4 && r * kRound + 4 * i < kFloats; ++i) {
-        const int f = r * kRound + 4 * i;
-        const float4 x = ptx::ld_shared_v4_f32(base + (i * 128 + t) * 16);
-        acc[f] += x.x;
-        acc[f + 1] += x.y;
-        acc[f + 2] += x.z;
-        acc[f + 3] += x.w;
-      }
-    }
-  }
-  ptx::named_barrier_sync(1, 256);  // consumer 0 has read everything before the buffers are reused
-  if (cw == 1) {
-#pragma unroll
-    for (int i = 0; i < kFloats; ++i) acc[i] = 0.0f;
-  }
-}
-
 // Grouped GEMM: the groups' table in shared memory (sm90_bf16_grouped_gemm_map.h, note 3), built
 // by all threads of a GEMM block: one thread per chunk sums its groups, then warp 0 turns the
 // sums into prefix sums. t->bad_group must hold kGroupedNoBadGroup before the block's first
@@ -569,9 +525,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         for (uint32_t i = 0; i < len || aborted; ++i) {
           uint32_t kb = i + rot;
           kb = item.k_begin + (kb >= len ? kb - len : kb);
-          if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns)) {
+          if (!mbar_wait_bounded(&empty_bar[stage], phase ^ 1, p.wait.timeout_ns, 2, p.wait.status)) {
             // The consumers hold the stage: they are stuck on a stage that will not complete
-            // and leave by their own bounded waits.
+            // and leave by their own bounded waits (twice the bound; this one is four times it,
+            // so the cause is reported first, and ends early once any error is recorded:
+            // wait.cuh note 5). report() keeps the first error.
             report(p.wait, kDevicePipelineTimeout, stage, where_tag(kStepGemmPipeline, blockIdx.x));
             aborted = true;
             break;
@@ -632,9 +590,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // ---- consumers -------------------------------------------------------------------------------
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
     const uint32_t cw = warpgroup - 1;            // which 64-row half of the tile
-    // Split tail tiles (GemmParams::split_tail): 128-row tiles. A role's epilogue sees the same
-    // fragments either way (consumer 0 the sum, consumer 1 zeros).
-    constexpr bool kCanSplit = T::kMSub == 1;
     const uint32_t ctid = threadIdx.x - 128;      // 0..255 over both consumers
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp_in_wg = (threadIdx.x / 32) % 4;
@@ -651,37 +606,22 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       TileCoord tc;
       [[maybe_unused]] GroupedTile gt;
       bool rows_live;
-      uint32_t tile_rows;  // live rows of this CTA's tile (0: a cluster's padding tile)
       if constexpr (T::kGrouped) {
         gt = gmap.locate(*grouped_table, item.tile, cta_rank, gcursor);
         tc = TileCoord{gt.m_block, gt.n_block, 0};
         rows_live = gt.row_begin + cw * 64 < gt.row_end;
-        tile_rows = gt.row_end > gt.row_begin ? gt.row_end - gt.row_begin : 0u;
       } else {
         tc = sched.tile_coord(item.tile, cta_rank);
         rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
-        const uint32_t row0 = tc.m_block * T::kBlockM;
-        tile_rows = row0 < p.m ? min(p.m - row0, static_cast<uint32_t>(T::kBlockM)) : 0u;
       }
       const uint32_t kb_begin = item.k_begin;
       const uint32_t kb_end = item.k_end;
-      // Split tail tile (GemmParams::split_tail): at most 64 live rows, so consumer 1's half is
-      // padding. Both consumers then compute rows 0-63, each on every other k block (consumer
-      // cw on the k blocks kb_begin + cw, + 2, ...), and the two partial sums meet in shared
-      // memory below; the tile costs about half a tile instead of a whole one. Same wgmma
-      // instruction either way: only its A operand and the k blocks taken differ (two wgmma
-      // shapes, behind a branch or in two copies of the loop, made ptxas serialize every wgmma
-      // of the kernel: C7520 / C7515).
-      const bool split = kCanSplit && p.split_tail != 0 && tile_rows > 0 && tile_rows <= 64 && kb_end - kb_begin >= 4;
-      const uint32_t a_half = split ? 0u : cw;  // which 64 rows of the stage's A tile
 
       // -- main loop: one k-block of wgmma in flight, the stage before it released. A consumer
       //    whose 64 rows all lie past m (small m, or the last m block; grouped: past the
-      //    group's end), or a split tile's k block that is the other consumer's, issues no MMA:
-      //    it only follows the stage and hands it back. A consumer that issued no MMA for the
-      //    tile ends with a zero fragment --
-      bool started = false;     // this consumer issued a wgmma for this tile
-      uint32_t held_stage = 0;  // the stage of its last wgmma group (released after the next)
+      //    group's end) issues no MMA: it only follows the stages and hands them back, and its
+      //    fragment is zero --
+      uint32_t prev_stage = 0;
       for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
         // Twice the producers' bound: a producer whose wait expires still completes its stage
         // (marked), so a consumer gives up only once every producer has stopped and no stage
@@ -699,7 +639,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           aborted = true;
           break;
         }
-        if (split ? ((kb - kb_begin) & 1u) == cw : rows_live) {
+        if (rows_live) {
           const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
           ptx::wgmma_fence();
           // Sub-tile s of this consumer: rows 64 * (2 s + cw) of the stage's A tile (64 rows of
@@ -710,16 +650,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
             for (int s = 0; s < T::kMSub; ++s) {
               const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                                   (2 * s + a_half) * (64 * T::kBlockK * 2));
+                                                                   (2 * s + cw) * (64 * T::kBlockK * 2));
               ptx::wgmma_m64k16<T::kBlockN>(acc[s], ptx::advance_desc(desc_a, kk * 32),
-                                            ptx::advance_desc(desc_b, kk * 32), (started || kk > 0) ? 1u : 0u);
+                                            ptx::advance_desc(desc_b, kk * 32),
+                                            (kb > kb_begin || kk > 0) ? 1u : 0u);
             }
           }
           ptx::wgmma_commit();
           ptx::wgmma_wait<1>();
-          if (started && signals) detail::release_stage<T>(&empty_bar[held_stage]);
-          started = true;
-          held_stage = stage;
+          if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
         } else {
           // No MMA keeps this warpgroup's warps in step here: all four must have seen the stage
           // complete before its one signalling thread hands it back. Released early, the stage
@@ -729,6 +668,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           ptx::named_barrier_sync(3 + cw, 128);
           if (signals) detail::release_stage<T>(&empty_bar[stage]);
         }
+        prev_stage = stage;
         if (++stage == T::kStages) {
           stage = 0;
           phase ^= 1;
@@ -736,23 +676,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       ptx::wgmma_wait<0>();
       if (aborted) break;
-      if (started && signals) detail::release_stage<T>(&empty_bar[held_stage]);
+      if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
 #pragma unroll
       for (int s = 0; s < T::kMSub; ++s) {
 #pragma unroll
         for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[s][i]);
       }
-      if (!started) {
+      if (kb_end <= kb_begin || !rows_live) {
 #pragma unroll
         for (int s = 0; s < T::kMSub; ++s) {
 #pragma unroll
           for (int i = 0; i < T::kBlockN / 2; ++i) acc[s][i] = 0.0f;
         }
       }
-      // A split tile's two partial sums meet: consumer 0 adds consumer 1's fragment (the same
-      // rows and columns, thread for thread) and consumer 1 keeps zeros, the state of an
-      // unsplit tile whose second half is padding; everything after this sees no difference.
-      if (kCanSplit && split) detail::join_split_tile<T>(acc[0], smem_epi, cw, ctid % 128, signals);
 
       // -- grouped epilogue: rows of the tile's group only; whole 64-row halves with TMA, a
       //    partial half with masked stores; the flag indexed by the flat m block --

@@ -77,12 +77,6 @@ struct GemmConfig {
   // extra part). false: the partials are added into one fp32 accumulator in arrival order
   // (tiles of three or more parts can differ in their last bits from launch to launch).
   bool deterministic = false;
-  // Split tail tiles: a tile with at most 64 live rows (the last m block when m % 128 is 1 to
-  // 64, or every tile when m <= 64) gives each consumer warpgroup every other k block instead of
-  // leaving one idle, so it costs about half a tile (the rule counts it; docs/kernels.md
-  // section 2). -1: the rule's choice (on for m > 64; off for m <= 64, whose tiles stream the
-  // weight), 0: off, 1: on. Results agree to fp32 rounding either way, not bitwise.
-  int split_tail = -1;
 };
 
 struct GemmHooks {

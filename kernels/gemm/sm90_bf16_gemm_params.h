@@ -47,12 +47,6 @@ struct GemmParams {
   // the tile's slots in unit order, so the result is bitwise the same whichever arrives last.
   // 0: every participant adds into one accumulator (fp32 reductions in L2, arrival order).
   uint32_t split_slots;
-  // 1: a tile with at most 64 live rows (m <= 64, or a last m block that ends in its first half;
-  // grouped: a group's tile of at most 64 rows) and at least four k blocks splits its k blocks
-  // between the two consumer warpgroups (every other one each, both on rows 0-63), whose
-  // partial sums then meet in shared memory, instead of one consumer doing all of them while
-  // the other's rows are padding. Ignored by 256-row tiles.
-  uint32_t split_tail;
 
   // Hook: ordering by availability (GemmHooks). Row g of A is ready when
   //   ready_flags[(g / ready_shard_rows) * ready_chunks_per_shard + (g % ready_shard_rows) /

@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "common/tile_scheduler.cuh"
 
@@ -101,16 +100,18 @@ struct GemmCostModel {
   // m <= 64, where the partials are a few rows; about nothing beyond the bytes for larger m).
   double det_part_us_small_m = 0.5;
   double det_part_us = 0.1;
-  // Split tail tiles (GemmSchedule::split_tail): a k block of a tile with at most 64 live rows,
-  // the two consumers taking every other one, costs this fraction of a full tile's k block, and
-  // the tile pays once for joining the two partial sums in shared memory. For m > 64 that is the
-  // last m group when it ends in its first 64 rows (the first CTA's rows; with clusters of 2 the
-  // other CTA is padding); for m <= 64 every tile, whose k blocks the small-m costs already
-  // describe (the weight stream). Not fitted yet: set from the tile's halved MMA and shared-
-  // memory work.
-  double split_tail_factor = 0.55;
-  double split_tail_factor_small_m = 1.0;
-  double split_tail_join_us = 0.5;
+  // Clusters of 2 with part of the GPU busy: the weight multicast halves the bytes each CTA pulls
+  // from L2, which pays only while those bytes are the limit, i.e. with every SM busy. Measured
+  // over 753 random-family shapes timed in both cluster sizes (same width, whole tiles): at 95%
+  // of the SMs busy or more clusters of 2 were 5-12% faster, below it clusters of 1 were faster,
+  // by 12% with 128-wide tiles at half the SMs or fewer, 5-9% at 144-192 columns, about even at
+  // 208-256 (docs/kernels.md section 7). So below `cluster_full_busy` of the SMs a k block in a
+  // cluster of 2 costs the clusters-of-1 one times 1 + cluster_partial_penalty x (256 - width) /
+  // 128, reaching the fitted clusters-of-2 cost linearly between cluster_fade_busy and
+  // cluster_full_busy.
+  double cluster_partial_penalty = 0.10;
+  double cluster_fade_busy = 0.90;
+  double cluster_full_busy = 1.00;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
   GemmCostRegime general{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
@@ -145,14 +146,10 @@ struct GemmScheduleRequest {
   // reproducible for any number of participants; a larger workspace (one slot per work item)
   // and the last participant reads every partial.
   bool deterministic = false;
-  // Split tail tiles (GemmParams::split_tail; 128-row tiles only): -1 on for m > 64 (off for
-  // m <= 64, where every tile would split and the tiles stream the weight), 0 off, 1 on.
-  int split_tail = -1;
 };
 
 struct GemmSchedule {
   bool deterministic = false;  // the fix-up with one slot per work item (see the request)
-  bool split_tail = true;      // tiles of at most 64 live rows split their k blocks (128-row tiles)
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
@@ -232,6 +229,13 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
   }
+  if (s->cluster_m == 2 && s->block_m == 128 && busy_fraction < model.cluster_full_busy) {
+    const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+    const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
+    const double w = std::clamp((busy_fraction - model.cluster_fade_busy) /
+                                    (model.cluster_full_busy - model.cluster_fade_busy), 0.0, 1.0);
+    it = partial + w * (it - partial);
+  }
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
@@ -245,41 +249,25 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     return 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
   };
   const uint32_t groups = s->tiles / s->n_blocks;
-  constexpr uint32_t kBand = 8;
-  TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, kBand, 0};
+  TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
   ts.num_k_blocks = s->k_blocks;
   ts.dp_tiles = s->dp_tiles;
   ts.sk_units = s->sk_units;
   ts.sk_per_tile = s->sk_per_tile;
   double busiest = 0;
   const double whole = s->k_blocks * it + tile;
-  // Split tail tiles: the last m group's tiles when its first CTA holds at most 64 live rows. In the raster (kRasterAlongN, bands of kBand m groups) they are tiles base + nb * width,
-  // one per n block; count the data-parallel ones each cluster takes.
-  const bool cheap_last =
-      s->split_tail && s->block_m == 128 && m - static_cast<int64_t>(groups - 1) * s->cluster_m * 128 <= 64;
-  const double cheap_factor = m <= 64 ? model.split_tail_factor_small_m : model.split_tail_factor;
-  const double cheap_whole = s->k_blocks * it * cheap_factor + tile + model.split_tail_join_us;
-  std::vector<uint32_t> cheap_dp(cheap_last ? G : 0, 0);
-  if (cheap_last) {
-    const uint32_t first = (groups - 1) / kBand * kBand, width = groups - first;
-    for (uint32_t nb = 0; nb < s->n_blocks; ++nb) {
-      const uint32_t t = first * s->n_blocks + nb * width + (groups - 1 - first);
-      if (t < s->dp_tiles) ++cheap_dp[t % G];
-    }
-  }
-  auto cheap_tile = [&](uint32_t t) { return cheap_last && ts.tile_coord(t, 0).m_block == groups - 1; };
   // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
   // a split tile adds its partial; the one holding the tile's first k block is charged taking
   // the sum and the epilogue (it is usually the last to arrive: that block ends its unit).
   for (uint32_t c = 0; c < G; ++c) {
     const uint32_t dp = s->dp_tiles > c ? (s->dp_tiles - c + G - 1) / G : 0;
-    double t = dp * whole - (cheap_last ? cheap_dp[c] * (whole - cheap_whole) : 0.0);
+    double t = dp * whole;
     for (uint32_t u = c; u < s->sk_units; u += G) {
       WorkCursor cur{s->dp_tiles, u, ts.unit_begin(u), ts.unit_begin(u + 1)};
       WorkItem w;
       while (cur.unit == u && ts.next(cur, G, w)) {
         if (w.unit != u) break;
-        t += (w.k_end - w.k_begin) * it * (cheap_tile(w.tile) ? cheap_factor : 1.0);
+        t += (w.k_end - w.k_begin) * it;
         const uint32_t parts = ts.participants(w.tile);
         if (parts == 1) {
           t += tile;
@@ -290,8 +278,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
       }
     }
     busiest = std::max(busiest, t);
-    // Later clusters: no units, no more whole tiles than this one (but perhaps fewer cheap ones).
-    if (c + 1 >= s->sk_units && !cheap_last) break;
+    if (c + 1 >= s->sk_units) break;  // later clusters: no units, no more whole tiles than this one
   }
   // DRAM: every operand once, at most what the active CTAs can stream.
   const double dm = static_cast<double>(m), dn = static_cast<double>(n), dk = static_cast<double>(k);
@@ -337,7 +324,6 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
         GemmSchedule base;
         base.deterministic = r.deterministic;
-        base.split_tail = bm == 128 && (r.split_tail < 0 ? r.m > 64 : r.split_tail > 0);
         base.block_m = bm;
         base.block_n = bn;
         base.cluster_m = cl;

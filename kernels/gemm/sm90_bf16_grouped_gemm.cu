@@ -201,7 +201,6 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
   p.raster = static_cast<uint32_t>(c.raster);
   p.group = static_cast<uint32_t>(c.band);
   p.num_gemm_blocks = static_cast<uint32_t>(c.num_gemm_blocks);
-  p.split_tail = c.split_tail ? 1u : 0u;
   p.ready_flags = h.ready_flags;
   p.ready_value = h.ready_value;
   p.ready_value_ptr = h.ready_value_ptr;

@@ -50,10 +50,6 @@ struct GroupedGemmConfig {
   int band = 0;             // band width of the swizzled raster inside a group
   int num_gemm_blocks = 0;  // blocks that run tiles; 0 = all that fit beside the role blocks
   int num_role_blocks = 0;  // extra blocks that run the launch's role function
-  // A tile of a group with at most 64 rows (a group's last m block when its rows end in the
-  // first half, or a whole small group) gives each consumer warpgroup every other k block
-  // instead of leaving one idle (GemmConfig::split_tail).
-  bool split_tail = true;
 };
 
 struct GroupedGemmHooks {

@@ -510,14 +510,10 @@ int main() {
     run_case(777, 280, 2000, narrow, "width, narrow n");
     run_atomic_case(300, 1000, 512, bn, 2);
   }
-  // Split tail tiles (GemmConfig::split_tail): a tile of at most 64 live rows, its k blocks
-  // shared by the two consumers and the partial sums joined in shared memory. Every width with
-  // clusters of 1 and 2, data-parallel, 3 splits (6 k blocks a part) and stream-K, on m whose
-  // last m block holds 36 rows (9 m blocks: with clusters of 2 the tail's partner is padding)
-  // and 28 rows (10 m blocks: the tail shares its cluster with a whole tile), n ending inside a
-  // tile; the same with split tails off; m <= 64 with them forced on (every tile splits; the
-  // rule leaves them off there), m = 192 (a tail of exactly 64 rows) and m = 1060 with k = 192
-  // (3 k blocks a tile: too few to split).
+  // A last m block of at most 64 rows (one consumer warpgroup computes, the other follows the
+  // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits
+  // and stream-K, on m whose last block holds 36 rows (9 m blocks: with clusters of 2 its
+  // partner is a padding tile) and 28 rows (10 m blocks: its partner is a whole tile).
   for (int bn : mk::kGemmBlockWidths) {
     mk::GemmConfig c;
     c.block_n = bn;
@@ -526,25 +522,9 @@ int main() {
         c.cluster_m = cl;
         c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
         c.stream_k = mode == 2 ? 1 : 0;
-        run_case(1060, 1000, 1096, c, "split tail");
-        run_case(1180, 1000, 1096, c, "split tail");
+        run_case(1060, 1000, 1096, c, "short last block");
+        run_case(1180, 1000, 1096, c, "short last block");
       }
-  }
-  {
-    mk::GemmConfig off;
-    off.split_tail = 0;
-    run_case(1060, 1000, 1096, off, "split tail off");
-    run_case(158, 6160, 3920, off, "split tail off");
-    mk::GemmConfig on;
-    on.split_tail = 1;
-    for (int m : {1, 40, 64}) run_case(m, 4096, 4096, on, "split tail, m <= 64");
-    on.num_splits = 4;
-    run_case(33, 2048, 8192, on, "split tail, m <= 64, 4 splits");
-    run_case(158, 6160, 3920, def, "split tail");
-    run_case(192, 2048, 2048, def, "split tail, 64-row tail");
-    run_case(1060, 1000, 192, def, "split tail, 3 k blocks");
-    run_atomic_case(1060, 1000, 1096, 256, 1);     // atomic add from the joined fragment
-    run_atomic_case(1060, 1000, 1096, 128, 2, 1);  // ... with stream-K
   }
   // 256-row tiles (block_m = 256, widths 128 to 192): every width with clusters of 1 and 2,
   // data-parallel, split-K and stream-K (a split tile's fix-up covers both sub-tiles of each

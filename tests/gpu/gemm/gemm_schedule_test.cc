@@ -170,8 +170,6 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
     if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
   }
   if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
-  const bool want_split = s.block_m == 128 && (r.split_tail < 0 ? r.m > 64 : r.split_tail > 0);
-  if (s.split_tail != want_split) fail(shape_str(r, s) + ": split_tail not honoured");
   if (s.cluster_m == 2) {
     replay<2>(r, s, rng);
   } else {
@@ -187,7 +185,6 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.block_n = s.block_n;
   again.block_m = s.block_m;
   again.deterministic = s.deterministic;
-  again.split_tail = s.split_tail ? 1 : 0;
   again.cluster_m = s.cluster_m;
   const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
   again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
@@ -195,8 +192,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
   again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
-  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic ||
-      s2.split_tail != s.split_tail || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -314,43 +310,6 @@ int main(int argc, char** argv) {
       ++cases;
     }
   }
-  // Split tail tiles in the model: never predicted slower (the same tiles, decomposition and
-  // width; a split tile costs less); faster where the busiest cluster holds tail tiles (1060 rows,
-  // 9 m blocks, 288 tiles of 128 x 128: the last band, the tail tiles, is the last partial wave),
-  // the same where the last block holds more than 64 rows. A single partial wave gains nothing in
-  // the model: its time is a whole tile's (docs/kernels.md section 7).
-  {
-    const int tails[][4] = {{1060, 4096, 4096, 1}, {158, 6160, 3920, 0}, {1060, 1000, 1096, 0},
-                            {300, 16384, 4096, 0}, {1100, 1000, 1096, 0}, {2000, 4096, 4096, 0}};
-    for (const auto& t : tails) {
-      for (int cl : {1, 2}) {
-        double us[2];
-        for (int split : {0, 1}) {
-          mk::GemmScheduleRequest r;
-          r.m = t[0];
-          r.n = t[1];
-          r.k = t[2];
-          r.blocks_cluster1 = 132;
-          r.blocks_cluster2 = 132;
-          r.block_n = 128;
-          r.cluster_m = cl;
-          r.num_splits = 1;
-          r.split_tail = split;
-          const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
-          if (s.split_tail != (split == 1)) fail(shape_str(r, s) + ": split_tail not honoured");
-          us[split] = s.predicted_us;
-        }
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "split tail model %dx%dx%d c%d: %.2f us split, %.2f us not", t[0], t[1], t[2], cl,
-                      us[1], us[0]);
-        const bool gains = t[3] == 1 && cl == 1;  // clusters of 2: 160 tiles, the tail ones every 5th
-        if (us[1] > us[0] || (gains && !(us[1] < us[0] * 0.95))) {
-          fail(std::string(buf) + (gains ? " (should gain 5% or more)" : " (slower)"));
-        }
-        ++cases;
-      }
-    }
-  }
   // Random shapes of the family and random constraints.
   gemm_test::RandomFamily fam(20261201);
   std::uniform_int_distribution<int> pick(0, 99);
@@ -368,7 +327,6 @@ int main(int argc, char** argv) {
     if (pick(rng) < 10) r.widths_128_256 = true;
     if (pick(rng) < 60) r.allow_tall = true;
     if (pick(rng) < 50) r.deterministic = true;
-    if (pick(rng) < 20) r.split_tail = pick(rng) % 2;
     if (pick(rng) < 10) r.max_participants = 1 + pick(rng) % 3;
     if (pick(rng) < 10 && (!r.block_n || mk::gemm_tall_width_built(r.block_n))) r.block_m = pick(rng) < 50 ? 128 : 256;
     if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;

@@ -681,12 +681,6 @@ int main() {
     std::vector<uint32_t> c = {1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257, 383};
     run_case("counts around 128", offsets_from_counts(c), 2400, 520, 200);
     run_case("n, k not multiples of 64", offsets_from_counts(c), 2400, 136, 72);
-    // Split tail tiles (groups' tiles of at most 64 rows with 4 or more k blocks: both consumers
-    // on every other k block) by default above; here off, and on with deeper k.
-    mk::GroupedGemmConfig off;
-    off.split_tail = false;
-    run_case("counts around 128, split tails off", offsets_from_counts(c), 2400, 520, 200, off);
-    run_case("counts around 128, deep k", offsets_from_counts(c), 2400, 1024, 2056);
   }
   // Every tile width and cluster size, both rasters, on one ragged set of counts.
   {
