@@ -162,6 +162,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.n = a.n;
   req.k = a.k;
   req.num_sms = dev.num_sms;
+  req.role_sms = std::min(c->num_role_blocks, dev.num_sms);
   for (int cl : {1, 2}) {
     if (c->cluster_m != 0 && c->cluster_m != cl) continue;
     const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);

@@ -137,6 +137,7 @@ struct GemmScheduleRequest {
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
   int dp_tiles = -1;        // >= 0 (with stream-K): tiles computed whole first, -1 = choose
   int num_sms = 132;        // the device's SMs (the model's "all SMs busy")
+  int role_sms = 0;         // of them, SMs the launch's role blocks occupy (busy, not idle)
   // > 0: no tile is split among more units than this. 2 makes every result bitwise reproducible:
   // the fix-up adds at most two fp32 partials onto zero, and a + b == b + a exactly, whichever
   // arrives first (GemmConfig::deterministic).
@@ -210,7 +211,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // costs its k blocks, plus the epilogue of a finished tile, or the store of a partial tile; the
 // participant holding a split tile's first k block is charged the reads of the other partials
 // (it is usually the last to arrive, since that block is at the end of its unit).
-inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s) {
+inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s,
+                    int role_sms = 0) {
   const GemmCostRegime& cm = m <= 64 ? model.small_m : model.general;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
@@ -229,10 +231,13 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
   }
-  if (s->cluster_m == 2 && s->block_m == 128 && busy_fraction < model.cluster_full_busy) {
+  // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
+  const double busy_with_roles =
+      std::min(1.0, static_cast<double>(active * s->cluster_m + role_sms) / std::max(1, num_sms));
+  if (s->cluster_m == 2 && s->block_m == 128 && busy_with_roles < model.cluster_full_busy) {
     const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
-    const double w = std::clamp((busy_fraction - model.cluster_fade_busy) /
+    const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
                                     (model.cluster_full_busy - model.cluster_fade_busy), 0.0, 1.0);
     it = partial + w * (it - partial);
   }
@@ -299,7 +304,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   bool have = false;
   auto consider = [&](GemmSchedule s) {
     if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants)) return;
-    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s);
+    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s, r.role_sms);
     // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
     if (!have || s.predicted_us < best.predicted_us * 0.99) {
       best = s;

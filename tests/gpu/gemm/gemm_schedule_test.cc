@@ -310,6 +310,26 @@ int main(int argc, char** argv) {
       ++cases;
     }
   }
+  // Clusters of 2 below a full GPU: a partial wave of 128-wide tiles goes to clusters of 1 (the
+  // multicast pays only with every SM busy, docs/kernels.md section 7); the same shape with the
+  // other SMs running role blocks keeps clusters of 2.
+  {
+    mk::GemmScheduleRequest r;
+    r.m = 845;
+    r.n = 1024;
+    r.k = 264;
+    r.blocks_cluster1 = 132;
+    r.blocks_cluster2 = 132;
+    r.block_n = 128;
+    r.num_splits = 1;
+    const mk::GemmSchedule idle = mk::choose_gemm_schedule(r);
+    if (idle.cluster_m != 1) fail(shape_str(r, idle) + ": a partial wave should take clusters of 1");
+    r.role_sms = 68;  // 64 GEMM blocks: 32 clusters of 2 for 32 cluster tiles, one wave either way
+    r.blocks_cluster1 = r.blocks_cluster2 = 64;
+    const mk::GemmSchedule busy = mk::choose_gemm_schedule(r);
+    if (busy.cluster_m != 2) fail(shape_str(r, busy) + ": with the other SMs busy clusters of 2 should stay");
+    cases += 2;
+  }
   // Random shapes of the family and random constraints.
   gemm_test::RandomFamily fam(20261201);
   std::uniform_int_distribution<int> pick(0, 99);
