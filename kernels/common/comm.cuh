@@ -43,12 +43,16 @@ inline constexpr uint32_t kNvlSystemWords = 8;
 inline constexpr uint32_t kNvlWordPeerAbort = 0;  // rank + 1 of the first peer that failed
 // Words of DeviceComm::fused_state (fused/common/launch_state.cuh says what each holds).
 inline constexpr uint32_t kFusedStateWords = 8;
-// The fused-op flags of the flag array start with an agreement area: kAgreeWords flags per rank,
-// where every rank leaves the description of the op it is about to plan (the runtime's
-// agreement, runtime/src/ops/agree.cu); the ops' own flags follow it (fused_flag_index). The
-// area's place depends on num_flags only, so ranks that differ in anything else still agree
-// far enough to say so.
+// The fused-op flags of the flag array start with an agreement area: two banks of kAgreeWords
+// flags per rank, where every rank leaves the description of the op it is about to plan (the
+// runtime's agreement, runtime/src/ops/agree.cu); the ops' own flags follow it
+// (fused_flag_index). Consecutive agreements alternate between the banks: a rank that finished
+// one agreement may already write its words for the next one before a slower rank has read its
+// words for this one, and with one bank it overwrote them (the slower rank then read the next
+// op's description as this one's). The area's place depends on num_flags only, so ranks that
+// differ in anything else still agree far enough to say so.
 inline constexpr uint32_t kAgreeWords = 12;
+inline constexpr uint32_t kAgreeBanks = 2;
 inline constexpr uint32_t kNoBuffer = 0xFFFFFFFFu;
 
 // Byte offsets inside an NVLink buffer (note 4); host and device.
@@ -108,11 +112,13 @@ __device__ __forceinline__ uint64_t* nvl_fused_flag(const DeviceComm& c, uint32_
 
 // Index in the flag array (for commands and waits) of the fused ops' flag `idx`, past the
 // agreement area, and of word `word` of rank `rank`'s agreement slot.
+// Flags of the agreement area (both banks), before the fused ops' own.
+MK_KERNEL_HD inline uint32_t agree_area_flags(const DeviceComm& c) { return c.world_size * kAgreeWords * kAgreeBanks; }
 MK_KERNEL_HD inline uint32_t fused_flag_index(const DeviceComm& c, uint32_t idx) {
-  return c.num_flags + c.world_size * kAgreeWords + idx;
+  return c.num_flags + agree_area_flags(c) + idx;
 }
-MK_KERNEL_HD inline uint32_t agree_flag_index(const DeviceComm& c, uint32_t rank, uint32_t word) {
-  return c.num_flags + rank * kAgreeWords + word;
+MK_KERNEL_HD inline uint32_t agree_flag_index(const DeviceComm& c, uint32_t bank, uint32_t rank, uint32_t word) {
+  return c.num_flags + (bank * c.world_size + rank) * kAgreeWords + word;
 }
 
 __device__ __forceinline__ uint64_t launch_number(const DeviceComm& c) {

@@ -115,10 +115,10 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
                                                      " fused-op flags; this plan needs " +
                                                      std::to_string(geo.nvl_flags_needed()) + " (Options::fused_flags)");
   }
-  if (uint64_t{c.num_fused_flags} < uint64_t{c.world_size} * kAgreeWords + geo.net_flags_needed())
+  if (uint64_t{c.num_fused_flags} < uint64_t{agree_area_flags(c)} + geo.net_flags_needed())
     return fail(GemmError::kWorkspaceTooSmall,
                 "the flag array has " + std::to_string(c.num_fused_flags) + " fused-op flags; this plan needs " +
-                    std::to_string(geo.net_flags_needed()) + " plus " + std::to_string(kAgreeWords) +
+                    std::to_string(geo.net_flags_needed()) + " plus " + std::to_string(kAgreeWords * kAgreeBanks) +
                     " per rank for the agreement (Options::fused_flags)");
   if (s.layout.nodes > 1) {
     if (c.network_workspace == kNoBuffer || c.buffer_bytes[c.network_workspace] < geo.net_bytes_needed())

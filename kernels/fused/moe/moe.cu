@@ -65,9 +65,9 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     if (c.buffer_bytes[c.network_workspace] < g.net_bytes_needed())
       return "network workspace: " + str(c.buffer_bytes[c.network_workspace]) + " bytes; expected at least " +
              str(g.net_bytes_needed());
-    if (c.num_fused_flags < c.world_size * kAgreeWords + g.net_flags_needed())
+    if (c.num_fused_flags < agree_area_flags(c) + g.net_flags_needed())
       return "fused-op flags: " + str(c.num_fused_flags) + "; expected at least " +
-             str(c.world_size * kAgreeWords + g.net_flags_needed());
+             str(agree_area_flags(c) + g.net_flags_needed());
   }
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)

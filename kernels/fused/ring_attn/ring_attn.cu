@@ -100,10 +100,10 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
     return fail(AttnError::kWorkspaceTooSmall, "the NVLink buffer has " + str(c.nvl_fused_flags) +
                                                    " fused-op flags; the ring needs " + str(geo.nvl_flags_needed()) +
                                                    " (Options::fused_flags)");
-  if (uint64_t{c.num_fused_flags} < uint64_t{R} * kAgreeWords + geo.net_flags_needed())
+  if (uint64_t{c.num_fused_flags} < uint64_t{agree_area_flags(c)} + geo.net_flags_needed())
     return fail(AttnError::kWorkspaceTooSmall, "the flag array has " + str(c.num_fused_flags) +
                                                    " fused-op flags; the ring needs " + str(geo.net_flags_needed()) +
-                                                   " plus " + str(kAgreeWords) +
+                                                   " plus " + str(kAgreeWords * kAgreeBanks) +
                                                    " per rank for the agreement "
                                                    "(Options::fused_flags)");
   const uint64_t net_need = ring_net_bytes_needed(s.layout.nodes, s.batch, s.heads_kv, s.s_local, s.head_dim);

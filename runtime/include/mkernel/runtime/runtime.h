@@ -167,6 +167,9 @@ class Communicator {
   int cuda_device() const;
   // The bound of collective setup steps (create(), the fused ops' agreement).
   std::chrono::milliseconds rendezvous_timeout() const { return rendezvous_timeout_; }
+  // The sequence number of the fused ops' next agreement between the ranks (which of the two
+  // agreement banks it uses: kernels/common/comm.cuh); every rank agrees in the same order.
+  uint64_t next_agreement() { return agreements_++; }
   // Plans the one-call fused ops keep per shape (ops.h), owned by and dropped with the
   // communicator.
   std::shared_ptr<void>& op_slot(const std::string& key) { return op_cache_[key]; }
@@ -185,6 +188,7 @@ class Communicator {
   DeviceComm device_{};
   uint32_t rank_ = 0, size_ = 1;
   uint64_t launches_ = 0;
+  uint64_t agreements_ = 0;
   std::string transport_;
   Staging staging_ = Staging::kHostPinned;
   std::string staging_reason_;
