@@ -14,7 +14,8 @@
 //                 GemmScheduleRequest::allow_tall (measured: not a win the model can predict,
 //                 docs/kernels.md section 7, so the library leaves it off);
 //   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
-//                 tile of zeros, which the model counts);
+//                 tile of zeros, which the model counts; the shared loads pay only with every SM
+//                 busy, GemmCostModel::cluster_partial_penalty);
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
 //                 the tiles fill at most half the clusters; or data-parallel waves followed by
 //                 a stream-K region of the last one or two waves' tiles whose k iterations are
