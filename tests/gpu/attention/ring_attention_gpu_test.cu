@@ -378,8 +378,10 @@ int run_error_cases() {
         // the rank that finds the disagreement first moves on to the next agreement at once and
         // writes its words while the other rank may not have read its words for the first one
         // yet (they go to the other bank: comm.cuh, kAgreeBanks). With one bank, the slower rank
-        // once read the next op's description and accepted the disagreement. (Repeating this
-        // pair more than once hung in the second disagreement: an open bug, docs/api.md.)
+        // once read the next op's description and accepted the disagreement. (Repeated, the pair
+        // hung in the second disagreement: the ranks here share one GPU, and destroying the
+        // first op's plan (cudaFree) waits for the other rank's spinning agreement kernel;
+        // docs/api.md.)
         expect(rt::RingAttention::create(comm, shape(4, 4, rank == 0 ? 64 : 72, 64, nc), {}, stream).status(),
                "ranks disagree on s_local", "ranks disagree, back to back");
         {
