@@ -94,6 +94,23 @@ mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cf
   return args;
 }
 
+// The six decompositions every tile shape is checked in: clusters of 1 and 2, each whole tiles,
+// 3 splits per tile and stream-K.
+std::vector<mk::GemmConfig> decompositions(int block_n, int block_m = 0) {
+  std::vector<mk::GemmConfig> out;
+  for (int cl : {1, 2})
+    for (int mode = 0; mode < 3; ++mode) {
+      mk::GemmConfig c;
+      c.block_m = block_m;
+      c.block_n = block_n;
+      c.cluster_m = cl;
+      c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
+      c.stream_k = mode == 2 ? 1 : 0;
+      out.push_back(c);
+    }
+  return out;
+}
+
 // Fresh random inputs (from the test's seed and `seed_offset`), the fp32 reference and a plan;
 // false (with the failure recorded) when planning fails.
 bool prepare_case(Buffers& b, int m, int n, int k, const mk::GemmConfig& cfg, uint64_t seed_offset,
@@ -496,15 +513,7 @@ int main() {
   // epilogue. Unwritten or overwritten columns show as errors (the output is poisoned first).
   for (int bn : mk::kGemmBlockWidths) {
     if (bn == 128 || bn == 256) continue;
-    mk::GemmConfig c;
-    c.block_n = bn;
-    for (int cl : {1, 2})
-      for (int mode = 0; mode < 3; ++mode) {
-        c.cluster_m = cl;
-        c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
-        c.stream_k = mode == 2 ? 1 : 0;
-        run_case(1100, 1000, 1096, c, "width");
-      }
+    for (const auto& c : decompositions(bn)) run_case(1100, 1000, 1096, c, "width");
     mk::GemmConfig narrow;
     narrow.block_n = bn;
     run_case(777, 280, 2000, narrow, "width, narrow n");
@@ -514,34 +523,20 @@ int main() {
   // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits
   // and stream-K, on m whose last block holds 36 rows (9 m blocks: with clusters of 2 its
   // partner is a padding tile) and 28 rows (10 m blocks: its partner is a whole tile).
-  for (int bn : mk::kGemmBlockWidths) {
-    mk::GemmConfig c;
-    c.block_n = bn;
-    for (int cl : {1, 2})
-      for (int mode = 0; mode < 3; ++mode) {
-        c.cluster_m = cl;
-        c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
-        c.stream_k = mode == 2 ? 1 : 0;
-        run_case(1060, 1000, 1096, c, "short last block");
-        run_case(1180, 1000, 1096, c, "short last block");
-      }
-  }
+  for (int bn : mk::kGemmBlockWidths)
+    for (const auto& c : decompositions(bn)) {
+      run_case(1060, 1000, 1096, c, "short last block");
+      run_case(1180, 1000, 1096, c, "short last block");
+    }
   // 256-row tiles (block_m = 256, widths 128 to 192): every width with clusters of 1 and 2,
   // data-parallel, split-K and stream-K (a split tile's fix-up covers both sub-tiles of each
   // consumer), on m that ends inside the first and inside the second 128 rows of the last tile,
   // m below one tile, and the refusals (a width not built tall, the atomic-add epilogue, hooks).
   for (int bn : mk::kGemmTallWidths) {
-    mk::GemmConfig c;
-    c.block_m = 256;
-    c.block_n = bn;
-    for (int cl : {1, 2})
-      for (int mode = 0; mode < 3; ++mode) {
-        c.cluster_m = cl;
-        c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
-        c.stream_k = mode == 2 ? 1 : 0;
-        run_case(1100, 1000, 1096, c, "tall");  // last tile: rows 1024..1099 (first sub-tiles only)
-        run_case(1200, 712, 520, c, "tall");    // last tile: rows 1024..1199 (into the second)
-      }
+    for (const auto& c : decompositions(bn, 256)) {
+      run_case(1100, 1000, 1096, c, "tall");  // last tile: rows 1024..1099 (first sub-tiles only)
+      run_case(1200, 712, 520, c, "tall");    // last tile: rows 1024..1199 (into the second)
+    }
     mk::GemmConfig one;
     one.block_m = 256;
     one.block_n = bn;
