@@ -3,6 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -12,11 +13,17 @@
 // 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
 // stream-K forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other
 // cluster size ("cl"), the rule held to 128-row or to 256-row tiles ("m128", "m256"), and the
-// other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic): the data that
-// calibrates the cost model.
+// other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic), and the rule held
+// to the operands as given or to swapped ones ("noswap", "swap", GemmConfig::swap_ab): the data
+// that calibrates the cost model.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
+//
+// --shape-list times the given shapes instead of the fixed list (e.g. the worst of a random run).
+// --profile launches cuBLAS, cuBLASLt and the default mkernel configuration twice each per shape
+// and times nothing: a run for a profiler (`ncu`), which then sees every library kernel's name,
+// grid, cluster and shared memory beside ours.
 //
 // --commit defaults to `git rev-parse --short HEAD` where git works, else "unknown".
 //
@@ -71,7 +78,27 @@ struct Options {
   int random_count = 64;
   bool variants = false;
   bool overhead = false;
+  std::string shape_list;  // "MxNxK,MxNxK": these shapes only
+  bool profile = false;    // launch each implementation twice per shape, time nothing
 };
+
+// Parses "MxNxK[,MxNxK...]"; an entry that is not three positive integers is an error naming it.
+bool parse_shape_list(const std::string& text, std::vector<Shape>* out) {
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, end - pos);
+    int m = 0, n = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%dx%dx%d%c", &m, &n, &k, &tail) != 3 || m <= 0 || n <= 0 || k <= 0) {
+      std::fprintf(stderr, "--shape-list: entry '%s' is not MxNxK with positive integers\n", item.c_str());
+      return false;
+    }
+    out->push_back({m, n, k, "listed"});
+    pos = end + 1;
+  }
+  return !out->empty();
+}
 
 std::vector<Shape> random_shapes(uint64_t seed, int count) {
   std::vector<Shape> v;
@@ -489,8 +516,10 @@ int main(int argc, char** argv) {
     else if (a == "--count") o.random_count = std::atoi(next("--count").c_str());
     else if (a == "--variants") o.variants = true;
     else if (a == "--overhead") o.overhead = true;
+    else if (a == "--shape-list") o.shape_list = next("--shape-list");
+    else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile]\n", argv[0]);
       return 2;
     }
   }
@@ -518,6 +547,10 @@ int main(int argc, char** argv) {
     std::printf("random family: seed %llu, %d shapes (--random %llu replays it)\n",
                 static_cast<unsigned long long>(o.random_seed), o.random_count,
                 static_cast<unsigned long long>(o.random_seed));
+  }
+  if (!o.shape_list.empty()) {
+    if (!parse_shape_list(o.shape_list, &shapes)) return 2;
+    o.shapes = "listed";
   }
   if (o.shapes == "all" || o.shapes == "big") {
     shapes.insert(shapes.end(), {{8192, 8192, 8192, "full"},
@@ -554,7 +587,7 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) * 1000003ull;
   for (const Shape& s : shapes) {
-    Operands ops(s, l2, seed += 101);
+    Operands ops(s, o.profile ? 0 : l2, seed += 101);  // --profile: one set, fewer kernels to profile
     const size_t count = static_cast<size_t>(s.m) * s.n;
     // cuBLAS's output is the correctness reference for every mkernel configuration.
     cublas_gemm(cublas, ops.a[0], ops.w[0], ops.check, s.m, s.n, s.k);
@@ -626,6 +659,15 @@ int main(int argc, char** argv) {
       shape_rows.push_back(best);
       fns.push_back([&](int i) { best_runner->launch(i); });
     }
+    if (o.profile) {
+      for (auto& f : fns) {
+        f(0);
+        f(0);
+      }
+      GT_CUDA(cudaDeviceSynchronize());
+      std::printf("  profiled %dx%dx%d: %s\n", s.m, s.n, s.k, def.config.c_str());
+      continue;
+    }
     std::vector<std::unique_ptr<MkRunner>> variant_runners;
     if (o.variants && def_runner) {
       const mk::GemmPlan& dp = def_runner->plans[0];
@@ -663,6 +705,14 @@ int main(int argc, char** argv) {
         c.deterministic = !mk::GemmConfig{}.deterministic;
         vs.emplace_back(c.deterministic ? "det" : "atomic", c);
       }
+      {
+        // The rule held to the operands as given, and to swapped operands (GemmConfig::swap_ab).
+        mk::GemmConfig c;
+        c.swap_ab = 0;
+        vs.emplace_back("noswap", c);
+        c.swap_ab = 1;
+        vs.emplace_back("swap", c);
+      }
       for (int bm : {128, 256}) {  // the rule held to one tile height
         if (bm == 256 && s.m <= 128) continue;
         mk::GemmConfig c;
@@ -691,7 +741,7 @@ int main(int argc, char** argv) {
   // cuBLASLt gets the same SM-count target. Timed round-robin like the main table.
   std::vector<Row> withheld;
   for (const Shape& s : {Shape{8192, 8192, 8192, "full"}, Shape{8192, 14336, 4096, "full"}}) {
-    if (o.shapes == "small" || o.shapes == "random") break;
+    if (o.shapes == "small" || o.shapes == "random" || o.shapes == "listed" || o.profile) break;
     Operands ops(s, l2, seed += 7);
     std::vector<std::unique_ptr<MkRunner>> mks;
     std::vector<std::unique_ptr<LtRunner>> lts;

@@ -117,11 +117,20 @@ GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError co
 // configuration that cannot run; `c` gets no zeros back.
 GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* c, GemmSchedule* sched) {
   *c = a.config;
-  if (c->block_n != 0 && !gemm_block_width_built(c->block_n)) {
+  if (c->swap_ab < -1 || c->swap_ab > 1) {
+    return fail(GemmError::kInvalidConfig, "swap_ab = " + std::to_string(c->swap_ab) + " is not supported (expected -1, 0 or 1)");
+  }
+  const bool swap_widths = c->swap_ab == 1;
+  if (c->block_n != 0 && !(swap_widths ? gemm_swap_width_built(c->block_n)
+                                       : gemm_block_width_built(c->block_n) || (c->swap_ab == -1 && gemm_swap_width_built(c->block_n)))) {
     std::string widths;
-    for (int w : kGemmBlockWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
-    return fail(GemmError::kInvalidConfig,
-                "block_n = " + std::to_string(c->block_n) + " is not a built tile width (expected 0 or one of " + widths + ")");
+    if (swap_widths) {
+      for (int w : kGemmSwapWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+    } else {
+      for (int w : kGemmBlockWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+    }
+    return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) + " is not a built tile width (expected 0 or one of " +
+                                               widths + (swap_widths ? ", with swap_ab = 1)" : ")"));
   }
   if (c->cluster_m != 0 && c->cluster_m != 1 && c->cluster_m != 2) return fail(GemmError::kInvalidConfig, "cluster_m must be 1 or 2");
   // 256-row tiles: plain GEMMs only (the hooks and the fused ops' roles count 128-row tiles), and
@@ -131,6 +140,18 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                      h.first_m_block == 0 && c->num_role_blocks == 0 && a.epilogue == kEpilogueStore;
   if (c->block_m != 0 && c->block_m != 128 && c->block_m != 256) {
     return fail(GemmError::kInvalidConfig, "block_m = " + std::to_string(c->block_m) + " is not a built tile height (expected 0, 128 or 256)");
+  }
+  if (c->swap_ab == 1 && (!plain || c->block_m == 256 || c->widths_128_256)) {
+    return fail(GemmError::kInvalidConfig,
+                std::string("swap_ab = 1 needs a plain GEMM (store epilogue, no hooks, no role blocks, 128-row tiles, "
+                            "any width); this call has ") +
+                    (c->block_m == 256 ? "block_m = 256" : c->widths_128_256 ? "widths_128_256" :
+                     a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
+  }
+  if (c->swap_ab == -1 && c->block_n != 0 && !gemm_block_width_built(c->block_n) &&
+      (!plain || c->block_m == 256 || c->widths_128_256)) {
+    return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
+                                               " is built with swapped operands only, which this call cannot use");
   }
   if (c->block_m == 256) {
     if (!plain) {
@@ -188,7 +209,11 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.stream_k = c->stream_k;
   req.sk_units = c->sk_units;
   req.dp_tiles = c->dp_tiles;
+  // Swapped operands: plain GEMMs with 128-row tiles only; callers that instantiate the engine
+  // with 128 and 256 columns (the fused ops) never get them.
+  req.swap_ab = (plain && c->block_m != 256 && !c->widths_128_256) ? c->swap_ab : 0;
   *sched = choose_gemm_schedule(req);
+  c->swap_ab = sched->swap_ab ? 1 : 0;
   c->block_n = sched->block_n;
   c->block_m = sched->block_m;
   c->cluster_m = sched->cluster_m;
@@ -205,6 +230,17 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
 GemmResult encode_maps(GemmPlan* plan) {
   const GemmArgs& a = plan->args;
   const GemmConfig& c = plan->config;
+  if (c.swap_ab == 1) {
+    // The kernel's A is the weight (128-row boxes), its B the activations (the width's rows, or
+    // half of them per CTA of a cluster), its output D stored transposed in 16 x 64 boxes.
+    GemmResult r = make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, kBlockM, kBlockK, "w");
+    if (!r.ok()) return r;
+    plan->tma_a_local = plan->tma_a;
+    r = make_tensor_map(&plan->tma_b, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
+                        "a");
+    if (!r.ok()) return r;
+    return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, 16, 64, "d");
+  }
   GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m), kBlockK, "a");
   if (!r.ok()) return r;
   if (a.hooks.a_local != nullptr) {
@@ -297,8 +333,9 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   // ---- parameters -----------------------------------------------------------------------------------
   GemmParams& p = plan->params;
   p = GemmParams{};
-  p.m = static_cast<uint32_t>(args.m);
-  p.n = static_cast<uint32_t>(args.n);
+  // Swapped operands: the kernel's problem is n x m (D^T); the stores name D's own layout.
+  p.m = static_cast<uint32_t>(c.swap_ab == 1 ? args.n : args.m);
+  p.n = static_cast<uint32_t>(c.swap_ab == 1 ? args.m : args.n);
   p.k = static_cast<uint32_t>(args.k);
   p.ldd = static_cast<uint32_t>(ldd);
   p.d = args.d;
@@ -416,6 +453,28 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.swap_ab == 1) {
+    switch (plan.config.block_n) {
+      case 256: return detail::launch_swap_block_n<256>(plan, stream);
+      case 224: return detail::launch_swap_block_n<224>(plan, stream);
+      case 208: return detail::launch_swap_block_n<208>(plan, stream);
+      case 192: return detail::launch_swap_block_n<192>(plan, stream);
+      case 176: return detail::launch_swap_block_n<176>(plan, stream);
+      case 160: return detail::launch_swap_block_n<160>(plan, stream);
+      case 144: return detail::launch_swap_block_n<144>(plan, stream);
+      case 128: return detail::launch_swap_block_n<128>(plan, stream);
+      case 112: return detail::launch_swap_block_n<112>(plan, stream);
+      case 96: return detail::launch_swap_block_n<96>(plan, stream);
+      case 80: return detail::launch_swap_block_n<80>(plan, stream);
+      case 64: return detail::launch_swap_block_n<64>(plan, stream);
+      case 48: return detail::launch_swap_block_n<48>(plan, stream);
+      case 32: return detail::launch_swap_block_n<32>(plan, stream);
+      case 16: return detail::launch_swap_block_n<16>(plan, stream);
+      default:
+        return fail(GemmError::kInvalidConfig,
+                    "plan.config.block_n = " + std::to_string(plan.config.block_n) + " is not built with swap_ab = 1");
+    }
+  }
   if (plan.config.block_m == 256) {
     switch (plan.config.block_n) {
       case 192: return detail::launch_tall_block_n<192>(plan, stream);
@@ -449,6 +508,11 @@ static_assert([] {
   return sizeof(kGemmBlockWidths) / sizeof(int) == 8;
 }(), "kGemmBlockWidths and gemm_launch's cases disagree");
 static_assert([] {
+  for (int w : kGemmSwapWidths)
+    if (w % 16 != 0 || w < 16 || w > 256 || w == 240) return false;
+  return sizeof(kGemmSwapWidths) / sizeof(int) == 15;
+}(), "kGemmSwapWidths and gemm_launch's swapped cases disagree");
+static_assert([] {
   for (int w : kGemmTallWidths)
     if (w % 16 != 0 || w < 128 || w > 192) return false;
   return sizeof(kGemmTallWidths) / sizeof(int) == 5;
@@ -463,7 +527,7 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return (c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
+  return (c.swap_ab == 1 ? "T n" : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
          (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");

@@ -87,8 +87,15 @@ struct NoRole {
 };
 
 template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false,
-          int kBlockM_ = 128>
+          int kBlockM_ = 128, bool kSwapAB_ = false>
 struct Sm90GemmTraits {
+  // Swapped operands (plain GEMMs, store epilogue): the kernel computes D^T = W A^T, so its "m"
+  // is the caller's n (the weight's rows fill the 128-row side of the tile and the wgmma M) and
+  // its "n" is the caller's m (the activations' rows are the tile's width, any multiple of 16
+  // from 16). The main loop is the same; the epilogue stores each tile transposed
+  // (store_tile_transposed). For small m this is the weight stream: a stage holds 128 weight
+  // rows and only a few activation rows, so many more stages fit (docs/kernels.md section 7).
+  static constexpr bool kSwapAB = kSwapAB_;
   // 128 rows: each consumer warpgroup owns one 64-row half. 256 rows ("tall" tiles): each owns
   // two 64-row sub-tiles, rows 64 * (2 s + cw) for sub-tile s of consumer cw (interleaved, so a
   // last m block that ends early leaves both consumers the same work), and issues two
@@ -123,7 +130,10 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kSmemBytes = 1024 + kStages * kStageBytes + kEpiBytes + kBarrierBytes + kGroupedBytes;
   // wgmma takes any N that is a multiple of 8; 16 keeps each CTA's multicast half of the weight
   // tile whole 8-row swizzle atoms (1024-byte aligned).
-  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 256, "BLOCK_N: a multiple of 16 in [64, 256]");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= (kSwapAB_ ? 16 : 64) && kBlockN <= 256,
+                "BLOCK_N: a multiple of 16 in [64, 256] ([16, 256] with swapped operands)");
+  static_assert(!kSwapAB_ || (!kGrouped_ && kEpilogue_ == kEpilogueStore && kBlockM_ == 128),
+                "swapped operands: plain GEMM, store epilogue, 128-row tiles");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kBlockM == 128 || kBlockM == 256, "BLOCK_M: 128 or 256");
@@ -231,6 +241,56 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const f
     ptx::named_barrier_sync(bar_id, 128);
     if (leader) {
       ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes, col0 + c * 64, row0);
+      ptx::bulk_commit_group();
+    }
+  }
+}
+
+// Swapped operands: stores one consumer's 64 x BLOCK_N slice of D^T (64 weight rows = 64 output
+// columns starting at col0, BLOCK_N activation rows = output rows starting at row0) into D,
+// transposed. In chunks of 64 output rows through the two staging buffers: stmatrix .trans
+// writes each 8 x 8 block of the fragment as 8 output rows of 16 bytes (128-byte swizzle: the
+// 16-byte group g of row r at g ^ (r % 8), conflict-free), then the leader stores the chunk as
+// boxes of 16 rows x 64 columns (the output map's box; TMA clips rows past m and columns past
+// n). The buffer reuse follows store_tile_tma.
+template <class T>
+__device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, const float (&acc)[T::kBlockN / 2],
+                                                      uint8_t* bufs, int32_t row0, int32_t col0, uint32_t warp_in_wg,
+                                                      uint32_t lane, bool leader, uint32_t bar_id) {
+  constexpr int kChunks = (T::kBlockN + 63) / 64;
+  constexpr int kLast = T::kBlockN - 64 * (kChunks - 1);  // output rows in the last chunk
+  const uint32_t base = ptx::smem_addr(bufs);
+  const uint32_t q = lane / 8;                // which of the four matrices this lane addresses
+  const uint32_t r = lane % 8;                // which of its rows
+  const uint32_t g = 2 * warp_in_wg + q % 2;  // 16-byte group: the matrix's 8 weight rows
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int rows = c + 1 < kChunks ? 64 : kLast;  // a multiple of 16
+    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
+    if (leader) {
+      if (c == 0 && kChunks % 2 == 1) {
+        ptx::bulk_wait_group_read<0>();
+      } else {
+        ptx::bulk_wait_group_read<1>();
+      }
+    }
+    ptx::named_barrier_sync(bar_id, 128);
+#pragma unroll
+    for (int jj = 0; jj < 8; jj += 2) {
+      if (jj * 8 >= rows) break;
+      const int j = c * 8 + jj;                  // fragment column groups j and j + 1
+      const uint32_t rr = (jj + q / 2) * 8 + r;  // output row of this lane's address, in the chunk
+      ptx::stmatrix_x4_trans(buf + rr * 128 + ((g ^ (rr % 8)) * 16), ptx::pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                             ptx::pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                             ptx::pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                             ptx::pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(bar_id, 128);
+    if (leader) {
+      for (int b = 0; b < rows / 16; ++b) {
+        ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes + b * 16 * 128, col0, row0 + c * 64 + b * 16);
+      }
       ptx::bulk_commit_group();
     }
   }
@@ -518,7 +578,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // of the weight at the same time (they would crowd the same DRAM channels; 137 rows in
           // clusters of 2 ran at 0.51 of cuBLAS before this covered two m blocks). With more m
           // groups the tiles in flight share A's k slices in L2, so they keep the same order.
-          rot = (p.num_m_blocks <= T::kClusterM && item.unit == WorkItem::kWholeTile)
+          // (Swapped operands: the weight is A; one block of activation rows streams it once.)
+          const bool single_pass = T::kSwapAB ? p.num_n_blocks == 1 : p.num_m_blocks <= T::kClusterM;
+          rot = (single_pass && item.unit == WorkItem::kWholeTile)
                     ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
                     : 0u;
         }
@@ -748,21 +810,28 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
         uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
         const uint32_t col0 = tc.n_block * T::kBlockN;
+        if constexpr (T::kSwapAB) {
+          // This consumer's 64 weight rows are output columns, the tile's width output rows.
+          detail::store_tile_transposed<T>(&tma_d, acc[0], bufs, static_cast<int32_t>(col0),
+                                           static_cast<int32_t>(tc.m_block * T::kBlockM + cw * 64), warp_in_wg, lane,
+                                           signals, 3 + cw);
+        } else {
 #pragma unroll
-        for (int s = 0; s < T::kMSub; ++s) {
-          const uint32_t row0 = tc.m_block * T::kBlockM + (2 * s + cw) * 64;
-          // A sub-tile wholly past m (the last m block of a tall tile) stores nothing.
-          if (s > 0 && row0 >= p.m) break;
-          detail::store_tile_tma<T>(&tma_d, acc[s], bufs, static_cast<int32_t>(row0), static_cast<int32_t>(col0),
-                                    warp_in_wg, lane, signals, 3 + cw);
-          if constexpr (T::kBlockN % 64 != 0) {
-            // The last BLOCK_N % 64 columns: a 64-column TMA box would overwrite the next tile's.
-            constexpr int kFull = T::kBlockN / 64;
-            const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
-            detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc[s],
-                                                           ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
-                                                           kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
-                                                           lane, signals, 3 + cw);
+          for (int s = 0; s < T::kMSub; ++s) {
+            const uint32_t row0 = tc.m_block * T::kBlockM + (2 * s + cw) * 64;
+            // A sub-tile wholly past m (the last m block of a tall tile) stores nothing.
+            if (s > 0 && row0 >= p.m) break;
+            detail::store_tile_tma<T>(&tma_d, acc[s], bufs, static_cast<int32_t>(row0), static_cast<int32_t>(col0),
+                                      warp_in_wg, lane, signals, 3 + cw);
+            if constexpr (T::kBlockN % 64 != 0) {
+              // The last BLOCK_N % 64 columns: a 64-column TMA box would overwrite the next tile's.
+              constexpr int kFull = T::kBlockN / 64;
+              const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
+              detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc[s],
+                                                             ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
+                                                             kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
+                                                             lane, signals, 3 + cw);
+            }
           }
         }
       }

@@ -77,6 +77,12 @@ struct GemmConfig {
   // extra part). false: the partials are added into one fp32 accumulator in arrival order
   // (tiles of three or more parts can differ in their last bits from launch to launch).
   bool deterministic = false;
+  // Swapped operands: the kernel computes D^T = W A^T and stores it transposed, so the tile's
+  // width covers m (any multiple of 16, kGemmSwapWidths) and its 128 rows cover n. Plain GEMMs
+  // only (store epilogue, no hooks, no role blocks, 128-row tiles). -1: the rule chooses
+  // (docs/kernels.md section 7, "Swapped operands"); 0: never; 1: always. With 1, block_n names
+  // a width of kGemmSwapWidths.
+  int swap_ab = -1;
 };
 
 struct GemmHooks {
@@ -140,7 +146,8 @@ struct GemmPlan {
   GemmParams params{};
   CUtensorMap tma_a{};
   CUtensorMap tma_b{};
-  CUtensorMap tma_d{};  // output, 64 x 64 boxes (store epilogue; unused by atomic add)
+  CUtensorMap tma_d{};  // output, 64 x 64 boxes (store epilogue; unused by atomic add); with
+                        // swapped operands 16 rows x 64 columns (transposed tiles)
   CUtensorMap tma_a_local{};  // A's locally held rows (GemmHooks::a_local), else a copy of tma_a
 };
 
@@ -165,7 +172,8 @@ uint32_t gemm_num_tiles(const GemmArgs& args);
 [[nodiscard]] GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream);
 
 // Human-readable description of a resolved configuration, e.g. "n256 c2 s1 rN g8 b132 sk66/90t"
-// (the last word: dp = data-parallel, skU/Tt = U stream-K units over T tiles, splitkS).
+// (the last word: dp = data-parallel, skU/Tt = U stream-K units over T tiles, splitkS); "T"
+// first for swapped operands ("T n16 c1 ...": the width covers m).
 std::string gemm_config_string(const GemmPlan& plan);
 
 }  // namespace mkernel::kernels

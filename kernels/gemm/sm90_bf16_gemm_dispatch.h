@@ -11,11 +11,12 @@ namespace mkernel::kernels::detail {
 // Pipeline depth per BLOCK_N: as many 64-deep k stages (A's 128 x 64 tile and W's BLOCK_N x 64)
 // as fit in the 227 KB a block may use beside the alignment slack (1 KB), the epilogue's staging
 // buffers (32 KB) and the barriers; 6 for 128 columns, 5 for 144-176, 4 for 192-256.
-// 256-row tiles (block_m = 256): 4 stages for 128 columns, 3 for 144-192.
+// 256-row tiles (block_m = 256): 4 stages for 128 columns, 3 for 144-192. Swapped operands,
+// narrow widths: 10 stages at 16 columns, 8 at 48-64, 6 at 96-112.
 constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128) {
   const int budget = 227 * 1024 - 1024 - 32 * 1024 - 256;
   const int stages = budget / (block_m * 64 * 2 + block_n * 64 * 2);
-  return stages > 8 ? 8 : stages;
+  return stages > 12 ? 12 : stages;
 }
 static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) == 4,
               "the depths the 128- and 256-wide tiles were tuned with");
@@ -31,6 +32,11 @@ int max_resident_block_n(int cluster_m, int num_sms);
 // The 256-row instantiations (sm90_bf16_gemm_m256_n*.cu, store epilogue only; kGemmTallWidths).
 template <int kBlockN>
 GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream);
+
+// The swapped-operand instantiations (sm90_bf16_gemm_swap_n*.cu, store epilogue only;
+// kGemmSwapWidths).
+template <int kBlockN>
+GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream);
 
 // The grouped instantiations (sm90_bf16_grouped_gemm_n*.cu, generated like the above).
 template <int kBlockN>

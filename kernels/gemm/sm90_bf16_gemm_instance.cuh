@@ -32,6 +32,16 @@ GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<TallTraits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
+template <int kBlockN, int kClusterM>
+using SwapTraits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore, false, 128, true>;
+
+template <int kBlockN>
+GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<SwapTraits<kBlockN, 2>, NoRole>(plan, stream)
+                                    : launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1>, NoRole>(plan, stream);
+}
+
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms) {
   return cluster_m == 2 ? max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(num_sms)

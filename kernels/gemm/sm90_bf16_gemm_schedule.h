@@ -16,6 +16,13 @@
 //   cluster       1, or 2 CTAs sharing the weight tile (an odd number of m blocks then pads a
 //                 tile of zeros, which the model counts; the shared loads pay only with every SM
 //                 busy, GemmCostModel::cluster_partial_penalty);
+//   operands      as given, or swapped (plain GEMMs only: the kernel computes D^T = W A^T and
+//                 stores it transposed), so that the caller's m is the tile's width: any
+//                 multiple of 16 (kGemmSwapWidths) instead of whole 128-row blocks. Small m then
+//                 streams the weight with a stage of 128 weight rows and a few activation rows
+//                 (twice the stages of the 128 x 128 tile); m just above a multiple of 128
+//                 wastes 16 rows at most instead of up to 127. The swapped problem (n x m x k)
+//                 goes through the same rule, with the costs of the caller's m;
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
 //                 the tiles fill at most half the clusters; or data-parallel waves followed by
 //                 a stream-K region of the last one or two waves' tiles whose k iterations are
@@ -44,6 +51,17 @@ inline constexpr int kGemmBlockWidths[] = {256, 128, 224, 208, 192, 176, 160, 14
 
 inline constexpr bool gemm_block_width_built(int block_n) {
   for (int w : kGemmBlockWidths)
+    if (w == block_n) return true;
+  return false;
+}
+
+// The widths built with swapped operands (GemmConfig::swap_ab): every multiple of 16 up to 112
+// (the caller's m for small m), then those of kGemmBlockWidths. The narrow ones hold many
+// stages (10 at 16 columns: 128 x 64 weight rows and 16 x 64 activation rows a stage).
+inline constexpr int kGemmSwapWidths[] = {256, 128, 224, 208, 192, 176, 160, 144, 112, 96, 80, 64, 48, 32, 16};
+
+inline constexpr bool gemm_swap_width_built(int block_n) {
+  for (int w : kGemmSwapWidths)
     if (w == block_n) return true;
   return false;
 }
@@ -120,6 +138,14 @@ struct GemmCostModel {
   // slower than whole tiles although the model called it even; docs/kernels.md).
   int min_k_blocks_stream_k_small_m = 96;
   int min_k_blocks_stream_k = 32;
+  // Swapped operands are chosen when predicted faster than this fraction of the operands as
+  // given (the model's costs are fitted on the latter).
+  double swap_margin = 0.97;
+  // For m <= 64 the swapped operands win unless predicted this much slower: over the m <= 64
+  // shapes of seed 31337 and the decode list (2026-12-02, one H200) they ran 1.00-1.33x as fast
+  // as the operands as given (1x21720x2688: 1.32x where the model called them 1% slower), and
+  // lost by 4-5% on three shapes with n <= 1176.
+  double swap_margin_small_m = 1.05;
 };
 
 // What the caller fixed (0 / -1: free) and what the device offers.
@@ -148,10 +174,21 @@ struct GemmScheduleRequest {
   // reproducible for any number of participants; a larger workspace (one slot per work item)
   // and the last participant reads every partial.
   bool deterministic = false;
+  // Swapped operands (plain GEMMs only): 0 never, 1 always, -1 the rule chooses (the better
+  // prediction of the problem as given and of the swapped one, n x m x k, tiled with
+  // kGemmSwapWidths). block_n then names a width of the swapped problem.
+  int swap_ab = 0;
+  // The m whose costs the model charges (0: m). The swapped problem is charged the caller's m's
+  // regime: its tiles stream the same bytes.
+  int64_t regime_m = 0;
+  bool swapped = false;  // this request is the swapped problem (widths: kGemmSwapWidths)
 };
 
 struct GemmSchedule {
   bool deterministic = false;  // the fix-up with one slot per work item (see the request)
+  // Swapped operands: m_blocks, n_blocks, block_n describe the swapped problem (its m is the
+  // caller's n, its tile width covers the caller's m).
+  bool swap_ab = false;
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
@@ -213,12 +250,15 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // participant holding a split tile's first k block is charged the reads of the other partials
 // (it is usually the last to arrive, since that block is at the end of its unit).
 inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k, int num_sms, GemmSchedule* s,
-                    int role_sms = 0) {
-  const GemmCostRegime& cm = m <= 64 ? model.small_m : model.general;
+                    int role_sms = 0, int64_t regime_m = 0) {
+  const GemmCostRegime& cm = (regime_m > 0 ? regime_m : m) <= 64 ? model.small_m : model.general;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
   const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
-  const double wide = (s->block_n - 128) / 128.0;  // 0 at 128 columns, 1 at 256
+  // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated, which keeps the
+  // weight tile's share of the bytes (the activation rows' share shrinks with the width), and
+  // held at 0.5 of the 128-wide cost at least.
+  const double wide = (s->block_n - 128) / 128.0;
   auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
   double it, tile;
   if (s->block_m == 256) {
@@ -230,6 +270,14 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   } else {
     it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+    if (s->block_n < 128) {
+      // Narrow (swapped) tiles. A k block still pulls the 128-row weight tile; its cost falls
+      // with the activation rows' bytes (extrapolated, at least half the 128-wide one). The
+      // epilogue and refill cost what the 128-wide tile's do (extrapolated they would be free).
+      const double it128 = s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1;
+      it = std::max(it, 0.5 * it128);
+      tile = std::max(tile, cm.tile_us_n128);
+    }
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
@@ -301,11 +349,35 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
 // and at least one allowed cluster size with blocks.
 inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const GemmCostModel& cm = GemmCostModel{}) {
   using schedule_detail::ceil_div;
+  if (r.swap_ab != 0 && !r.swapped) {
+    // The swapped problem: n x m x k, 128-row tiles only, widths of kGemmSwapWidths, charged
+    // the caller's m's costs. A width the caller fixed applies to it.
+    GemmScheduleRequest t = r;
+    t.m = r.n;
+    t.n = r.m;
+    t.swap_ab = 0;
+    t.swapped = true;
+    t.regime_m = r.m;
+    t.block_m = 128;
+    t.allow_tall = false;
+    t.widths_128_256 = false;
+    GemmSchedule swapped = choose_gemm_schedule(t, cm);
+    swapped.swap_ab = true;
+    if (r.swap_ab == 1) return swapped;
+    GemmScheduleRequest u = r;
+    u.swap_ab = 0;
+    if (u.block_n != 0 && !gemm_block_width_built(u.block_n)) return swapped;  // a width only swapped tiles have
+    const GemmSchedule plain = choose_gemm_schedule(u, cm);
+    // Ties go to the operands as given (the model was fitted on them), except for m <= 64,
+    // where the swapped weight stream measured faster on nearly every shape.
+    const double margin = r.m <= 64 ? cm.swap_margin_small_m : cm.swap_margin;
+    return swapped.predicted_us < plain.predicted_us * margin ? swapped : plain;
+  }
   GemmSchedule best;
   bool have = false;
   auto consider = [&](GemmSchedule s) {
     if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants)) return;
-    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s, r.role_sms);
+    schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s, r.role_sms, r.regime_m);
     // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
     if (!have || s.predicted_us < best.predicted_us * 0.99) {
       best = s;
@@ -324,7 +396,8 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
       const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
       if (blocks < cl) continue;
       if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
-      for (int bn : kGemmBlockWidths) {
+      for (int bn : kGemmSwapWidths) {
+        if (!r.swapped && !gemm_block_width_built(bn)) continue;
         if (r.block_n != 0 && r.block_n != bn) continue;
         if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
@@ -378,7 +451,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (r.stream_k == 0) continue;
         const int64_t full_waves = T / G;
         if (r.stream_k < 0) {
-          const bool small_m = r.m <= 64;
+          const bool small_m = (r.regime_m > 0 ? r.regime_m : r.m) <= 64;
           if (k_blocks < (small_m ? cm.min_k_blocks_stream_k_small_m : cm.min_k_blocks_stream_k)) continue;
           if (!small_m && full_waves > 0 && 2 * (T % G) >= G) continue;
         }

@@ -95,12 +95,14 @@ mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cf
 }
 
 // The six decompositions every tile shape is checked in: clusters of 1 and 2, each whole tiles,
-// 3 splits per tile and stream-K.
-std::vector<mk::GemmConfig> decompositions(int block_n, int block_m = 0) {
+// 3 splits per tile and stream-K; the operands as given unless `swap_ab` (then block_n is the
+// swapped problem's width).
+std::vector<mk::GemmConfig> decompositions(int block_n, int block_m = 0, int swap_ab = 0) {
   std::vector<mk::GemmConfig> out;
   for (int cl : {1, 2})
     for (int mode = 0; mode < 3; ++mode) {
       mk::GemmConfig c;
+      c.swap_ab = swap_ab;
       c.block_m = block_m;
       c.block_n = block_n;
       c.cluster_m = cl;
@@ -504,6 +506,7 @@ int main() {
           c.sk_units = mode == 3 ? 7 : 0;
           c.raster = ra;
           c.group = 3;
+          c.swap_ab = 0;
           run_case(1100, 1280, 1096, c, "config");  // 9 m blocks: a padding tile with clusters of 2
         }
   // The other tile widths (multiples of 16 between 128 and 256; one that is not a multiple of 64
@@ -516,8 +519,41 @@ int main() {
     for (const auto& c : decompositions(bn)) run_case(1100, 1000, 1096, c, "width");
     mk::GemmConfig narrow;
     narrow.block_n = bn;
+    narrow.swap_ab = 0;
     run_case(777, 280, 2000, narrow, "width, narrow n");
     run_atomic_case(300, 1000, 512, bn, 2);
+  }
+  // Swapped operands (GemmConfig::swap_ab = 1: D^T = W A^T, stored transposed through
+  // stmatrix .trans and 16 x 64 boxes): every width of kGemmSwapWidths in the six
+  // decompositions, with m = 2 widths + 8 (the last tile ends 8 rows into its width, inside a
+  // 16-row box that TMA clips at m) and n = 1096 (9 weight blocks: a padding tile with clusters
+  // of 2, the last block 72 rows, so its second consumer's rows end inside it); then
+  // decode-like m with the rule's width, and the rule left to choose on shapes where it may.
+  for (int bn : mk::kGemmSwapWidths)
+    for (const auto& c : decompositions(bn, 0, 1)) run_case(2 * bn + 8, 1096, 1096, c, "swapped");
+  for (int m : {1, 5, 16, 40, 100, 130}) {
+    mk::GemmConfig c;
+    c.swap_ab = 1;
+    run_case(m, 4104, 3000, c, "swapped, rule's width");
+  }
+  {
+    // Refusals: swapped operands need a plain GEMM; a width built only swapped needs them.
+    Buffers b(64, 64, 64);
+    mk::GemmConfig c;
+    c.swap_ab = 1;
+    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+    args.epilogue = mk::kEpilogueAtomicAdd;
+    mk::GemmPlan plan;
+    mk::GemmResult r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("swap_ab = 1") != std::string::npos &&
+              r.message.find("atomic-add") != std::string::npos,
+          "swap_ab = 1 with the atomic-add epilogue refused, naming both (got: " + r.message + ")");
+    c.swap_ab = 0;
+    c.block_n = 16;
+    args = make_args(b, 64, 64, 64, c);
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 16") != std::string::npos,
+          "block_n = 16 without swapped operands refused (got: " + r.message + ")");
   }
   // A last m block of at most 64 rows (one consumer warpgroup computes, the other follows the
   // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits
@@ -578,6 +614,7 @@ int main() {
   for (bool det : {true, false}) {
     mk::GemmConfig c;
     c.deterministic = det;
+    c.swap_ab = 0;  // the tile counts below are those of the operands as given
     c.stream_k = 1;
     c.sk_units = 120;  // 45 tiles of 18 k blocks: units of 6 or 7 k blocks, 3 or 4 parts a tile
     c.cluster_m = 1;
@@ -592,6 +629,11 @@ int main() {
     run_bitwise_case(300, 1000, 4096, sk, det ? "deterministic, 5 splits" : "atomic, 5 splits");
     sk.num_splits = 8;
     run_bitwise_case(5, 2048, 8192, sk, det ? "deterministic, m=5, 8 splits" : "atomic, m=5, 8 splits");
+    mk::GemmConfig ts;  // swapped operands: the same fix-up on the transposed tiles
+    ts.deterministic = det;
+    ts.swap_ab = 1;
+    ts.num_splits = 6;
+    run_bitwise_case(40, 3000, 6144, ts, det ? "deterministic, swapped, 6 splits" : "atomic, swapped, 6 splits");
     mk::GemmConfig tall;
     tall.deterministic = det;
     tall.block_m = 256;

@@ -36,7 +36,7 @@ void fail(const std::string& what) {
 }
 
 std::string shape_str(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s) {
-  return std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [m" + std::to_string(s.block_m) +
+  return std::string(s.swap_ab ? "T " : "") + std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [m" + std::to_string(s.block_m) +
          " n" + std::to_string(s.block_n) +
          " c" + std::to_string(s.cluster_m) + " G" + std::to_string(s.num_clusters) + " " + s.describe() + "]";
 }
@@ -148,10 +148,24 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   }
 }
 
-void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
-  const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
+void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
+  const mk::GemmSchedule s = mk::choose_gemm_schedule(r_in);
+  // A swapped schedule describes the problem n x m x k: everything below is checked against
+  // that request.
+  if (r_in.swap_ab == 0 && s.swap_ab) fail(shape_str(r_in, s) + ": swapped although swap_ab = 0");
+  if (r_in.swap_ab == 1 && !s.swap_ab) fail(shape_str(r_in, s) + ": not swapped although swap_ab = 1");
+  mk::GemmScheduleRequest r = r_in;
+  if (s.swap_ab) {
+    std::swap(r.m, r.n);
+    r.swapped = true;
+    r.swap_ab = 0;
+    r.regime_m = r_in.m;
+    if (s.block_m != 128) fail(shape_str(r_in, s) + ": swapped operands with a tile height other than 128");
+    if (!mk::gemm_swap_width_built(s.block_n)) fail(shape_str(r_in, s) + ": a swapped width no translation unit builds");
+  } else if (!mk::gemm_block_width_built(s.block_n)) {
+    fail(shape_str(r, s) + ": a width no translation unit builds");
+  }
   if (r.block_n && s.block_n != r.block_n) fail(shape_str(r, s) + ": block_n not honoured");
-  if (!mk::gemm_block_width_built(s.block_n)) fail(shape_str(r, s) + ": a width no translation unit builds");
   if (!r.block_n && r.widths_128_256 && s.block_n != 128 && s.block_n != 256)
     fail(shape_str(r, s) + ": widths_128_256 not honoured");
   if (r.cluster_m && s.cluster_m != r.cluster_m) fail(shape_str(r, s) + ": cluster_m not honoured");
@@ -178,9 +192,10 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   // Planning again with the resolved configuration (what a fused op does with a plan's config)
   // gives the same schedule, so the workspace sized by the first plan fits the second.
   mk::GemmScheduleRequest again;
-  again.m = r.m;
-  again.n = r.n;
-  again.k = r.k;
+  again.m = r_in.m;
+  again.n = r_in.n;
+  again.k = r_in.k;
+  again.swap_ab = s.swap_ab ? 1 : 0;
   (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
   again.block_n = s.block_n;
   again.block_m = s.block_m;
@@ -192,7 +207,7 @@ void check(const mk::GemmScheduleRequest& r, std::mt19937_64& rng) {
   again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
   again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
-  if (s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+  if (s2.swap_ab != s.swap_ab || s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -330,6 +345,32 @@ int main(int argc, char** argv) {
     if (busy.cluster_m != 2) fail(shape_str(r, busy) + ": with the other SMs busy clusters of 2 should stay");
     cases += 2;
   }
+  // Swapped operands where they pay: the rule takes them for small m streaming a large weight
+  // and for m just above a multiple of 128, keeps the operands as given on large squares, and
+  // a swapped width covers m with at most 15 rows to spare when it fits one tile.
+  {
+    struct Want {
+      int m, n, k;
+      bool swap;
+    } wants[] = {{1, 21720, 2688, true},     {16, 8192, 8192, true},   {8, 6512, 1744, true},
+                 {130, 8920, 1432, true},    {158, 6160, 3920, true},  {8192, 8192, 8192, false},
+                 {4096, 28672, 8192, false}, {16384, 8192, 8192, false}};
+    for (const auto& w : wants) {
+      mk::GemmScheduleRequest r;
+      r.m = w.m;
+      r.n = w.n;
+      r.k = w.k;
+      r.blocks_cluster1 = 132;
+      r.blocks_cluster2 = 132;
+      r.swap_ab = -1;
+      const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
+      if (s.swap_ab != w.swap) fail(shape_str(r, s) + (w.swap ? ": expected swapped operands" : ": expected the operands as given"));
+      if (s.swap_ab && w.m <= 112 && s.n_blocks == 1 && (s.block_n < w.m || s.block_n - w.m > 15))
+        fail(shape_str(r, s) + ": a swapped width that does not fit m");
+      check(r, rng);
+      cases += 1;
+    }
+  }
   // Random shapes of the family and random constraints.
   gemm_test::RandomFamily fam(20261201);
   std::uniform_int_distribution<int> pick(0, 99);
@@ -356,6 +397,9 @@ int main(int argc, char** argv) {
     else if (mode < 35) r.stream_k = 1;
     if (pick(rng) < 15) r.sk_units = 1 + pick(rng);
     if (pick(rng) < 5) r.dp_tiles = pick(rng) * 3;
+    // Swapped operands as the launcher allows them: 128-row tiles, not with widths_128_256; a
+    // fixed width of the operands as given is also a swapped width.
+    if (r.block_m != 256 && !r.widths_128_256 && pick(rng) < 50) r.swap_ab = pick(rng) < 80 ? -1 : 1;
     check(r, rng);
     ++cases;
   }
