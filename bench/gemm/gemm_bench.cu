@@ -712,6 +712,12 @@ int main(int argc, char** argv) {
         vs.emplace_back("noswap", c);
         c.swap_ab = 1;
         vs.emplace_back("swap", c);
+        if (s.m <= 64) {  // swapped, held to 128-row (weight) tiles and to 64-row ones
+          c.block_m = 128;
+          vs.emplace_back("t128", c);
+          c.block_m = 64;
+          vs.emplace_back("t64", c);
+        }
       }
       for (int bm : {128, 256}) {  // the rule held to one tile height
         if (bm == 256 && s.m <= 128) continue;

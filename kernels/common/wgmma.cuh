@@ -31,6 +31,19 @@ __device__ __forceinline__ uint64_t advance_desc(uint64_t desc, uint32_t bytes) 
   return desc + static_cast<uint64_t>(bytes >> 4);
 }
 
+// D[64x8] (+)= A[64x16] * B[8x16]^T, both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t desc_a, uint64_t desc_b,
+                                                uint32_t accumulate) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %6, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3"
+      "}, %4, %5, p, 1, 1, 0, 0;\n\t}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
 // D[64x16] (+)= A[64x16] * B[16x16]^T, both operands K-major in shared memory.
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, uint64_t desc_b,
                                                 uint32_t accumulate) {
@@ -41,6 +54,20 @@ __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t desc_a, 
       "%0, %1, %2, %3, %4, %5, %6, %7"
       "}, %8, %9, p, 1, 1, 0, 0;\n\t}"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64x24] (+)= A[64x16] * B[24x16]^T, both operands K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n24k16(float (&d)[12], uint64_t desc_a, uint64_t desc_b,
+                                                uint32_t accumulate) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %14, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11"
+      "}, %12, %13, p, 1, 1, 0, 0;\n\t}"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -363,8 +390,12 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
 template <int kN>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                              uint32_t accumulate) {
-  if constexpr (kN == 16) {
+  if constexpr (kN == 8) {
+    wgmma_m64n8k16(d, desc_a, desc_b, accumulate);
+  } else if constexpr (kN == 16) {
     wgmma_m64n16k16(d, desc_a, desc_b, accumulate);
+  } else if constexpr (kN == 24) {
+    wgmma_m64n24k16(d, desc_a, desc_b, accumulate);
   } else if constexpr (kN == 32) {
     wgmma_m64n32k16(d, desc_a, desc_b, accumulate);
   } else if constexpr (kN == 48) {

@@ -138,8 +138,14 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   const GemmHooks& h = a.hooks;
   const bool plain = h.ready_flags == nullptr && h.a_local == nullptr && h.tile_flags == nullptr &&
                      h.first_m_block == 0 && c->num_role_blocks == 0 && a.epilogue == kEpilogueStore;
-  if (c->block_m != 0 && c->block_m != 128 && c->block_m != 256) {
-    return fail(GemmError::kInvalidConfig, "block_m = " + std::to_string(c->block_m) + " is not a built tile height (expected 0, 128 or 256)");
+  if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128 && c->block_m != 256) {
+    return fail(GemmError::kInvalidConfig, "block_m = " + std::to_string(c->block_m) +
+                                               " is not a built tile height (expected 0, 64 with swap_ab = 1, 128 or 256)");
+  }
+  if (c->block_m == 64 && (c->swap_ab != 1 || (c->block_n != 0 && !gemm_swap64_width_built(c->block_n)))) {
+    return fail(GemmError::kInvalidConfig, "block_m = 64 is built with swapped operands only (swap_ab = 1, got " +
+                                               std::to_string(c->swap_ab) + ") and widths 16, 32, 48, 64 (block_n = " +
+                                               std::to_string(c->block_n) + ")");
   }
   if (c->swap_ab == 1 && (!plain || c->block_m == 256 || c->widths_128_256)) {
     return fail(GemmError::kInvalidConfig,
@@ -231,15 +237,17 @@ GemmResult encode_maps(GemmPlan* plan) {
   const GemmArgs& a = plan->args;
   const GemmConfig& c = plan->config;
   if (c.swap_ab == 1) {
-    // The kernel's A is the weight (128-row boxes), its B the activations (the width's rows, or
-    // half of them per CTA of a cluster), its output D stored transposed in 16 x 64 boxes.
-    GemmResult r = make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, kBlockM, kBlockK, "w");
+    // The kernel's A is the weight (boxes of the tile's 64 or 128 rows), its B the activations
+    // (the width's rows, or half of them per CTA of a cluster), its output D stored transposed
+    // in 16 x 64 boxes (8 x 64 with 64-row tiles, whose consumers own half of the width each).
+    GemmResult r =
+        make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_m), kBlockK, "w");
     if (!r.ok()) return r;
     plan->tma_a_local = plan->tma_a;
     r = make_tensor_map(&plan->tma_b, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
                         "a");
     if (!r.ok()) return r;
-    return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, 16, 64, "d");
+    return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, c.block_m == 64 ? 8 : 16, 64, "d");
   }
   GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m), kBlockK, "a");
   if (!r.ok()) return r;
@@ -453,6 +461,17 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.swap_ab == 1 && plan.config.block_m == 64) {
+    switch (plan.config.block_n) {
+      case 64: return detail::launch_swap64_block_n<64>(plan, stream);
+      case 48: return detail::launch_swap64_block_n<48>(plan, stream);
+      case 32: return detail::launch_swap64_block_n<32>(plan, stream);
+      case 16: return detail::launch_swap64_block_n<16>(plan, stream);
+      default:
+        return fail(GemmError::kInvalidConfig, "plan.config.block_n = " + std::to_string(plan.config.block_n) +
+                                                   " is not built with swap_ab = 1 and block_m = 64");
+    }
+  }
   if (plan.config.swap_ab == 1) {
     switch (plan.config.block_n) {
       case 256: return detail::launch_swap_block_n<256>(plan, stream);
@@ -527,7 +546,7 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return (c.swap_ab == 1 ? "T n" : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
+  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
          (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");

@@ -100,9 +100,16 @@ struct Sm90GemmTraits {
   // two 64-row sub-tiles, rows 64 * (2 s + cw) for sub-tile s of consumer cw (interleaved, so a
   // last m block that ends early leaves both consumers the same work), and issues two
   // m64 wgmma per k step: the smem traffic per flop of a 128 x 256 tile at widths 128 to 192.
+  // 64 rows (swapped operands only, small m): both consumers share the tile's 64 weight rows and
+  // each takes half of its width (kConsumerN columns), so a weight of n rows fills n / 64 tiles
+  // and a stage holds 8 KB of it (up to 16 stages).
   static constexpr int kBlockM = kBlockM_;
-  static constexpr int kMSub = kBlockM_ / 128;  // 64-row sub-tiles per consumer
+  static constexpr int kMSub = kBlockM_ >= 128 ? kBlockM_ / 128 : 1;  // 64-row sub-tiles per consumer
   static constexpr int kBlockN = kBlockN_;
+  static constexpr int kConsumerN = kBlockM_ == 64 ? kBlockN_ / 2 : kBlockN_;  // one consumer's columns
+  // Rows of the output box a transposed store writes (the D map's box): within one consumer's
+  // columns.
+  static constexpr int kStoreRows = kBlockM_ == 64 ? 8 : 16;
   static constexpr int kBlockK = 64;  // 64 bf16 = 128 bytes: one 128-byte swizzle row
   static constexpr int kStages = kStages_;
   static constexpr int kClusterM = kClusterM_;
@@ -132,11 +139,12 @@ struct Sm90GemmTraits {
   // tile whole 8-row swizzle atoms (1024-byte aligned).
   static_assert(kBlockN % 16 == 0 && kBlockN >= (kSwapAB_ ? 16 : 64) && kBlockN <= 256,
                 "BLOCK_N: a multiple of 16 in [64, 256] ([16, 256] with swapped operands)");
-  static_assert(!kSwapAB_ || (!kGrouped_ && kEpilogue_ == kEpilogueStore && kBlockM_ == 128),
-                "swapped operands: plain GEMM, store epilogue, 128-row tiles");
+  static_assert(!kSwapAB_ || (!kGrouped_ && kEpilogue_ == kEpilogueStore && kBlockM_ <= 128),
+                "swapped operands: plain GEMM, store epilogue, 64- or 128-row tiles");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
-  static_assert(kBlockM == 128 || kBlockM == 256, "BLOCK_M: 128 or 256");
+  static_assert(kBlockM == 128 || kBlockM == 256 || (kBlockM == 64 && kSwapAB_ && kBlockN_ <= 64),
+                "BLOCK_M: 128 or 256 (64 with swapped operands, widths up to 64)");
   static_assert(kBlockM == 128 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),
                 "256-row tiles: plain GEMM, store epilogue, at most 192 columns (accumulator registers)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
@@ -208,7 +216,7 @@ __device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
 // starts its next tile; TMA clips rows past m and columns past n. Conflict-free staging: the
 // 16-byte column group j of row r sits at group j ^ (r % 8) (TMA's 128-byte swizzle).
 template <class T>
-__device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const float (&acc)[T::kBlockN / 2],
+__device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const float (&acc)[T::kConsumerN / 2],
                                                uint8_t* bufs, int32_t row0, int32_t col0, uint32_t warp_in_wg,
                                                uint32_t lane, bool leader, uint32_t bar_id) {
   const uint32_t base = ptx::smem_addr(bufs);
@@ -254,18 +262,18 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const f
 // boxes of 16 rows x 64 columns (the output map's box; TMA clips rows past m and columns past
 // n). The buffer reuse follows store_tile_tma.
 template <class T>
-__device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, const float (&acc)[T::kBlockN / 2],
+__device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, const float (&acc)[T::kConsumerN / 2],
                                                       uint8_t* bufs, int32_t row0, int32_t col0, uint32_t warp_in_wg,
                                                       uint32_t lane, bool leader, uint32_t bar_id) {
-  constexpr int kChunks = (T::kBlockN + 63) / 64;
-  constexpr int kLast = T::kBlockN - 64 * (kChunks - 1);  // output rows in the last chunk
+  constexpr int kChunks = (T::kConsumerN + 63) / 64;
+  constexpr int kLast = T::kConsumerN - 64 * (kChunks - 1);  // output rows in the last chunk
   const uint32_t base = ptx::smem_addr(bufs);
   const uint32_t q = lane / 8;                // which of the four matrices this lane addresses
   const uint32_t r = lane % 8;                // which of its rows
   const uint32_t g = 2 * warp_in_wg + q % 2;  // 16-byte group: the matrix's 8 weight rows
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const int rows = c + 1 < kChunks ? 64 : kLast;  // a multiple of 16
+    const int rows = c + 1 < kChunks ? 64 : kLast;  // a multiple of 8
     const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
     if (leader) {
       if (c == 0 && kChunks % 2 == 1) {
@@ -280,16 +288,23 @@ __device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, 
       if (jj * 8 >= rows) break;
       const int j = c * 8 + jj;                  // fragment column groups j and j + 1
       const uint32_t rr = (jj + q / 2) * 8 + r;  // output row of this lane's address, in the chunk
-      ptx::stmatrix_x4_trans(buf + rr * 128 + ((g ^ (rr % 8)) * 16), ptx::pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                             ptx::pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
-                             ptx::pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                             ptx::pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+      if (jj * 8 + 8 < rows) {
+        ptx::stmatrix_x4_trans(buf + rr * 128 + ((g ^ (rr % 8)) * 16), ptx::pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                               ptx::pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                               ptx::pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                               ptx::pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+      } else if constexpr (T::kConsumerN % 16 != 0) {
+        // An odd last column group (8 or 24 columns): its two matrices alone.
+        ptx::stmatrix_x2_trans(buf + rr * 128 + ((g ^ (rr % 8)) * 16), ptx::pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                               ptx::pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]));
+      }
     }
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(bar_id, 128);
     if (leader) {
-      for (int b = 0; b < rows / 16; ++b) {
-        ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes + b * 16 * 128, col0, row0 + c * 64 + b * 16);
+      for (int b = 0; b < rows / T::kStoreRows; ++b) {
+        ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes + b * T::kStoreRows * 128, col0,
+                          row0 + c * 64 + b * T::kStoreRows);
       }
       ptx::bulk_commit_group();
     }
@@ -300,7 +315,7 @@ __device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, 
 // registers. Rows past m and columns past n are skipped; n is a multiple of 8, so a column pair
 // is in or out as a whole.
 template <class T>
-__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[T::kConsumerN / 2],
                                            uint32_t row0, uint32_t col0) {
   auto* d = static_cast<uint16_t*>(p.d);
 #pragma unroll
@@ -330,7 +345,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
 // by column (n is a multiple of 8, so a piece is in or out as a whole). The leader first waits
 // until every earlier TMA store has read its buffer (this path commits none of its own).
 template <class T, int kCols>
-__device__ __forceinline__ void store_chunk_masked(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+__device__ __forceinline__ void store_chunk_masked(const GemmParams& p, const float (&acc)[T::kConsumerN / 2],
                                                    uint32_t buf, int c0, uint32_t row0, uint32_t rows, uint32_t col0,
                                                    uint32_t warp_in_wg, uint32_t lane, bool leader, uint32_t bar_id) {
   static_assert(kCols % 8 == 0 && kCols > 0 && kCols <= 64, "a chunk is 8 to 64 columns");
@@ -367,7 +382,7 @@ __device__ __forceinline__ void store_chunk_masked(const GemmParams& p, const fl
 // (grouped GEMM: the rows after them belong to the next group), in 64-column chunks through the
 // two staging buffers (store_chunk_masked).
 template <class T>
-__device__ __forceinline__ void store_tile_masked(const GemmParams& p, const float (&acc)[T::kBlockN / 2],
+__device__ __forceinline__ void store_tile_masked(const GemmParams& p, const float (&acc)[T::kConsumerN / 2],
                                                   uint8_t* bufs, uint32_t row0, uint32_t rows, uint32_t col0,
                                                   uint32_t warp_in_wg, uint32_t lane, bool leader, uint32_t bar_id) {
   const uint32_t base = ptx::smem_addr(bufs);
@@ -656,7 +671,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp_in_wg = (threadIdx.x / 32) % 4;
     const bool signals = (threadIdx.x % 128) == 0;
-    float acc[T::kMSub][T::kBlockN / 2];
+    float acc[T::kMSub][T::kConsumerN / 2];
     uint32_t stage = 0, phase = 0;
     bool aborted = false;
     [[maybe_unused]] typename detail::RoleEpilogueState<Role>::type epi_state{};
@@ -674,7 +689,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         rows_live = gt.row_begin + cw * 64 < gt.row_end;
       } else {
         tc = sched.tile_coord(item.tile, cta_rank);
-        rows_live = tc.m_block * T::kBlockM + cw * 64 < p.m;
+        rows_live = tc.m_block * T::kBlockM + (T::kBlockM == 64 ? 0 : cw * 64) < p.m;
       }
       const uint32_t kb_begin = item.k_begin;
       const uint32_t kb_end = item.k_end;
@@ -702,7 +717,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           break;
         }
         if (rows_live) {
-          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes);
+          // 64-row tiles: this consumer's half of the width starts kConsumerN rows into the B tile
+          // (whole 8-row swizzle atoms).
+          const uint64_t desc_b = ptx::make_desc_k_major_sw128(smem_b + stage * T::kBBytes +
+                                                               (T::kBlockM == 64 ? cw * T::kConsumerN * 128 : 0));
           ptx::wgmma_fence();
           // Sub-tile s of this consumer: rows 64 * (2 s + cw) of the stage's A tile (64 rows of
           // 128 bytes = 8 KB, whole swizzle atoms). With two sub-tiles the k slices alternate
@@ -711,9 +729,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
 #pragma unroll
             for (int s = 0; s < T::kMSub; ++s) {
-              const uint64_t desc_a = ptx::make_desc_k_major_sw128(smem_a + stage * T::kABytes +
-                                                                   (2 * s + cw) * (64 * T::kBlockK * 2));
-              ptx::wgmma_m64k16<T::kBlockN>(acc[s], ptx::advance_desc(desc_a, kk * 32),
+              const uint64_t desc_a = ptx::make_desc_k_major_sw128(
+                  smem_a + stage * T::kABytes + (T::kBlockM == 64 ? 0 : (2 * s + cw) * (64 * T::kBlockK * 2)));
+              ptx::wgmma_m64k16<T::kConsumerN>(acc[s], ptx::advance_desc(desc_a, kk * 32),
                                             ptx::advance_desc(desc_b, kk * 32),
                                             (kb > kb_begin || kk > 0) ? 1u : 0u);
             }
@@ -742,13 +760,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < T::kMSub; ++s) {
 #pragma unroll
-        for (int i = 0; i < T::kBlockN / 2; ++i) ptx::reg_fence(acc[s][i]);
+        for (int i = 0; i < T::kConsumerN / 2; ++i) ptx::reg_fence(acc[s][i]);
       }
       if (kb_end <= kb_begin || !rows_live) {
 #pragma unroll
         for (int s = 0; s < T::kMSub; ++s) {
 #pragma unroll
-          for (int i = 0; i < T::kBlockN / 2; ++i) acc[s][i] = 0.0f;
+          for (int i = 0; i < T::kConsumerN / 2; ++i) acc[s][i] = 0.0f;
         }
       }
 
@@ -812,9 +830,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         const uint32_t col0 = tc.n_block * T::kBlockN;
         if constexpr (T::kSwapAB) {
           // This consumer's 64 weight rows are output columns, the tile's width output rows.
-          detail::store_tile_transposed<T>(&tma_d, acc[0], bufs, static_cast<int32_t>(col0),
-                                           static_cast<int32_t>(tc.m_block * T::kBlockM + cw * 64), warp_in_wg, lane,
-                                           signals, 3 + cw);
+          // (64-row tiles: both consumers' columns are the tile's 64; each owns half of its rows.)
+          detail::store_tile_transposed<T>(
+              &tma_d, acc[0], bufs, static_cast<int32_t>(col0 + (T::kBlockM == 64 ? cw * T::kConsumerN : 0)),
+              static_cast<int32_t>(tc.m_block * T::kBlockM + (T::kBlockM == 64 ? 0 : cw * 64)), warp_in_wg, lane, signals,
+              3 + cw);
         } else {
 #pragma unroll
           for (int s = 0; s < T::kMSub; ++s) {

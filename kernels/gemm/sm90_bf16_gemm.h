@@ -57,7 +57,8 @@ struct GemmConfig {
                             // (BLOCK_K is 64)
   int block_m = 0;          // tile height: 0 or 128; 256 (opt-in, never chosen by the rule) for
                             // plain GEMMs (no hooks, no role blocks, store epilogue) with a width
-                            // of kGemmTallWidths (128 to 192)
+                            // of kGemmTallWidths (128 to 192); 64 (opt-in, never chosen) with
+                            // swap_ab = 1 and a width of kGemmSwap64Widths (16 to 64)
   int cluster_m = 0;        // 1, or 2 to share (multicast) each weight tile between two CTAs
   int num_splits = 0;       // uniform split-K: k splits per output tile; 1 = none (and no stream-K)
   int raster = -1;          // GemmRaster

@@ -12,11 +12,12 @@ namespace mkernel::kernels::detail {
 // as fit in the 227 KB a block may use beside the alignment slack (1 KB), the epilogue's staging
 // buffers (32 KB) and the barriers; 6 for 128 columns, 5 for 144-176, 4 for 192-256.
 // 256-row tiles (block_m = 256): 4 stages for 128 columns, 3 for 144-192. Swapped operands,
-// narrow widths: 10 stages at 16 columns, 8 at 48-64, 6 at 96-112.
+// narrow widths: 10 stages at 16 columns, 8 at 48-64, 6 at 96-112; with 64-row tiles 16 at 16
+// columns, 12 at 64.
 constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128) {
   const int budget = 227 * 1024 - 1024 - 32 * 1024 - 256;
   const int stages = budget / (block_m * 64 * 2 + block_n * 64 * 2);
-  return stages > 12 ? 12 : stages;
+  return stages > 16 ? 16 : stages;
 }
 static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) == 4,
               "the depths the 128- and 256-wide tiles were tuned with");
@@ -37,6 +38,10 @@ GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream);
 // kGemmSwapWidths).
 template <int kBlockN>
 GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream);
+
+// The same with 64-row tiles (block_m = 64; kGemmSwap64Widths).
+template <int kBlockN>
+GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream);
 
 // The grouped instantiations (sm90_bf16_grouped_gemm_n*.cu, generated like the above).
 template <int kBlockN>

@@ -48,7 +48,7 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
 template <class T>
 __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
                                              const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
-                                             float (&acc)[T::kMSub][T::kBlockN / 2], uint32_t ctid,
+                                             float (&acc)[T::kMSub][T::kConsumerN / 2], uint32_t ctid,
                                              volatile uint32_t* words) {
   constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
   constexpr uint32_t kSubFloats = 128 * T::kBlockN;  // both consumers' sub-tile s
@@ -64,7 +64,11 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   float* const accumulator = tile_floats(sched.counter(item.tile));
   // Sub-tile s of consumer cw (ctid / 128) holds rows 128 s + 64 cw + ...: ctid / 32 * 16 covers
   // the consumer's 64-row offset and its warp's 16 rows.
-  auto live = [&](int s) { return m_block * T::kBlockM + 128 * s + (ctid / 32) * 16 + (ctid % 32) / 4 < p.m; };
+  // (64-row tiles: both consumers hold the same 64 rows, each half of the columns.)
+  auto live = [&](int s) {
+    const uint32_t row = T::kBlockM == 64 ? ((ctid % 128) / 32) * 16 : (ctid / 32) * 16;
+    return m_block * T::kBlockM + 128 * s + row + (ctid % 32) / 4 < p.m;
+  };
 
   // 1. leave the partial
   float* const mine = slots ? slot(item.unit) : accumulator;
@@ -72,7 +76,7 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   for (int s = 0; s < T::kMSub; ++s) {
     if (!live(s)) continue;
 #pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) {
+    for (int i = 0; i < T::kConsumerN / 8; ++i) {
       float* dst = mine + s * kSubFloats + (i * 256 + ctid) * 4;
       const float* a = acc[s];
       if (slots) {
@@ -99,7 +103,7 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     if (!live(s)) continue;
     float* src = (slots ? slot(first) : accumulator) + s * kSubFloats + ctid * 4;
 #pragma unroll
-    for (int i = 0; i < T::kBlockN / 8; ++i) {
+    for (int i = 0; i < T::kConsumerN / 8; ++i) {
       const float4 x = ptx::ld_global_cg_v4_f32(src + i * 1024);
       acc[s][4 * i] = x.x;
       acc[s][4 * i + 1] = x.y;
@@ -108,13 +112,13 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     }
     if (!slots) {
 #pragma unroll
-      for (int i = 0; i < T::kBlockN / 8; ++i) ptx::st_global_v4_f32(src + i * 1024, 0.f, 0.f, 0.f, 0.f);
+      for (int i = 0; i < T::kConsumerN / 8; ++i) ptx::st_global_v4_f32(src + i * 1024, 0.f, 0.f, 0.f, 0.f);
       continue;
     }
     for (uint32_t u = 1; u < parts; ++u) {
       const float* part = slot(first + u) + s * kSubFloats + ctid * 4;
 #pragma unroll
-      for (int i = 0; i < T::kBlockN / 8; ++i) {
+      for (int i = 0; i < T::kConsumerN / 8; ++i) {
         const float4 x = ptx::ld_global_cg_v4_f32(part + i * 1024);
         acc[s][4 * i] += x.x;
         acc[s][4 * i + 1] += x.y;

@@ -42,6 +42,16 @@ GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
+template <int kBlockN, int kClusterM>
+using Swap64Traits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 64), kClusterM, kEpilogueStore, false, 64, true>;
+
+template <int kBlockN>
+GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<Swap64Traits<kBlockN, 2>, NoRole>(plan, stream)
+                                    : launch_sm90_bf16_gemm<Swap64Traits<kBlockN, 1>, NoRole>(plan, stream);
+}
+
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms) {
   return cluster_m == 2 ? max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(num_sms)

@@ -66,6 +66,19 @@ inline constexpr bool gemm_swap_width_built(int block_n) {
   return false;
 }
 
+// Swapped operands with 64-row tiles (small m; GemmConfig::block_m = 64, never chosen by the
+// rule): both consumers share the 64 weight rows, each takes half of the width, so a weight of
+// n rows fills n / 64 tiles (the whole k each, where 128-row tiles would need split-K to fill
+// the SMs) and up to 16 stages fit. Measured slower than the 128-row swapped tiles (0.80 against
+// 0.94 of the faster library on the m <= 64 shapes of seed 31337).
+inline constexpr int kGemmSwap64Widths[] = {64, 48, 32, 16};
+
+inline constexpr bool gemm_swap64_width_built(int block_n) {
+  for (int w : kGemmSwap64Widths)
+    if (w == block_n) return true;
+  return false;
+}
+
 // The widths built with 256-row tiles (store epilogue, no hooks): at most 192 columns, since a
 // consumer then holds two 64 x BLOCK_N fp32 accumulators in registers.
 inline constexpr int kGemmTallWidths[] = {192, 176, 160, 144, 128};
@@ -146,6 +159,9 @@ struct GemmCostModel {
   // as the operands as given (1x21720x2688: 1.32x where the model called them 1% slower), and
   // lost by 4-5% on three shapes with n <= 1176.
   double swap_margin_small_m = 1.05;
+  // 64-row swapped tiles (only when asked for): a k block costs half of the 128-row one times
+  // this (not fitted: the fixed costs of a k block, its barriers and wgmma issue, do not halve).
+  double half_rows_cost_factor = 1.2;
 };
 
 // What the caller fixed (0 / -1: free) and what the device offers.
@@ -270,14 +286,6 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   } else {
     it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
-    if (s->block_n < 128) {
-      // Narrow (swapped) tiles. A k block still pulls the 128-row weight tile; its cost falls
-      // with the activation rows' bytes (extrapolated, at least half the 128-wide one). The
-      // epilogue and refill cost what the 128-wide tile's do (extrapolated they would be free).
-      const double it128 = s->cluster_m == 2 ? cm.iter_us_n128_c2 : cm.iter_us_n128_c1;
-      it = std::max(it, 0.5 * it128);
-      tile = std::max(tile, cm.tile_us_n128);
-    }
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
@@ -289,6 +297,16 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
                                     (model.cluster_full_busy - model.cluster_fade_busy), 0.0, 1.0);
     it = partial + w * (it - partial);
+  }
+  if (s->block_n < 128) {
+    // Narrow (swapped) tiles. A k block still pulls the 128-row weight tile; its cost falls with
+    // the activation rows' bytes (extrapolated above), but not below half the 128-wide
+    // clusters-of-1 cost; the epilogue and refill cost what the 128-wide tile's do
+    // (extrapolated they would be free). A 64-row tile's k block: half of that, times
+    // half_rows_cost_factor for what does not halve.
+    it = std::max(it, 0.5 * cm.iter_us_n128_c1);
+    tile = std::max(tile, cm.tile_us_n128);
+    if (s->block_m == 64) it *= 0.5 * model.half_rows_cost_factor;
   }
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
@@ -358,7 +376,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     t.swap_ab = 0;
     t.swapped = true;
     t.regime_m = r.m;
-    t.block_m = 128;
+    t.block_m = (r.block_m == 64 || r.block_m == 128) ? r.block_m : 0;  // 64 or 128 rows (kernel problem)
     t.allow_tall = false;
     t.widths_128_256 = false;
     GemmSchedule swapped = choose_gemm_schedule(t, cm);
@@ -387,8 +405,11 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   const int64_t k_blocks = ceil_div(r.k, 64);
   // Heights: 128 first (ties go to it); 256 when asked for, or allowed and m fills more than
   // one 128-row block (a single block is never better served by a taller tile).
-  for (int bm : {128, 256}) {
+  for (int bm : {128, 256, 64}) {
     if (r.block_m != 0 && r.block_m != bm) continue;
+    // 64-row tiles: swapped operands only, and only when asked for (measured slower than the
+    // 128-row swapped tiles on every shape but one, docs/kernels.md section 7).
+    if (bm == 64 && (!r.swapped || r.block_m != 64)) continue;
     if (bm == 256 && r.block_m == 0 && (!r.allow_tall || r.widths_128_256 || r.m <= 128)) continue;
     const int64_t m_blocks = ceil_div(r.m, bm);
     for (int cl : {2, 1}) {
@@ -401,6 +422,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (r.block_n != 0 && r.block_n != bn) continue;
         if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
+        if (bm == 64 && !gemm_swap64_width_built(bn)) continue;
         GemmSchedule base;
         base.deterministic = r.deterministic;
         base.block_m = bm;

@@ -530,7 +530,15 @@ int main() {
   // of 2, the last block 72 rows, so its second consumer's rows end inside it); then
   // decode-like m with the rule's width, and the rule left to choose on shapes where it may.
   for (int bn : mk::kGemmSwapWidths)
-    for (const auto& c : decompositions(bn, 0, 1)) run_case(2 * bn + 8, 1096, 1096, c, "swapped");
+    for (const auto& c : decompositions(bn, 128, 1)) run_case(2 * bn + 8, 1096, 1096, c, "swapped");
+  // 64-row swapped tiles (each consumer half of the width: 8 to 32 columns, stored in 8-row
+  // boxes): n = 1096 gives 18 weight blocks, the last of 8 rows; m ends inside the second
+  // consumer's half of the last tile (2 widths + 8 + width / 2).
+  for (int bn : mk::kGemmSwap64Widths)
+    for (const auto& c : decompositions(bn, 64, 1)) {
+      run_case(2 * bn + 8, 1096, 1096, c, "swapped, 64 rows");
+      run_case(2 * bn + bn / 2 + 8, 1096, 1096, c, "swapped, 64 rows");
+    }
   for (int m : {1, 5, 16, 40, 100, 130}) {
     mk::GemmConfig c;
     c.swap_ab = 1;
@@ -554,6 +562,18 @@ int main() {
     r = mk::gemm_plan(args, &plan);
     check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 16") != std::string::npos,
           "block_n = 16 without swapped operands refused (got: " + r.message + ")");
+    c.block_n = 0;
+    c.block_m = 64;
+    args = make_args(b, 64, 64, 64, c);
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 64") != std::string::npos,
+          "block_m = 64 without swapped operands refused (got: " + r.message + ")");
+    c.swap_ab = 1;
+    c.block_n = 128;
+    args = make_args(b, 64, 64, 64, c);
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 128") != std::string::npos,
+          "block_m = 64 with a width over 64 refused (got: " + r.message + ")");
   }
   // A last m block of at most 64 rows (one consumer warpgroup computes, the other follows the
   // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits

@@ -160,7 +160,9 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
     r.swapped = true;
     r.swap_ab = 0;
     r.regime_m = r_in.m;
-    if (s.block_m != 128) fail(shape_str(r_in, s) + ": swapped operands with a tile height other than 128");
+    if (s.block_m != 128 && s.block_m != 64) fail(shape_str(r_in, s) + ": swapped operands with a tile height other than 64 or 128");
+    if (s.block_m == 64 && !mk::gemm_swap64_width_built(s.block_n))
+      fail(shape_str(r_in, s) + ": a width not built with 64-row tiles");
     if (!mk::gemm_swap_width_built(s.block_n)) fail(shape_str(r_in, s) + ": a swapped width no translation unit builds");
   } else if (!mk::gemm_block_width_built(s.block_n)) {
     fail(shape_str(r, s) + ": a width no translation unit builds");
@@ -173,7 +175,8 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants))
     fail(shape_str(r, s) + ": a tile split among more units than max_participants");
   if (r.block_m && s.block_m != r.block_m) fail(shape_str(r, s) + ": block_m not honoured");
-  if (s.block_m != 128 && s.block_m != 256) fail(shape_str(r, s) + ": a tile height no translation unit builds");
+  if (s.block_m != 128 && s.block_m != 256 && !(s.swap_ab && s.block_m == 64))
+    fail(shape_str(r, s) + ": a tile height no translation unit builds");
   if (s.block_m == 256 && !mk::gemm_tall_width_built(s.block_n)) fail(shape_str(r, s) + ": a width not built 256 rows tall");
   if (!r.block_m && s.block_m == 256 && (!r.allow_tall || r.widths_128_256 || r.m <= 128))
     fail(shape_str(r, s) + ": a 256-row tile where the request does not allow one");
@@ -196,9 +199,10 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.n = r_in.n;
   again.k = r_in.k;
   again.swap_ab = s.swap_ab ? 1 : 0;
+  if (s.swap_ab) again.block_m = s.block_m;
   (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
   again.block_n = s.block_n;
-  again.block_m = s.block_m;
+  if (!s.swap_ab) again.block_m = s.block_m;
   again.deterministic = s.deterministic;
   again.cluster_m = s.cluster_m;
   const bool sk = s.sk_units != 0 && s.sk_per_tile == 0;
@@ -400,6 +404,10 @@ int main(int argc, char** argv) {
     // Swapped operands as the launcher allows them: 128-row tiles, not with widths_128_256; a
     // fixed width of the operands as given is also a swapped width.
     if (r.block_m != 256 && !r.widths_128_256 && pick(rng) < 50) r.swap_ab = pick(rng) < 80 ? -1 : 1;
+    if (r.swap_ab == 1 && pick(rng) < 30) {  // 64-row swapped tiles (opt-in): their widths only
+      r.block_m = 64;
+      if (r.block_n != 0) r.block_n = mk::kGemmSwap64Widths[pick(rng) % std::size(mk::kGemmSwap64Widths)];
+    }
     check(r, rng);
     ++cases;
   }
