@@ -271,9 +271,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
   const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
-  // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated, which keeps the
-  // weight tile's share of the bytes (the activation rows' share shrinks with the width), and
-  // held at 0.5 of the 128-wide cost at least.
+  // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated (floored below).
   const double wide = (s->block_n - 128) / 128.0;
   auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
   double it, tile;
@@ -368,8 +366,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
 inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const GemmCostModel& cm = GemmCostModel{}) {
   using schedule_detail::ceil_div;
   if (r.swap_ab != 0 && !r.swapped) {
-    // The swapped problem: n x m x k, 128-row tiles only, widths of kGemmSwapWidths, charged
-    // the caller's m's costs. A width the caller fixed applies to it.
+    // The swapped problem: n x m x k, 128-row tiles (64 only when asked for), widths of
+    // kGemmSwapWidths, charged the caller's m's costs. A width the caller fixed applies to it.
     GemmScheduleRequest t = r;
     t.m = r.n;
     t.n = r.m;

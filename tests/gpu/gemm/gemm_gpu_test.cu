@@ -545,35 +545,32 @@ int main() {
     run_case(m, 4104, 3000, c, "swapped, rule's width");
   }
   {
-    // Refusals: swapped operands need a plain GEMM; a width built only swapped needs them.
+    // Refusals: swapped operands need a plain GEMM; a width or height built only swapped needs
+    // them. Each names the field (and the value) in its message.
     Buffers b(64, 64, 64);
+    auto refused = [&](mk::GemmConfig c, mk::GemmEpilogue epilogue, std::initializer_list<const char*> words,
+                       const std::string& what) {
+      mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+      args.epilogue = epilogue;
+      mk::GemmPlan plan;
+      const mk::GemmResult r = mk::gemm_plan(args, &plan);
+      bool ok = r.code == mk::GemmError::kInvalidConfig;
+      for (const char* w : words) ok = ok && r.message.find(w) != std::string::npos;
+      check(ok, what + " (got: " + r.message + ")");
+    };
     mk::GemmConfig c;
     c.swap_ab = 1;
-    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
-    args.epilogue = mk::kEpilogueAtomicAdd;
-    mk::GemmPlan plan;
-    mk::GemmResult r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("swap_ab = 1") != std::string::npos &&
-              r.message.find("atomic-add") != std::string::npos,
-          "swap_ab = 1 with the atomic-add epilogue refused, naming both (got: " + r.message + ")");
+    refused(c, mk::kEpilogueAtomicAdd, {"swap_ab = 1", "atomic-add"},
+            "swap_ab = 1 with the atomic-add epilogue refused, naming both");
     c.swap_ab = 0;
     c.block_n = 16;
-    args = make_args(b, 64, 64, 64, c);
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 16") != std::string::npos,
-          "block_n = 16 without swapped operands refused (got: " + r.message + ")");
+    refused(c, mk::kEpilogueStore, {"block_n = 16"}, "block_n = 16 without swapped operands refused");
     c.block_n = 0;
     c.block_m = 64;
-    args = make_args(b, 64, 64, 64, c);
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 64") != std::string::npos,
-          "block_m = 64 without swapped operands refused (got: " + r.message + ")");
+    refused(c, mk::kEpilogueStore, {"block_m = 64"}, "block_m = 64 without swapped operands refused");
     c.swap_ab = 1;
     c.block_n = 128;
-    args = make_args(b, 64, 64, 64, c);
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 128") != std::string::npos,
-          "block_m = 64 with a width over 64 refused (got: " + r.message + ")");
+    refused(c, mk::kEpilogueStore, {"block_n = 128"}, "block_m = 64 with a width over 64 refused");
   }
   // A last m block of at most 64 rows (one consumer warpgroup computes, the other follows the
   // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits
