@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -20,6 +20,9 @@
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
 //
+// --prev-model also times, in the same rounds, the configuration the cost model's previous costs
+// choose ("prev", previous_cost_model() below): the check of a refit of the model
+// (bench/gemm/fit_cost_model.py) on shapes it was not fitted to.
 // --shape-list times the given shapes instead of the fixed list (e.g. the worst of a random run).
 // --profile launches cuBLAS, cuBLASLt and the default mkernel configuration twice each per shape
 // and times nothing: a run for a profiler (`ncu`), which then sees every library kernel's name,
@@ -80,6 +83,7 @@ struct Options {
   bool overhead = false;
   std::string shape_list;  // "MxNxK,MxNxK": these shapes only
   bool profile = false;    // launch each implementation twice per shape, time nothing
+  bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
 
 // Parses "MxNxK[,MxNxK...]"; an entry that is not three positive integers is an error naming it.
@@ -495,6 +499,40 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
 
 }  // namespace
 
+// The cost model's costs before the refit of 2026-12-02 (general regime, masked tail, cluster
+// penalty; bench/gemm/fit_cost_model.py): --prev-model times their choice beside the current one.
+mk::GemmCostModel previous_cost_model() {
+  mk::GemmCostModel m;
+  m.masked_tail_tile_us = 0.6;
+  m.cluster_partial_penalty = 0.10;
+  m.general = mk::GemmCostRegime{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
+  return m;
+}
+
+// A configuration that makes the library plan exactly `s` (tile, cluster, swap, blocks and
+// decomposition all fixed).
+mk::GemmConfig config_forcing(const mk::GemmSchedule& s) {
+  mk::GemmConfig c;
+  c.swap_ab = s.swap_ab ? 1 : 0;
+  c.block_m = s.block_m;
+  c.block_n = s.block_n;
+  c.cluster_m = s.cluster_m;
+  c.num_gemm_blocks = s.num_clusters * s.cluster_m;
+  if (s.sk_units == 0) {
+    c.stream_k = 0;
+    c.num_splits = 1;
+  } else if (s.sk_per_tile != 0) {
+    c.stream_k = 0;
+    c.num_splits = static_cast<int>(s.sk_per_tile);
+  } else {
+    c.stream_k = 1;
+    c.sk_units = static_cast<int>(s.sk_units);
+    c.dp_tiles = static_cast<int>(s.dp_tiles);
+  }
+  return c;
+}
+
+
 int main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -515,11 +553,12 @@ int main(int argc, char** argv) {
     else if (a == "--random") o.random_seed = std::strtoull(next("--random").c_str(), nullptr, 10);
     else if (a == "--count") o.random_count = std::atoi(next("--count").c_str());
     else if (a == "--variants") o.variants = true;
+    else if (a == "--prev-model") o.prev_model = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model]\n", argv[0]);
       return 2;
     }
   }
@@ -669,6 +708,26 @@ int main(int argc, char** argv) {
       continue;
     }
     std::vector<std::unique_ptr<MkRunner>> variant_runners;
+    if (o.prev_model && def_runner) {
+      // The previous costs' choice for this shape, on all SMs with either cluster size.
+      mk::GemmScheduleRequest req;
+      req.m = s.m;
+      req.n = s.n;
+      req.k = s.k;
+      req.num_sms = prop.multiProcessorCount;
+      req.blocks_cluster1 = prop.multiProcessorCount;
+      req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
+      req.swap_ab = -1;
+      const mk::GemmSchedule prev = mk::choose_gemm_schedule(req, previous_cost_model());
+      Row v{s, "mkernel_prev", "", {}, 0, 0};
+      auto runner = make_mk(config_forcing(prev), &v);
+      if (runner) {
+        MkRunner* rp = runner.get();
+        shape_rows.push_back(v);
+        fns.push_back([rp](int i) { rp->launch(i); });
+        variant_runners.push_back(std::move(runner));
+      }
+    }
     if (o.variants && def_runner) {
       const mk::GemmPlan& dp = def_runner->plans[0];
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
