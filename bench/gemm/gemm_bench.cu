@@ -21,8 +21,9 @@
 // event time, for mkernel and cuBLAS.
 //
 // --prev-model also times, in the same rounds, the configuration the cost model's previous costs
-// choose ("prev", previous_cost_model() below): the check of a refit of the model
-// (bench/gemm/fit_cost_model.py) on shapes it was not fitted to.
+// choose ("prev", previous_cost_model() below; the previous rule, which had no split tails)
+// and the current costs' choice without split tails ("nost"): the check of a refit of the model
+// (bench/gemm/fit_cost_model.py) and of the split tail on shapes it was not fitted to.
 // --shape-list times the given shapes instead of the fixed list (e.g. the worst of a random run).
 // --profile launches cuBLAS, cuBLASLt and the default mkernel configuration twice each per shape
 // and times nothing: a run for a profiler (`ncu`), which then sees every library kernel's name,
@@ -524,6 +525,7 @@ mk::GemmConfig config_forcing(const mk::GemmSchedule& s) {
   } else if (s.sk_per_tile != 0) {
     c.stream_k = 0;
     c.num_splits = static_cast<int>(s.sk_per_tile);
+    c.dp_tiles = static_cast<int>(s.dp_tiles);
   } else {
     c.stream_k = 1;
     c.sk_units = static_cast<int>(s.sk_units);
@@ -718,10 +720,13 @@ int main(int argc, char** argv) {
       req.blocks_cluster1 = prop.multiProcessorCount;
       req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
       req.swap_ab = -1;
+      req.allow_split_tail = false;
       const mk::GemmSchedule prev = mk::choose_gemm_schedule(req, previous_cost_model());
-      Row v{s, "mkernel_prev", "", {}, 0, 0};
-      auto runner = make_mk(config_forcing(prev), &v);
-      if (runner) {
+      const mk::GemmSchedule nost = mk::choose_gemm_schedule(req);
+      for (const auto& [tag, sched] : {std::pair<const char*, mk::GemmSchedule>{"prev", prev}, {"nost", nost}}) {
+        Row v{s, std::string("mkernel_") + tag, "", {}, 0, 0};
+        auto runner = make_mk(config_forcing(sched), &v);
+        if (!runner) continue;
         MkRunner* rp = runner.get();
         shape_rows.push_back(v);
         fns.push_back([rp](int i) { rp->launch(i); });

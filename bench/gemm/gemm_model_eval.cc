@@ -93,6 +93,8 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
       s.sk_per_tile = 0;
       if (tok.rfind("splitk", 0) == 0) {
         s.sk_per_tile = static_cast<uint32_t>(std::atoi(tok.c_str() + 6));
+        const auto slash = tok.find('/');
+        s.dp_tiles = slash == std::string::npos ? 0 : static_cast<uint32_t>(std::atoi(tok.c_str() + slash + 1));  // split tiles for now
       } else if (tok.rfind("sk", 0) == 0) {
         const auto slash = tok.find('/');
         if (slash == std::string::npos) {
@@ -116,8 +118,13 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
   s.k_blocks = static_cast<uint32_t>(ceil_div(k, 64));
   s.tiles = static_cast<uint32_t>(ceil_div(s.m_blocks, s.cluster_m) * s.n_blocks);
   if (s.sk_per_tile > 0) {
-    s.dp_tiles = 0;
-    s.sk_units = s.tiles * s.sk_per_tile;
+    const uint32_t split_tiles = s.dp_tiles == 0 ? s.tiles : s.dp_tiles;
+    if (split_tiles > s.tiles) {
+      *why = "configuration '" + config + "' names more split tiles than the problem has";
+      return false;
+    }
+    s.dp_tiles = s.tiles - split_tiles;
+    s.sk_units = split_tiles * s.sk_per_tile;
   } else if (s.sk_units > 0) {
     const uint32_t sk_tiles = s.dp_tiles;
     if (sk_tiles > s.tiles) {

@@ -226,7 +226,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
   c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
   c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
-  c->dp_tiles = c->stream_k ? static_cast<int>(sched->dp_tiles) : -1;
+  c->dp_tiles = (c->stream_k || (sched->sk_per_tile != 0 && sched->dp_tiles > 0)) ? static_cast<int>(sched->dp_tiles) : -1;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
   c->num_gemm_blocks = sched->num_clusters * c->cluster_m;
   return {};

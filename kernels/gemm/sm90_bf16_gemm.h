@@ -67,9 +67,11 @@ struct GemmConfig {
   int num_role_blocks = 0;  // extra blocks that run the launch's role function
   int stream_k = -1;        // stream-K for the last waves' tiles: 0 never, 1 always, -1 choose
   int sk_units = 0;         // stream-K units (at most the clusters); 0 = choose
-  int dp_tiles = -1;        // stream-K: cluster tiles computed whole before the stream-K region;
-                            // -1 = choose (a plan's resolved config names it, so planning again
-                            // with that config gives the same schedule and workspace)
+  int dp_tiles = -1;        // stream-K, or split-K with num_splits > 1: cluster tiles computed
+                            // whole before the stream-K or split region (split-K: 0 or -1 splits
+                            // every tile); -1 = choose (a plan's resolved config names it, so
+                            // planning again with that config gives the same schedule and
+                            // workspace)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only (callers that
                                 // instantiate the engine with those two widths: the fused ops)
   // Tiles split by stream-K or split-K are finished through the workspace. true: every work item

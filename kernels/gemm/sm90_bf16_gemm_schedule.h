@@ -24,7 +24,9 @@
 //                 wastes 16 rows at most instead of up to 127. The swapped problem (n x m x k)
 //                 goes through the same rule, with the costs of the caller's m;
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
-//                 the tiles fill at most half the clusters; or data-parallel waves followed by
+//                 the tiles fill at most half the clusters; data-parallel waves followed by
+//                 the last wave's tiles split the same way when they fill at most half the
+//                 clusters ("split tail"); or data-parallel waves followed by
 //                 a stream-K region of the last one or two waves' tiles whose k iterations are
 //                 spread evenly over U units (U <= the clusters; fewer when there is little
 //                 work, since each split tile costs a fix-up through the workspace). Stream-K
@@ -220,6 +222,7 @@ struct GemmScheduleRequest {
   // regime: its tiles stream the same bytes.
   int64_t regime_m = 0;
   bool swapped = false;  // this request is the swapped problem (widths: kGemmSwapWidths)
+  bool allow_split_tail = true;  // whole tiles then the last wave split may be chosen
 };
 
 struct GemmSchedule {
@@ -270,7 +273,8 @@ struct GemmSchedule {
     if (sk_units == 0) {
       s = "dp";
     } else if (sk_per_tile != 0) {
-      s = "splitk" + std::to_string(sk_per_tile);
+      // whole tiles in waves, then the last tiles split: "splitk<s>/<tiles>t"
+      s = "splitk" + std::to_string(sk_per_tile) + (dp_tiles > 0 ? "/" + std::to_string(sk_tiles()) + "t" : "");
     } else {
       s = "sk" + std::to_string(sk_units) + "/" + std::to_string(sk_tiles()) + "t";
     }
@@ -446,6 +450,15 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
         if (bm == 64 && !gemm_swap64_width_built(bn)) continue;
+        if (r.swapped && r.block_n == 0 && bn < 128) {
+          // A narrow swapped width is never better than a narrower one with as many tiles (it
+          // only pulls more activation rows); without this, predictions bound by DRAM tie and
+          // the tie goes to the wider one.
+          bool narrower_same = false;
+          for (int w : kGemmSwapWidths)
+            if (w < bn && (bm != 64 || gemm_swap64_width_built(w)) && ceil_div(r.n, w) == ceil_div(r.n, bn)) narrower_same = true;
+          if (narrower_same) continue;
+        }
         GemmSchedule base;
         base.deterministic = r.deterministic;
         base.block_m = bm;
@@ -463,17 +476,19 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
           return s;
         };
         if (r.num_splits > 0 && r.stream_k != 1) {
-          // Explicit uniform split-K (1 = data-parallel).
+          // Explicit uniform split-K (1 = data-parallel), of every tile or, with dp_tiles, of
+          // the tiles after the first dp_tiles (computed whole).
           GemmSchedule s = base;
           const int64_t splits = std::min<int64_t>(r.num_splits, k_blocks);
-          if (splits <= 1) {
+          const int64_t dp = r.dp_tiles > 0 ? std::min<int64_t>(r.dp_tiles, T) : 0;
+          if (splits <= 1 || dp == T) {
             s.dp_tiles = s.tiles;
             consider(with_clusters(s, T));
           } else {
-            s.dp_tiles = 0;
+            s.dp_tiles = static_cast<uint32_t>(dp);
             s.sk_per_tile = static_cast<uint32_t>(splits);
-            s.sk_units = static_cast<uint32_t>(T * splits);
-            consider(with_clusters(s, T * splits));
+            s.sk_units = static_cast<uint32_t>((T - dp) * splits);
+            consider(with_clusters(s, std::max<int64_t>(dp, (T - dp) * splits)));
           }
           continue;
         }
@@ -493,8 +508,24 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
             consider(with_clusters(s, T * splits));
           }
         }
-        if (r.stream_k == 0) continue;
         const int64_t full_waves = T / G;
+        // Split tail: whole tiles in full waves, then the last wave's tiles, when they fill at
+        // most half of the clusters, split s ways (each k range of its own, like split-K). The
+        // units of one split index start at the same k block, so the tail keeps the sharing in
+        // L2 that whole tiles have, which the stream-K units (each starting anywhere on the
+        // line) lose (GemmCostRegime::sk_iter_factor).
+        const int64_t tail = T % G;
+        if (r.allow_split_tail && r.stream_k < 0 && r.num_splits == 0 && r.sk_units == 0 && r.dp_tiles < 0 &&
+            full_waves > 0 && tail > 0 && 2 * tail <= G) {
+          for (int64_t splits = std::min<int64_t>(G / tail, k_blocks); splits >= 2; splits = splits * 2 / 3) {
+            GemmSchedule s = base;
+            s.dp_tiles = static_cast<uint32_t>(full_waves * G);
+            s.sk_per_tile = static_cast<uint32_t>(splits);
+            s.sk_units = static_cast<uint32_t>(tail * splits);
+            consider(with_clusters(s, G));
+          }
+        }
+        if (r.stream_k == 0) continue;
         if (r.stream_k < 0) {
           const bool small_m = (r.regime_m > 0 ? r.regime_m : r.m) <= 64;
           if (k_blocks < (small_m ? cm.min_k_blocks_stream_k_small_m : cm.min_k_blocks_stream_k)) continue;

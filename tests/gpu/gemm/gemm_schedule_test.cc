@@ -6,6 +6,8 @@
 //   - every k block of every tile is computed exactly once, by launched clusters only;
 //   - the participants the fix-up expects for a tile are exactly the units that touched it;
 //   - every split tile has its own counter and accumulator inside the workspace the plan sizes;
+//   - a split tail (whole tiles in full waves, then the last wave's tiles split) is one round of
+//     at most one unit per cluster, every split tile cut the same number of ways;
 //   - the arrival protocol (last participant takes the sum) sees every partial added, for
 //     random arrival orders.
 // With --model [SEED] [COUNT] it prints instead what the cost model predicts over COUNT shapes
@@ -56,7 +58,9 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   if (s.dp_tiles > T) return fail(name + ": dp_tiles > tiles");
   if (s.sk_units > 0 && s.sk_units > sched.sk_iters()) return fail(name + ": empty units");
   if (s.sk_units == 0 && s.dp_tiles != T) return fail(name + ": tiles left without units");
-  if (s.sk_per_tile != 0 && (s.sk_per_tile > KB || s.dp_tiles != 0)) return fail(name + ": bad split-K");
+  if (s.sk_per_tile != 0 && s.sk_per_tile > KB) return fail(name + ": bad split-K");
+  // Split tail (whole tiles, then the last tiles split): every split tile has sk_per_tile units.
+  if (s.sk_per_tile != 0 && s.sk_units != s.sk_tiles() * s.sk_per_tile) return fail(name + ": split units do not cover the split tiles");
 
   // Every cluster's items, as the kernel walks them.
   std::vector<uint32_t> covered(static_cast<size_t>(T) * KB, 0);
@@ -148,8 +152,19 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   }
 }
 
+int g_split_tails = 0;  // rule-chosen schedules with whole tiles then split ones
+
 void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   const mk::GemmSchedule s = mk::choose_gemm_schedule(r_in);
+  if (s.sk_per_tile != 0 && s.dp_tiles > 0) {
+    // The rule's split tail: full waves of whole tiles, then one round of split units (at most
+    // one per cluster), each split tile cut exactly sk_per_tile ways.
+    if (r_in.num_splits == 0 && r_in.dp_tiles < 0) {
+      ++g_split_tails;
+      if (s.dp_tiles % s.num_clusters != 0 || s.sk_units > static_cast<uint32_t>(s.num_clusters) || 2 * s.sk_tiles() > static_cast<uint32_t>(s.num_clusters))
+        fail(shape_str(r_in, s) + ": a split tail that is not full waves then at most half a wave split");
+    }
+  }
   // A swapped schedule describes the problem n x m x k: everything below is checked against
   // that request.
   if (r_in.swap_ab == 0 && s.swap_ab) fail(shape_str(r_in, s) + ": swapped although swap_ab = 0");
@@ -184,6 +199,7 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   if (r.num_splits > 0 && r.stream_k != 1) {
     uint32_t want = std::min<uint32_t>(r.num_splits, s.k_blocks);
     if (r.max_participants > 0 && want > static_cast<uint32_t>(r.max_participants)) want = 1;  // whole tiles instead
+    if (r.dp_tiles > 0 && static_cast<uint32_t>(r.dp_tiles) >= s.tiles) want = 1;  // no tile left to split
     if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
   }
   if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
@@ -209,7 +225,7 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.num_splits = s.sk_per_tile != 0 ? static_cast<int>(s.sk_per_tile) : 1;
   again.stream_k = sk ? 1 : 0;
   again.sk_units = sk ? static_cast<int>(s.sk_units) : 0;
-  again.dp_tiles = sk ? static_cast<int>(s.dp_tiles) : -1;
+  again.dp_tiles = (sk || (s.sk_per_tile != 0 && s.dp_tiles > 0)) ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
   if (s2.swap_ab != s.swap_ab || s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
@@ -411,6 +427,27 @@ int main(int argc, char** argv) {
     check(r, rng);
     ++cases;
   }
+  // Whole tiles, then the last tiles split, named explicitly (num_splits with dp_tiles): the
+  // schedule the plan's resolved configuration of a split tail gives.
+  for (int dp : {66, 132, 198}) {
+    mk::GemmScheduleRequest r;
+    r.m = 3389;
+    r.n = 4208;
+    r.k = 4200;
+    r.blocks_cluster1 = r.blocks_cluster2 = 132;
+    r.cluster_m = 2;
+    r.block_n = 224;
+    r.num_splits = 3;
+    r.dp_tiles = dp;
+    const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
+    if (s.dp_tiles != static_cast<uint32_t>(dp) || s.sk_per_tile != 3 || s.sk_units != (s.tiles - dp) * 3)
+      fail(shape_str(r, s) + ": num_splits with dp_tiles not honoured");
+    check(r, rng);
+    ++cases;
+  }
+  // The rule takes split tails somewhere in the family (a last wave at most half full).
+  if (g_split_tails == 0) fail("the rule chose no split tail over the random family");
+  std::printf("split tails chosen: %d\n", g_split_tails);
   if (g_failures) {
     std::printf("gemm_schedule_test: %d of %d cases FAILED\n", g_failures, cases);
     return 1;
