@@ -21,9 +21,9 @@
 // event time, for mkernel and cuBLAS.
 //
 // --prev-model also times, in the same rounds, the configuration the cost model's previous costs
-// choose ("prev", previous_cost_model() below; the previous rule, which had no split tails)
-// and the current costs' choice without split tails ("nost"): the check of a refit of the model
-// (bench/gemm/fit_cost_model.py) and of the split tail on shapes it was not fitted to.
+// choose ("prev", previous_cost_model() below; the previous rule, which had no split last waves)
+// and the current costs' choice without split last waves ("nost"): the check of a refit of the model
+// (bench/gemm/fit_cost_model.py) and of the split last wave on shapes it was not fitted to.
 // --shape-list times the given shapes instead of the fixed list (e.g. the worst of a random run).
 // --profile launches cuBLAS, cuBLASLt and the default mkernel configuration twice each per shape
 // and times nothing: a run for a profiler (`ncu`), which then sees every library kernel's name,
@@ -720,7 +720,7 @@ int main(int argc, char** argv) {
       req.blocks_cluster1 = prop.multiProcessorCount;
       req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
       req.swap_ab = -1;
-      req.allow_split_tail = false;
+      req.allow_split_last_wave = false;
       const mk::GemmSchedule prev = mk::choose_gemm_schedule(req, previous_cost_model());
       const mk::GemmSchedule nost = mk::choose_gemm_schedule(req);
       for (const auto& [tag, sched] : {std::pair<const char*, mk::GemmSchedule>{"prev", prev}, {"nost", nost}}) {

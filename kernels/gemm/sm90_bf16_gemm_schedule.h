@@ -26,7 +26,7 @@
 //   decomposition data-parallel (whole tiles in waves); uniform split-K (s units per tile) when
 //                 the tiles fill at most half the clusters; data-parallel waves followed by
 //                 the last wave's tiles split the same way when they fill at most half the
-//                 clusters ("split tail"); or data-parallel waves followed by
+//                 clusters ("split last wave"); or data-parallel waves followed by
 //                 a stream-K region of the last one or two waves' tiles whose k iterations are
 //                 spread evenly over U units (U <= the clusters; fewer when there is little
 //                 work, since each split tile costs a fix-up through the workspace). Stream-K
@@ -222,7 +222,7 @@ struct GemmScheduleRequest {
   // regime: its tiles stream the same bytes.
   int64_t regime_m = 0;
   bool swapped = false;  // this request is the swapped problem (widths: kGemmSwapWidths)
-  bool allow_split_tail = true;  // whole tiles then the last wave split may be chosen
+  bool allow_split_last_wave = true;  // whole tiles then the last wave split may be chosen
 };
 
 struct GemmSchedule {
@@ -509,13 +509,13 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
           }
         }
         const int64_t full_waves = T / G;
-        // Split tail: whole tiles in full waves, then the last wave's tiles, when they fill at
+        // Split last wave: whole tiles in full waves, then the last wave's tiles, when they fill at
         // most half of the clusters, split s ways (each k range of its own, like split-K). The
         // units of one split index start at the same k block, so the tail keeps the sharing in
         // L2 that whole tiles have, which the stream-K units (each starting anywhere on the
         // line) lose (GemmCostRegime::sk_iter_factor).
         const int64_t tail = T % G;
-        if (r.allow_split_tail && r.stream_k < 0 && r.num_splits == 0 && r.sk_units == 0 && r.dp_tiles < 0 &&
+        if (r.allow_split_last_wave && r.stream_k < 0 && r.num_splits == 0 && r.sk_units == 0 && r.dp_tiles < 0 &&
             full_waves > 0 && tail > 0 && 2 * tail <= G) {
           for (int64_t splits = std::min<int64_t>(G / tail, k_blocks); splits >= 2; splits = splits * 2 / 3) {
             GemmSchedule s = base;

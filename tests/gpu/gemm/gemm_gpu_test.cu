@@ -701,7 +701,7 @@ int main() {
     run_case(137, 9440, 2056, tail, "stream-K, 148 tiles");
     run_case(4096, 8320, 1024, mk::GemmConfig{}, "waves + tail");
   }
-  // Split tails: whole tiles in waves, then the last tiles split (num_splits with dp_tiles, and
+  // Split last waves: whole tiles in waves, then the last tiles split (num_splits with dp_tiles, and
   // the rule's own choice). Clusters of 1 and 2, a swapped problem, and both fix-ups: the
   // deterministic one bitwise equal over launches.
   {
@@ -711,14 +711,14 @@ int main() {
     st.cluster_m = 2;
     st.num_splits = 3;
     st.dp_tiles = 198;  // 14 x 19 = 266 cluster tiles: 3 waves of 66 whole, 68 tiles split 3 ways
-    run_case(3389, 4208, 1000, st, "split tail, c2, 3 splits");
+    run_case(3389, 4208, 1000, st, "split last wave, c2, 3 splits");
     st.cluster_m = 1;
     st.block_n = 128;
     st.num_splits = 5;
     st.dp_tiles = 132;  // 8 x 20 = 160 tiles: one wave whole, 28 tiles split 5 ways
-    run_case(1000, 2560, 1480, st, "split tail, c1, 5 splits");
+    run_case(1000, 2560, 1480, st, "split last wave, c1, 5 splits");
     st.deterministic = true;
-    run_bitwise_case(1000, 2560, 1480, st, "split tail, deterministic, c1, 5 splits");
+    run_bitwise_case(1000, 2560, 1480, st, "split last wave, deterministic, c1, 5 splits");
     mk::GemmConfig ts;  // swapped: 3000 weight rows in 24 tiles of 128, 16 whole, 8 split 4 ways
     ts.swap_ab = 1;
     ts.block_n = 48;
@@ -726,9 +726,9 @@ int main() {
     ts.num_splits = 4;
     ts.dp_tiles = 16;
     ts.num_gemm_blocks = 16;
-    run_case(40, 3000, 6144, ts, "split tail, swapped");
-    // The rule, on shapes where it takes a split tail (gemm_model_eval --choose).
-    run_case(7658, 608, 5776, def, "rule (split tail)");
+    run_case(40, 3000, 6144, ts, "split last wave, swapped");
+    // The rule, on shapes where it takes a split last wave (gemm_model_eval --choose).
+    run_case(7658, 608, 5776, def, "rule (split last wave)");
     run_case(585, 9168, 4024, def, "rule");
   }
   // The random family (issue 13), smaller: fresh shapes every run from the test's seed, the same

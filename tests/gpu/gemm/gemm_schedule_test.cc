@@ -6,7 +6,7 @@
 //   - every k block of every tile is computed exactly once, by launched clusters only;
 //   - the participants the fix-up expects for a tile are exactly the units that touched it;
 //   - every split tile has its own counter and accumulator inside the workspace the plan sizes;
-//   - a split tail (whole tiles in full waves, then the last wave's tiles split) is one round of
+//   - a split last wave (whole tiles in full waves, then the last wave's tiles split) is one round of
 //     at most one unit per cluster, every split tile cut the same number of ways;
 //   - the arrival protocol (last participant takes the sum) sees every partial added, for
 //     random arrival orders.
@@ -59,7 +59,7 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   if (s.sk_units > 0 && s.sk_units > sched.sk_iters()) return fail(name + ": empty units");
   if (s.sk_units == 0 && s.dp_tiles != T) return fail(name + ": tiles left without units");
   if (s.sk_per_tile != 0 && s.sk_per_tile > KB) return fail(name + ": bad split-K");
-  // Split tail (whole tiles, then the last tiles split): every split tile has sk_per_tile units.
+  // Split last wave (whole tiles, then the last tiles split): every split tile has sk_per_tile units.
   if (s.sk_per_tile != 0 && s.sk_units != s.sk_tiles() * s.sk_per_tile) return fail(name + ": split units do not cover the split tiles");
 
   // Every cluster's items, as the kernel walks them.
@@ -152,17 +152,17 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   }
 }
 
-int g_split_tails = 0;  // rule-chosen schedules with whole tiles then split ones
+int g_split_last_waves = 0;  // rule-chosen schedules with whole tiles then split ones
 
 void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   const mk::GemmSchedule s = mk::choose_gemm_schedule(r_in);
   if (s.sk_per_tile != 0 && s.dp_tiles > 0) {
-    // The rule's split tail: full waves of whole tiles, then one round of split units (at most
+    // The rule's split last wave: full waves of whole tiles, then one round of split units (at most
     // one per cluster), each split tile cut exactly sk_per_tile ways.
     if (r_in.num_splits == 0 && r_in.dp_tiles < 0) {
-      ++g_split_tails;
+      ++g_split_last_waves;
       if (s.dp_tiles % s.num_clusters != 0 || s.sk_units > static_cast<uint32_t>(s.num_clusters) || 2 * s.sk_tiles() > static_cast<uint32_t>(s.num_clusters))
-        fail(shape_str(r_in, s) + ": a split tail that is not full waves then at most half a wave split");
+        fail(shape_str(r_in, s) + ": a split last wave that is not full waves then at most half a wave split");
     }
   }
   // A swapped schedule describes the problem n x m x k: everything below is checked against
@@ -428,7 +428,7 @@ int main(int argc, char** argv) {
     ++cases;
   }
   // Whole tiles, then the last tiles split, named explicitly (num_splits with dp_tiles): the
-  // schedule the plan's resolved configuration of a split tail gives.
+  // schedule the plan's resolved configuration of a split last wave gives.
   for (int dp : {66, 132, 198}) {
     mk::GemmScheduleRequest r;
     r.m = 3389;
@@ -445,9 +445,9 @@ int main(int argc, char** argv) {
     check(r, rng);
     ++cases;
   }
-  // The rule takes split tails somewhere in the family (a last wave at most half full).
-  if (g_split_tails == 0) fail("the rule chose no split tail over the random family");
-  std::printf("split tails chosen: %d\n", g_split_tails);
+  // The rule takes split last waves somewhere in the family (a last wave at most half full).
+  if (g_split_last_waves == 0) fail("the rule chose no split last wave over the random family");
+  std::printf("split last waves chosen: %d\n", g_split_last_waves);
   if (g_failures) {
     std::printf("gemm_schedule_test: %d of %d cases FAILED\n", g_failures, cases);
     return 1;
