@@ -56,6 +56,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
     f[p + "cta_bytes_per_us"] = &r->cta_bytes_per_us;
     f[p + "sk_iter_factor"] = &r->sk_iter_factor;
     f[p + "sk_item_us"] = &r->sk_item_us;
+    f[p + "cluster2_launch_us"] = &r->cluster2_launch_us;
   }
   return f;
 }

@@ -106,6 +106,8 @@ inline constexpr bool gemm_tall_width_built(int block_n) {
 //    (seed 31337) and 1.0281 -> 1.0105 (seed 60606); picks more than 5% slower than the fastest
 //    17% -> 13% and 22% -> 8% of the shapes. Mostly through sk_iter_factor: the stream-K
 //    regions over one or two waves of tiles ran 1.1-1.35x slower than predicted before.
+//  * cluster2_launch_us (both regimes, 1.0): on problems the library finishes in under 15 us
+//    the regret over the records fell 1.0094 -> 1.0080 with it (fits gave 0.4-1.7).
 struct GemmCostRegime {
   double launch_us;  // launch, prologue, first loads, last store, as event-timed
   // One 64-deep k block of one CTA when every SM is busy, per tile width and cluster size. For
@@ -135,6 +137,9 @@ struct GemmCostRegime {
   // Each work item of a stream-K or split-K unit after the unit's first: the pipeline restarts
   // on another tile.
   double sk_item_us = 0.0;
+  // A launch in clusters of 2 costs this much more than one in clusters of 1 (cluster
+  // scheduling, the cluster barriers at the start and the end).
+  double cluster2_launch_us = 0.0;
 };
 
 struct GemmCostModel {
@@ -164,9 +169,10 @@ struct GemmCostModel {
   double cluster_partial_penalty = 0.15;
   double cluster_fade_busy = 0.90;
   double cluster_full_busy = 1.00;
-  GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3};
+  GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3,
+                         1.0, 0.0, 1.0};
   GemmCostRegime general{5.17, 0.80, 1.006, 0.538, 0.637, 0.478, 1.13, 0.266, 0.385, 0.16, 28.7e3, 3.26e6, 94e3,
-                         1.324, 0.24};
+                         1.324, 0.24, 1.0};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
   // with a last wave at least half full, or few k blocks per tile, the stream-K region ran
   // slower than whole tiles although the model called it even; docs/kernels.md).
@@ -385,7 +391,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * s->cluster_m) * cm.cta_bytes_per_us);
   s->busiest_us = busiest;
   s->dram_us = bytes / bw;
-  s->predicted_us = cm.launch_us + std::max(s->busiest_us, s->dram_us);
+  s->predicted_us = cm.launch_us + (s->cluster_m == 2 ? cm.cluster2_launch_us : 0.0) + std::max(s->busiest_us, s->dram_us);
 }
 
 }  // namespace schedule_detail

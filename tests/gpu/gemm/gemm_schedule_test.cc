@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
     mk::GemmScheduleRequest r;
     r.m = 845;
     r.n = 1024;
-    r.k = 264;
+    r.k = 2640;  // deep enough that the k blocks, not the clusters' launch cost, decide
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
     r.block_n = 128;
