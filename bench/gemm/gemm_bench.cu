@@ -489,8 +489,23 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
     measure("cublas", s, [&](int i) { cublas_gemm(cublas, ops.a[i], ops.w[i], ops.d[i], s.m, s.n, s.k); }, ops.sets);
     measure("mkernel", s, [&](int i) {
       mk::GemmResult r = mk::gemm_launch(mkr.plans[i], st);
-      if (!r.ok()) std::exit(1);
+      if (!r.ok()) {
+        std::fprintf(stderr, "gemm_bench: launch failed: %s\n", r.message.c_str());
+        std::exit(1);
+      }
     }, ops.sets);
+    mk::GemmConfig no_pdl;  // the same without programmatic dependent launch
+    no_pdl.programmatic_launch = false;
+    MkRunner mkr_np(s, ops, no_pdl);
+    if (mkr_np.ok) {
+      measure("no-pdl", s, [&](int i) {
+        mk::GemmResult r = mk::gemm_launch(mkr_np.plans[i], st);
+        if (!r.ok()) {
+          std::fprintf(stderr, "gemm_bench: launch failed: %s\n", r.message.c_str());
+          std::exit(1);
+        }
+      }, ops.sets);
+    }
     if (&s == &shapes[0]) measure("empty", s, [&](int) { empty_kernel<<<1, 32, 0, st>>>(); }, 1);
     std::fflush(stdout);
   }

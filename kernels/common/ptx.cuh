@@ -61,6 +61,18 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+// ---- programmatic dependent launch ---------------------------------------------------------------
+
+// Waits until the grids this one depends on programmatically have completed and their memory
+// operations are visible; returns at once for a grid launched without that dependency.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets a grid launched after this one with programmatic stream serialization start (its blocks
+// then run up to their own griddep_wait) once every block of this grid has called it or exited.
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // ---- TMA (bulk tensor copies) -------------------------------------------------------------------
 
 __device__ __forceinline__ void prefetch_tensor_map(const void* map) {

@@ -507,6 +507,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   } else {
     __syncthreads();
   }
+  // Programmatic dependent launch (plain GEMMs, GemmConfig::programmatic_launch): nothing above
+  // touches global memory, so this launch's start overlaps the previous kernel's end; from here
+  // on that kernel's writes are visible and it has stopped reading (a no-op without the launch
+  // attribute). The next launch may start its own prologue as soon as every block got here.
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
 
   TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
                                     p.raster,       p.group,        p.m_group_offset};

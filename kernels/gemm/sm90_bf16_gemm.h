@@ -86,6 +86,11 @@ struct GemmConfig {
   // (docs/kernels.md section 7, "Swapped operands"); 0: never; 1: always. With 1, block_n names
   // a width of kGemmSwapWidths.
   int swap_ab = -1;
+  // Programmatic dependent launch (plain GEMMs; ignored for fused roles and grouped GEMMs): the
+  // launch may begin while the previous kernel on the stream finishes, and waits for it inside
+  // the kernel before touching memory, which hides its launch and prologue in a sequence of
+  // launches (a CUDA graph, a model's layers). false: launched after the previous kernel ends.
+  bool programmatic_launch = true;
 };
 
 struct GemmHooks {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "gemm/sm90_bf16_gemm.cuh"
 #include "gemm/sm90_bf16_gemm.h"
@@ -53,13 +54,27 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   cfg.blockDim = dim3(T::kThreads, 1, 1);
   cfg.dynamicSmemBytes = T::kSmemBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = T::kClusterM;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned num_attrs = 0;
+  if constexpr (T::kClusterM > 1) {  // no cluster launch for single-CTA "clusters"
+    attr[num_attrs].id = cudaLaunchAttributeClusterDimension;
+    attr[num_attrs].val.clusterDim.x = T::kClusterM;
+    attr[num_attrs].val.clusterDim.y = 1;
+    attr[num_attrs].val.clusterDim.z = 1;
+    ++num_attrs;
+  }
+  // Programmatic dependent launch for plain GEMMs: the kernel waits for the previous one
+  // (griddep_wait) before its first global access, so its launch and prologue may overlap that
+  // kernel's end. Not for fused roles (their blocks wait on flags of their own) or grouped GEMMs.
+  if constexpr (std::is_same_v<Role, NoRole> && !T::kGrouped) {
+    if (plan.config.programmatic_launch) {
+      attr[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[num_attrs].val.programmaticStreamSerializationAllowed = 1;
+      ++num_attrs;
+    }
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = T::kClusterM > 1 ? 1 : 0;  // no cluster launch for single-CTA "clusters"
+  cfg.numAttrs = num_attrs;
   e = cudaLaunchKernelEx(&cfg, kernel, plan.tma_a, plan.tma_b, plan.tma_d, plan.tma_a_local, plan.params);
   if (e != cudaSuccess) return detail::cuda_failure("cudaLaunchKernelEx(sm90_bf16_gemm)", e);
   return GemmResult{};

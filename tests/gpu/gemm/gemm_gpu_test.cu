@@ -4,7 +4,7 @@
 // poisons the output with NaN before the launch, and compares with an fp32 reference and with
 // cuBLAS by relative Frobenius error. Also: every instantiation (BLOCK_N, cluster, split-K,
 // raster), the atomic-add epilogue, tile flags, readiness flags (satisfied and timing out), the
-// role split, and the argument errors. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
+// role split, programmatic dependent launches back to back, and the argument errors. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -211,6 +211,133 @@ void run_bitwise_case(int m, int n, int k, const mk::GemmConfig& cfg, const char
   if (want_same && plan.schedule.max_participants() < 3) {
     check(false, name + ": the case does not split a tile into 3 or more parts (" + cfg_str + "), so it checks nothing");
   }
+}
+
+// Programmatic dependent launch (GemmConfig::programmatic_launch): four GEMMs back to back on one
+// stream with no synchronisation between them, each reading the one before (read after write)
+// and the third overwriting what the second reads (write after read):
+//   D1 = A W1^T;  D2 = D1 W2^T;  D1 = B W1^T;  D3 = D1 W2^T.
+// Their results must equal, bit for bit, the same plans launched without the attribute with the
+// stream synchronised after each launch (the deterministic fix-up makes any split reproducible).
+// Fresh inputs per round from two sets; outputs poisoned before every round.
+void run_pdl_chain(int m, int k, int n1, int n2, const char* label) {
+  const std::string name = std::string(label) + " m" + std::to_string(m) + " k" + std::to_string(k) + " n" +
+                           std::to_string(n1) + "/" + std::to_string(n2);
+  auto alloc = [](size_t elems) {
+    __nv_bfloat16* p = nullptr;
+    GT_CUDA(cudaMalloc(&p, elems * sizeof(__nv_bfloat16)));
+    return p;
+  };
+  __nv_bfloat16 *a[2], *bb[2];
+  for (int i = 0; i < 2; ++i) {
+    a[i] = alloc(static_cast<size_t>(m) * k);
+    bb[i] = alloc(static_cast<size_t>(m) * k);
+    fill_random(a[i], static_cast<size_t>(m) * k, g_seed + 101 + i);
+    fill_random(bb[i], static_cast<size_t>(m) * k, g_seed + 201 + i);
+  }
+  __nv_bfloat16* w1 = alloc(static_cast<size_t>(n1) * k);
+  __nv_bfloat16* w2 = alloc(static_cast<size_t>(n2) * n1);
+  fill_random(w1, static_cast<size_t>(n1) * k, g_seed + 301, 0.1f);
+  fill_random(w2, static_cast<size_t>(n2) * n1, g_seed + 302, 0.1f);
+  __nv_bfloat16* d1 = alloc(static_cast<size_t>(m) * n1);
+  __nv_bfloat16* d2 = alloc(static_cast<size_t>(m) * n2);
+  __nv_bfloat16* d3 = alloc(static_cast<size_t>(m) * n2);
+  mk::DeviceStatus* status = nullptr;
+  GT_CUDA(cudaMalloc(&status, sizeof(mk::DeviceStatus)));
+  GT_CUDA(cudaMemset(status, 0, sizeof(mk::DeviceStatus)));
+  cudaStream_t st;
+  GT_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<void*> workspaces;
+  // plans[set][step][pdl]
+  mk::GemmPlan plans[2][4][2];
+  bool ok = true;
+  for (int set = 0; set < 2 && ok; ++set) {
+    for (int step = 0; step < 4 && ok; ++step) {
+      for (int pdl = 0; pdl < 2 && ok; ++pdl) {
+        mk::GemmArgs args;
+        args.a = step == 0 ? a[set] : step == 2 ? bb[set] : d1;
+        args.w = step % 2 == 0 ? w1 : w2;
+        args.d = step == 0 || step == 2 ? d1 : step == 1 ? d2 : d3;
+        args.m = m;
+        args.n = step % 2 == 0 ? n1 : n2;
+        args.k = step % 2 == 0 ? k : n1;
+        args.config.deterministic = true;
+        args.config.programmatic_launch = pdl == 1;
+        args.wait.status = status;
+        const size_t ws = mk::gemm_workspace_bytes(args);
+        if (ws > 0) {
+          void* p = nullptr;
+          GT_CUDA(cudaMalloc(&p, ws));
+          GT_CUDA(cudaMemset(p, 0, ws));
+          workspaces.push_back(p);
+          args.workspace = p;
+          args.workspace_bytes = ws;
+        }
+        const mk::GemmResult r = mk::gemm_plan(args, &plans[set][step][pdl]);
+        if (!r.ok()) {
+          check(false, name + ": plan failed: " + r.message);
+          ok = false;
+        }
+      }
+    }
+  }
+  const size_t c2 = static_cast<size_t>(m) * n2;
+  std::vector<uint16_t> ref2(c2), ref3(c2), got2(c2), got3(c2);
+  int mismatched = 0, rounds = 0;
+  std::string configs;
+  for (int round = 0; round < 8 && ok; ++round, ++rounds) {
+    const int set = round % 2;
+    // Reference: one launch at a time.
+    for (__nv_bfloat16* p : {d1, d2, d3}) poison(p, p == d1 ? static_cast<size_t>(m) * n1 : c2, st);
+    for (int step = 0; step < 4 && ok; ++step) {
+      const mk::GemmResult r = mk::gemm_launch(plans[set][step][0], st);
+      if (!r.ok()) {
+        check(false, name + ": launch failed: " + r.message);
+        ok = false;
+      }
+      GT_CUDA(cudaStreamSynchronize(st));
+    }
+    GT_CUDA(cudaMemcpy(ref2.data(), d2, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    GT_CUDA(cudaMemcpy(ref3.data(), d3, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    // The chain: back to back, programmatic launches.
+    for (__nv_bfloat16* p : {d1, d2, d3}) poison(p, p == d1 ? static_cast<size_t>(m) * n1 : c2, st);
+    GT_CUDA(cudaStreamSynchronize(st));
+    for (int step = 0; step < 4 && ok; ++step) {
+      const mk::GemmResult r = mk::gemm_launch(plans[set][step][1], st);
+      if (!r.ok()) {
+        check(false, name + ": launch failed: " + r.message);
+        ok = false;
+      }
+    }
+    GT_CUDA(cudaStreamSynchronize(st));
+    GT_CUDA(cudaMemcpy(got2.data(), d2, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    GT_CUDA(cudaMemcpy(got3.data(), d3, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    if (std::memcmp(ref2.data(), got2.data(), c2 * 2) != 0 || std::memcmp(ref3.data(), got3.data(), c2 * 2) != 0)
+      ++mismatched;
+    // The reference itself must be finite (a poisoned input would propagate NaN into both).
+    if (round == 0) {
+      size_t bad = 0;
+      for (uint16_t v : ref3) bad += (v & 0x7f80) == 0x7f80;
+      check(bad == 0, name + ": the reference chain has " + std::to_string(bad) + " non-finite outputs");
+    }
+  }
+  mk::DeviceStatus stv{};
+  GT_CUDA(cudaMemcpy(&stv, status, sizeof(stv), cudaMemcpyDeviceToHost));
+  check(stv.code == mk::kDeviceOk, name + ": status " + status_text(stv));
+  for (int step = 0; step < 4; ++step) configs += (step ? " | " : "") + mk::gemm_config_string(plans[0][step][1]);
+  const bool pass = ok && mismatched == 0;
+  std::printf("%s  %-34s %d rounds, %d differed from one launch at a time  [%s]\n", pass ? "ok  " : "FAIL",
+              name.c_str(), rounds, mismatched, configs.c_str());
+  if (!pass) ++g_failures;
+  for (void* p : workspaces) GT_CUDA(cudaFree(p));
+  for (int i = 0; i < 2; ++i) {
+    GT_CUDA(cudaFree(a[i]));
+    GT_CUDA(cudaFree(bb[i]));
+  }
+  for (void* p : {static_cast<void*>(w1), static_cast<void*>(w2), static_cast<void*>(d1), static_cast<void*>(d2),
+                  static_cast<void*>(d3), static_cast<void*>(status)})
+    GT_CUDA(cudaFree(p));
+  GT_CUDA(cudaStreamDestroy(st));
 }
 
 // D starts as random C; D += A W^T with the atomic-add epilogue.
@@ -491,6 +618,13 @@ int main() {
   run_case(2048, 14336, 4096, def, "wide");
   run_case(8192, 8192, 8192, def, "large");
   run_case(4096, 2048, 14336, def, "deep k");
+
+  // Programmatic dependent launches back to back: tiny grids (the next launch starts beside the
+  // running one), a decode-like m, and full waves.
+  run_pdl_chain(16, 512, 512, 256, "pdl chain, tiny");
+  run_pdl_chain(3, 2048, 4096, 1024, "pdl chain, m=3");
+  run_pdl_chain(1000, 1024, 2048, 1040, "pdl chain, waves");
+  run_pdl_chain(4096, 4096, 4096, 4096, "pdl chain, large");
 
   // Every library instantiation and work decomposition on one ragged shape: data-parallel,
   // split-K, stream-K with the chosen units and with 7 units (each spanning several tiles).
