@@ -487,25 +487,18 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
     if (!mkr.ok) continue;
     for (auto& pl : mkr.plans) (void)pl;
     measure("cublas", s, [&](int i) { cublas_gemm(cublas, ops.a[i], ops.w[i], ops.d[i], s.m, s.n, s.k); }, ops.sets);
-    measure("mkernel", s, [&](int i) {
-      mk::GemmResult r = mk::gemm_launch(mkr.plans[i], st);
-      if (!r.ok()) {
-        std::fprintf(stderr, "gemm_bench: launch failed: %s\n", r.message.c_str());
+    auto launch = [&](const MkRunner& r, int i) {
+      const mk::GemmResult res = mk::gemm_launch(r.plans[i], st);
+      if (!res.ok()) {
+        std::fprintf(stderr, "gemm_bench: launch failed: %s\n", res.message.c_str());
         std::exit(1);
       }
-    }, ops.sets);
+    };
+    measure("mkernel", s, [&](int i) { launch(mkr, i); }, ops.sets);
     mk::GemmConfig no_pdl;  // the same without programmatic dependent launch
     no_pdl.programmatic_launch = false;
     MkRunner mkr_np(s, ops, no_pdl);
-    if (mkr_np.ok) {
-      measure("no-pdl", s, [&](int i) {
-        mk::GemmResult r = mk::gemm_launch(mkr_np.plans[i], st);
-        if (!r.ok()) {
-          std::fprintf(stderr, "gemm_bench: launch failed: %s\n", r.message.c_str());
-          std::exit(1);
-        }
-      }, ops.sets);
-    }
+    if (mkr_np.ok) measure("no-pdl", s, [&](int i) { launch(mkr_np, i); }, ops.sets);
     if (&s == &shapes[0]) measure("empty", s, [&](int) { empty_kernel<<<1, 32, 0, st>>>(); }, 1);
     std::fflush(stdout);
   }

@@ -287,29 +287,25 @@ void run_pdl_chain(int m, int k, int n1, int n2, const char* label) {
   std::string configs;
   for (int round = 0; round < 8 && ok; ++round, ++rounds) {
     const int set = round % 2;
-    // Reference: one launch at a time.
-    for (__nv_bfloat16* p : {d1, d2, d3}) poison(p, p == d1 ? static_cast<size_t>(m) * n1 : c2, st);
-    for (int step = 0; step < 4 && ok; ++step) {
-      const mk::GemmResult r = mk::gemm_launch(plans[set][step][0], st);
-      if (!r.ok()) {
-        check(false, name + ": launch failed: " + r.message);
-        ok = false;
+    // The four launches from poisoned outputs: without the attribute, the stream synchronised
+    // after each (the reference), or with it, back to back.
+    auto run_chain = [&](int pdl) {
+      for (__nv_bfloat16* p : {d1, d2, d3}) poison(p, p == d1 ? static_cast<size_t>(m) * n1 : c2, st);
+      GT_CUDA(cudaStreamSynchronize(st));
+      for (int step = 0; step < 4 && ok; ++step) {
+        const mk::GemmResult r = mk::gemm_launch(plans[set][step][pdl], st);
+        if (!r.ok()) {
+          check(false, name + ": launch failed: " + r.message);
+          ok = false;
+        }
+        if (!pdl) GT_CUDA(cudaStreamSynchronize(st));
       }
       GT_CUDA(cudaStreamSynchronize(st));
-    }
+    };
+    run_chain(0);
     GT_CUDA(cudaMemcpy(ref2.data(), d2, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     GT_CUDA(cudaMemcpy(ref3.data(), d3, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    // The chain: back to back, programmatic launches.
-    for (__nv_bfloat16* p : {d1, d2, d3}) poison(p, p == d1 ? static_cast<size_t>(m) * n1 : c2, st);
-    GT_CUDA(cudaStreamSynchronize(st));
-    for (int step = 0; step < 4 && ok; ++step) {
-      const mk::GemmResult r = mk::gemm_launch(plans[set][step][1], st);
-      if (!r.ok()) {
-        check(false, name + ": launch failed: " + r.message);
-        ok = false;
-      }
-    }
-    GT_CUDA(cudaStreamSynchronize(st));
+    run_chain(1);
     GT_CUDA(cudaMemcpy(got2.data(), d2, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     GT_CUDA(cudaMemcpy(got3.data(), d3, c2 * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     if (std::memcmp(ref2.data(), got2.data(), c2 * 2) != 0 || std::memcmp(ref3.data(), got3.data(), c2 * 2) != 0)
