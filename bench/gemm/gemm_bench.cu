@@ -509,12 +509,13 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
 }  // namespace
 
 // The cost model's costs before the refit of 2026-12-02 (general regime, masked tail, cluster
-// penalty; bench/gemm/fit_cost_model.py): --prev-model times their choice beside the current one.
+// penalty, the clusters-of-2 launch charge; bench/gemm/fit_cost_model.py): --prev-model times their choice beside the current one.
 mk::GemmCostModel previous_cost_model() {
   mk::GemmCostModel m;
   m.masked_tail_tile_us = 0.6;
   m.cluster_partial_penalty = 0.10;
   m.general = mk::GemmCostRegime{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
+  m.small_m.cluster2_launch_us = 0.0;  // the small-m costs are otherwise unchanged
   return m;
 }
 
