@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -15,7 +15,8 @@
 // cluster size ("cl"), the rule held to 128-row or to 256-row tiles ("m128", "m256"), and the
 // other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic), and the rule held
 // to the operands as given or to swapped ones ("noswap", "swap", GemmConfig::swap_ab): the data
-// that calibrates the cost model.
+// that calibrates the cost model. With it (or alone with --cluster-k): the rule without split-K
+// inside clusters ("nok") and, for m <= 256, with each cluster size forced ("k2", "k4", "k8").
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -84,6 +85,7 @@ struct Options {
   bool overhead = false;
   std::string shape_list;  // "MxNxK,MxNxK": these shapes only
   bool profile = false;    // launch each implementation twice per shape, time nothing
+  bool cluster_k = false;  // --cluster-k: time the in-cluster split-K variants only
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
 
@@ -521,13 +523,27 @@ mk::GemmCostModel previous_cost_model() {
 
 // A configuration that makes the library plan exactly `s` (tile, cluster, swap, blocks and
 // decomposition all fixed).
+// Split-K inside clusters (GemmConfig::cluster_k): never ("nok"), and for m <= 256 each cluster
+// size ("k2", "k4", "k8"; the rule choosing everything else: swapped operands, widths up to 64).
+void add_cluster_k_variants(const Shape& s, std::vector<std::pair<std::string, mk::GemmConfig>>* vs) {
+  mk::GemmConfig c;
+  c.cluster_k = 1;
+  vs->emplace_back("nok", c);
+  if (s.m > 256) return;
+  for (int ck : {2, 4, 8}) {
+    c.cluster_k = ck;
+    vs->emplace_back("k" + std::to_string(ck), c);
+  }
+}
+
 mk::GemmConfig config_forcing(const mk::GemmSchedule& s) {
   mk::GemmConfig c;
   c.swap_ab = s.swap_ab ? 1 : 0;
   c.block_m = s.block_m;
   c.block_n = s.block_n;
   c.cluster_m = s.cluster_m;
-  c.num_gemm_blocks = s.num_clusters * s.cluster_m;
+  c.cluster_k = s.cluster_k;
+  c.num_gemm_blocks = s.num_clusters * s.cluster_m * s.cluster_k;
   if (s.sk_units == 0) {
     c.stream_k = 0;
     c.num_splits = 1;
@@ -565,11 +581,12 @@ int main(int argc, char** argv) {
     else if (a == "--count") o.random_count = std::atoi(next("--count").c_str());
     else if (a == "--variants") o.variants = true;
     else if (a == "--prev-model") o.prev_model = true;
+    else if (a == "--cluster-k") o.cluster_k = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k]\n", argv[0]);
       return 2;
     }
   }
@@ -742,6 +759,19 @@ int main(int argc, char** argv) {
         variant_runners.push_back(std::move(runner));
       }
     }
+    if (o.cluster_k && !o.variants && def_runner) {
+      std::vector<std::pair<std::string, mk::GemmConfig>> vs;
+      add_cluster_k_variants(s, &vs);
+      for (const auto& [tag, c] : vs) {
+        Row v{s, "mkernel_" + tag, "", {}, 0, 0};
+        auto runner = make_mk(c, &v);
+        if (!runner) continue;
+        MkRunner* rp = runner.get();
+        shape_rows.push_back(v);
+        fns.push_back([rp](int i) { rp->launch(i); });
+        variant_runners.push_back(std::move(runner));
+      }
+    }
     if (o.variants && def_runner) {
       const mk::GemmPlan& dp = def_runner->plans[0];
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
@@ -792,6 +822,7 @@ int main(int argc, char** argv) {
           vs.emplace_back("t64", c);
         }
       }
+      add_cluster_k_variants(s, &vs);
       for (int bm : {128, 256}) {  // the rule held to one tile height
         if (bm == 256 && s.m <= 128) continue;
         mk::GemmConfig c;

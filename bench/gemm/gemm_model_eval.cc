@@ -57,6 +57,8 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
     f[p + "sk_iter_factor"] = &r->sk_iter_factor;
     f[p + "sk_item_us"] = &r->sk_item_us;
     f[p + "cluster2_launch_us"] = &r->cluster2_launch_us;
+    f[p + "clusterk_launch_us"] = &r->clusterk_launch_us;
+    f[p + "clusterk_reduce_us"] = &r->clusterk_reduce_us;
   }
   return f;
 }
@@ -83,6 +85,8 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
       s.block_n = std::atoi(tok.c_str() + 1);
     } else if (tok[0] == 'c' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
       s.cluster_m = std::atoi(tok.c_str() + 1);
+    } else if (tok[0] == 'k' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
+      s.cluster_k = std::atoi(tok.c_str() + 1);
     } else if (tok[0] == 'b' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
       blocks = std::atoi(tok.c_str() + 1);
     } else if (tok == "det") {
@@ -107,13 +111,14 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
       }
     }
   }
-  if (!have_decomp || blocks <= 0 || s.block_n <= 0 || (s.cluster_m != 1 && s.cluster_m != 2)) {
+  if (!have_decomp || blocks <= 0 || s.block_n <= 0 || (s.cluster_m != 1 && s.cluster_m != 2) ||
+      (s.cluster_k != 1 && s.cluster_k != 2 && s.cluster_k != 4 && s.cluster_k != 8)) {
     *why = "configuration '" + config + "' lacks a width, cluster, block count or decomposition";
     return false;
   }
   const int64_t pm = swap ? n : m, pn = swap ? m : n;
   s.swap_ab = swap;
-  s.num_clusters = blocks / s.cluster_m;
+  s.num_clusters = blocks / (s.cluster_m * s.cluster_k);
   s.m_blocks = static_cast<uint32_t>(ceil_div(pm, s.block_m));
   s.n_blocks = static_cast<uint32_t>(ceil_div(pn, s.block_n));
   s.k_blocks = static_cast<uint32_t>(ceil_div(k, 64));
@@ -182,10 +187,15 @@ int main(int argc, char** argv) {
       r.k = k;
       r.blocks_cluster1 = 132;
       r.blocks_cluster2 = 132;
+      // Clusters of 4 and 8 as the H200 runs them (clusters stay inside a GPC).
+      r.blocks_cluster_k2 = 132;
+      r.blocks_cluster_k4 = 132;
+      r.blocks_cluster_k8 = 128;
       r.swap_ab = -1;
       const mk::GemmSchedule s = mk::choose_gemm_schedule(r, model);
-      std::printf("%s%s n%d c%d b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : "",
-                  s.block_n, s.cluster_m, s.num_clusters * s.cluster_m, s.describe().c_str(), s.predicted_us);
+      std::printf("%s%s n%d c%d%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : "",
+                  s.block_n, s.cluster_m, s.cluster_k > 1 ? (" k" + std::to_string(s.cluster_k)).c_str() : "",
+                  s.num_clusters * s.cluster_m * s.cluster_k, s.describe().c_str(), s.predicted_us);
       continue;
     }
     std::string config;

@@ -82,6 +82,17 @@ struct WorkCursor {
   uint32_t end;      // end of the unit on the line
 };
 
+// Split-K inside a cluster (GEMM traits kClusterK > 1): the CTAs of a cluster walk the same work
+// items, and CTA `rank` of `cluster_k` computes the rank-th of cluster_k contiguous, balanced
+// shares of each item's k blocks (none when the item has fewer k blocks than the cluster has
+// CTAs; its partial is then zero). The CTAs' partials are summed inside the cluster.
+MKERNEL_HOST_DEVICE inline void cluster_k_share(WorkItem& item, uint32_t rank, uint32_t cluster_k) {
+  const uint32_t len = item.k_end - item.k_begin;
+  const uint32_t b = item.k_begin + len * rank / cluster_k;
+  item.k_end = item.k_begin + len * (rank + 1) / cluster_k;
+  item.k_begin = b;
+}
+
 template <int kClusterM>
 struct TileScheduler {
   uint32_t num_m_blocks;

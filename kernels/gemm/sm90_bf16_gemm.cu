@@ -29,6 +29,8 @@ struct DeviceInfo {
   int major = 0, minor = 0;
   // GEMM blocks that can be resident at once, per cluster size (index 1, 2); filled on first use.
   int resident[3] = {0, 0, 0};
+  // ... with split-K inside clusters of 2, 4 and 8 CTAs (index 1, 2, 3).
+  int resident_k[4] = {0, 0, 0, 0};
 };
 
 GemmResult device_info(DeviceInfo* info) {
@@ -55,6 +57,10 @@ GemmResult device_info(DeviceInfo* info) {
     for (int cl : {1, 2}) {
       d.resident[cl] = std::min(detail::max_resident_block_n<256>(cl, d.num_sms),
                                 detail::max_resident_block_n<128>(cl, d.num_sms));
+    }
+    for (int i = 1; i <= 3; ++i) {
+      d.resident_k[i] = std::min(detail::max_resident_swapk_block_n<64>(1 << i, d.num_sms),
+                                 detail::max_resident_swapk_block_n<16>(1 << i, d.num_sms));
     }
   }
   if (dev < kMaxDevices) cache[dev] = d;
@@ -172,6 +178,34 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                                                  " is not built with block_m = 256 (expected 0 or one of " + widths + ")");
     }
   }
+  // In-cluster split-K: plain GEMMs with swapped operands, 128-row tiles of a width up to 64,
+  // clusters of 1 along m, whole tiles.
+  if (c->cluster_k != 0 && c->cluster_k != 1 && c->cluster_k != 2 && c->cluster_k != 4 && c->cluster_k != 8) {
+    return fail(GemmError::kInvalidConfig, "cluster_k = " + std::to_string(c->cluster_k) + " is not supported (expected 0, 1, 2, 4 or 8)");
+  }
+  if (c->cluster_k > 1) {
+    std::string why;
+    if (!plain) {
+      why = a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks";
+    } else if (c->swap_ab == 0) {
+      why = "swap_ab = 0";
+    } else if (c->block_m != 0 && c->block_m != 128) {
+      why = "block_m = " + std::to_string(c->block_m);
+    } else if (c->block_n != 0 && !gemm_swap_cluster_k_width_built(c->block_n)) {
+      why = "block_n = " + std::to_string(c->block_n);
+    } else if (c->cluster_m == 2) {
+      why = "cluster_m = 2";
+    } else if (c->num_splits > 1 || c->stream_k == 1 || c->sk_units > 0 || c->dp_tiles >= 0) {
+      why = "split-K or stream-K through the workspace";
+    } else if (c->widths_128_256) {
+      why = "widths_128_256";
+    }
+    if (!why.empty()) {
+      return fail(GemmError::kInvalidConfig, "cluster_k = " + std::to_string(c->cluster_k) +
+                                                 " needs a plain GEMM with swapped operands (swap_ab -1 or 1), 128-row tiles "
+                                                 "of width 16, 32, 48 or 64, cluster_m 1 and whole tiles; this call has " + why);
+    }
+  }
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->group == 0) c->group = 8;
   if (c->raster != kRasterAlongN && c->raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
@@ -218,7 +252,24 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   // Swapped operands: plain GEMMs with 128-row tiles only; callers that instantiate the engine
   // with 128 and 256 columns (the fused ops) never get them.
   req.swap_ab = (plain && c->block_m != 256 && !c->widths_128_256) ? c->swap_ab : 0;
+  req.cluster_k = req.swap_ab != 0 ? c->cluster_k : 1;
+  if (req.swap_ab != 0 && c->num_gemm_blocks == 0) {
+    req.blocks_cluster_k2 = dev.resident_k[1];
+    req.blocks_cluster_k4 = dev.resident_k[2];
+    req.blocks_cluster_k8 = dev.resident_k[3];
+  } else if (req.swap_ab != 0) {
+    // Fewer GEMM blocks asked for: whole clusters of each size within them.
+    req.blocks_cluster_k2 = std::min(dev.resident_k[1], c->num_gemm_blocks - c->num_gemm_blocks % 2);
+    req.blocks_cluster_k4 = std::min(dev.resident_k[2], c->num_gemm_blocks - c->num_gemm_blocks % 4);
+    req.blocks_cluster_k8 = std::min(dev.resident_k[3], c->num_gemm_blocks - c->num_gemm_blocks % 8);
+  }
   *sched = choose_gemm_schedule(req);
+  if (c->cluster_k > 1 && sched->cluster_k != c->cluster_k) {
+    return fail(GemmError::kInvalidConfig, "cluster_k = " + std::to_string(c->cluster_k) +
+                                               ": no cluster of that size fits in the GEMM blocks available (" +
+                                               std::to_string(c->num_gemm_blocks) + " asked for, 0 = all)");
+  }
+  c->cluster_k = sched->cluster_k;
   c->swap_ab = sched->swap_ab ? 1 : 0;
   c->block_n = sched->block_n;
   c->block_m = sched->block_m;
@@ -228,7 +279,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
   c->dp_tiles = (c->stream_k || (sched->sk_per_tile != 0 && sched->dp_tiles > 0)) ? static_cast<int>(sched->dp_tiles) : -1;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
-  c->num_gemm_blocks = sched->num_clusters * c->cluster_m;
+  c->num_gemm_blocks = sched->num_clusters * c->cluster_m * c->cluster_k;
   return {};
 }
 
@@ -461,6 +512,18 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.swap_ab == 1 && plan.config.cluster_k > 1) {
+    switch (plan.config.block_n) {
+      case 64: return detail::launch_swapk_block_n<64>(plan, stream);
+      case 48: return detail::launch_swapk_block_n<48>(plan, stream);
+      case 32: return detail::launch_swapk_block_n<32>(plan, stream);
+      case 16: return detail::launch_swapk_block_n<16>(plan, stream);
+      default:
+        return fail(GemmError::kInvalidConfig, "plan.config.block_n = " + std::to_string(plan.config.block_n) +
+                                                   " is not built with swap_ab = 1 and cluster_k = " +
+                                                   std::to_string(plan.config.cluster_k));
+    }
+  }
   if (plan.config.swap_ab == 1 && plan.config.block_m == 64) {
     switch (plan.config.block_n) {
       case 64: return detail::launch_swap64_block_n<64>(plan, stream);
@@ -546,7 +609,8 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + " s" + std::to_string(c.num_splits) +
+  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) +
+         (c.cluster_k > 1 ? " k" + std::to_string(c.cluster_k) : "") + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
          (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");

@@ -87,7 +87,7 @@ struct NoRole {
 };
 
 template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false,
-          int kBlockM_ = 128, bool kSwapAB_ = false>
+          int kBlockM_ = 128, bool kSwapAB_ = false, int kClusterK_ = 1>
 struct Sm90GemmTraits {
   // Swapped operands (plain GEMMs, store epilogue): the kernel computes D^T = W A^T, so its "m"
   // is the caller's n (the weight's rows fill the 128-row side of the tile and the wgmma M) and
@@ -113,6 +113,12 @@ struct Sm90GemmTraits {
   static constexpr int kBlockK = 64;  // 64 bf16 = 128 bytes: one 128-byte swizzle row
   static constexpr int kStages = kStages_;
   static constexpr int kClusterM = kClusterM_;
+  // Split-K inside a cluster (swapped operands, widths up to 64): the kClusterK CTAs of a cluster
+  // work on the same tile, each on its own contiguous share of the k blocks, and sum their fp32
+  // partials through distributed shared memory (detail::cluster_k_reduce): no round trip through
+  // global memory, no workspace, and a fixed order of summation (bitwise reproducible).
+  static constexpr int kClusterK = kClusterK_;
+  static constexpr int kClusterSize = kClusterM_ * kClusterK_;  // CTAs a cluster launch groups
   static constexpr uint32_t kEpilogue = kEpilogue_;
   static constexpr int kNumConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kNumConsumers);
@@ -130,7 +136,9 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
   static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
   // Full and empty barriers, one abort word per stage, the split-last word (16-byte rounded).
-  static constexpr uint32_t kBarrierBytes = 2 * kStages * 8 + ((kStages + 1) * 4 + 15) / 16 * 16;
+  // With kClusterK > 1 two more mbarriers (partials written / partials read) after them.
+  static constexpr uint32_t kBarrierBytes =
+      2 * kStages * 8 + ((kStages + 1) * 4 + 15) / 16 * 16 + (kClusterK_ > 1 ? 16 : 0);
   // Grouped GEMM: the groups' table (sm90_bf16_grouped_gemm_map.h) after the barriers.
   static constexpr bool kGrouped = kGrouped_;
   static constexpr uint32_t kGroupedBytes = kGrouped ? (sizeof(GroupedTable) + 15) / 16 * 16 : 0;
@@ -143,6 +151,12 @@ struct Sm90GemmTraits {
                 "swapped operands: plain GEMM, store epilogue, 64- or 128-row tiles");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(kClusterK == 1 || kClusterK == 2 || kClusterK == 4 || kClusterK == 8, "clusters of 1, 2, 4 or 8 CTAs along K");
+  // The partial tile (128 x BLOCK_N fp32) lives in the epilogue's staging buffers, which the
+  // in-cluster reduction never uses for TMA stores.
+  static_assert(kClusterK == 1 || (kSwapAB_ && kClusterM_ == 1 && kBlockM_ == 128 && kBlockN_ <= 64 && !kGrouped_ &&
+                                   kEpilogue_ == kEpilogueStore),
+                "split-K inside a cluster: swapped operands, 128-row tiles, widths up to 64, clusters of 1 along M");
   static_assert(kBlockM == 128 || kBlockM == 256 || (kBlockM == 64 && kSwapAB_ && kBlockN_ <= 64),
                 "BLOCK_M: 128 or 256 (64 with swapped operands, widths up to 64)");
   static_assert(kBlockM == 128 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),
@@ -447,6 +461,106 @@ __device__ __forceinline__ void build_grouped_table(const GroupedTileMap<kCluste
   }
 }
 
+// Split-K inside a cluster (Traits::kClusterK > 1): this CTA's share of the item's k blocks
+// (common/tile_scheduler.cuh, cluster_k_share).
+template <class T>
+__device__ __forceinline__ void cluster_k_share(WorkItem& item, uint32_t krank) {
+  if constexpr (T::kClusterK > 1) mkernel::kernels::cluster_k_share(item, krank, T::kClusterK);
+}
+
+// The in-cluster reduction of one tile (Traits::kClusterK > 1, swapped operands), run by the 256
+// consumer threads of every CTA of the cluster after their main loop; `rt` counts the tiles this
+// CTA reduced before (the barriers' phases).
+//  1. Wait until every CTA has finished reading this CTA's partial of the previous tile
+//     (red_bars[1], one arrival per CTA), then store this CTA's fp32 partial into its epilogue
+//     buffers as [tile column (activation row)][128 weight rows], the weight rows of each
+//     activation row XOR-ed by 8 x ((row / 2) % 4) so a warp's 32 stores hit 32 banks.
+//  2. Barrier of the 256 threads, then one thread arrives with cluster-scope release on
+//     red_bars[0] of every CTA; every thread waits for that phase with cluster-scope acquire:
+//     all kClusterK partials are then visible.
+//  3. CTA krank sums its 1 / kClusterK of the tile's 16-byte groups over the CTAs in rank order
+//     (reading their shared memory; the same order on every launch, so the result is bitwise
+//     reproducible), rounds to bf16 once and stores 4 output columns per 8-byte store. Rows past
+//     the caller's m and columns past its n are skipped (n is a multiple of 8, so a group of 4
+//     columns is in or out as a whole).
+//  4. Barrier, then one thread arrives on red_bars[1] of every CTA (step 1 of the next tile).
+// Returns false when a wait expired (reported as a pipeline timeout of "stage" kStages for the
+// partials-written barrier, kStages + 1 for partials-read; the caller stops). The final cluster
+// barrier of the kernel keeps every CTA's shared memory alive until the last reads of it are done.
+template <class T>
+__device__ __forceinline__ bool cluster_k_reduce(const GemmParams& p, const float (&acc)[T::kConsumerN / 2],
+                                                 uint8_t* smem_epi, uint64_t* red_bars, uint32_t rt, uint32_t krank,
+                                                 uint32_t m_block, uint32_t n_block, uint32_t cw, uint32_t ctid,
+                                                 uint32_t warp_in_wg, uint32_t lane) {
+  static_assert(T::kClusterK > 1 && T::kSwapAB && T::kBlockM == 128, "in-cluster split-K: swapped 128-row tiles");
+  static_assert(128u * T::kBlockN * 4 <= T::kEpiBytes, "the partial tile fits the epilogue buffers");
+  constexpr uint32_t kS = T::kClusterK;
+  const uint32_t base = ptx::smem_addr(smem_epi);
+  // Bounds: after the consumers' own (twice the bound), since a peer may be in such a wait.
+  if (rt > 0 && !mbar_wait_bounded(&red_bars[1], (rt - 1) & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
+    report(p.wait, kDevicePipelineTimeout, T::kStages + 1, where_tag(kStepGemmPipeline, blockIdx.x));
+    return false;
+  }
+  {
+    const uint32_t q = lane % 4;
+#pragma unroll
+    for (int j = 0; j < T::kConsumerN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t wrow = (cw * 64 + warp_in_wg * 16 + lane / 4 + 8 * h) ^ (q << 3);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t act = 8 * j + 2 * q + e;
+          ptx::st_shared_f32(base + (act * 128 + wrow) * 4, acc[4 * j + 2 * h + e]);
+        }
+      }
+    }
+  }
+  ptx::named_barrier_sync(2, 256);
+  if (ctid == 0) {
+#pragma unroll
+    for (uint32_t r = 0; r < kS; ++r) ptx::mbar_arrive_release_cluster(&red_bars[0], r);
+  }
+  if (!mbar_wait_bounded<true>(&red_bars[0], rt & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
+    report(p.wait, kDevicePipelineTimeout, T::kStages, where_tag(kStepGemmPipeline, blockIdx.x));
+    return false;
+  }
+  uint32_t peer[kS];
+#pragma unroll
+  for (uint32_t r = 0; r < kS; ++r) peer[r] = ptx::mapa_shared(base, r);
+  constexpr uint32_t kGroups = 128 * T::kBlockN / 4;  // 16-byte groups of the partial tile
+  constexpr uint32_t kShare = kGroups / kS;
+  static_assert(kGroups % kS == 0, "every CTA sums the same number of groups");
+  auto* d = static_cast<uint16_t*>(p.d);
+  for (uint32_t g = krank * kShare + ctid; g < (krank + 1) * kShare; g += 256) {
+    const uint32_t act = g / 32;
+    const uint32_t wrow = ((g % 32) * 4) ^ (((act >> 1) & 3u) << 3);
+    float4 sum = ptx::ld_shared_cluster_v4_f32(peer[0] + g * 16);
+#pragma unroll
+    for (uint32_t r = 1; r < kS; ++r) {
+      const float4 v = ptx::ld_shared_cluster_v4_f32(peer[r] + g * 16);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    // Swapped: the kernel's n (activation rows) is the caller's m, its m (weight rows) the
+    // caller's n.
+    const uint32_t row = n_block * T::kBlockN + act;
+    const uint32_t col = m_block * 128 + wrow;
+    if (row < p.n && col < p.m) {
+      ptx::st_global_v2_b32(d + static_cast<uint64_t>(row) * p.ldd + col, ptx::pack_bf16x2(sum.x, sum.y),
+                            ptx::pack_bf16x2(sum.z, sum.w));
+    }
+  }
+  ptx::named_barrier_sync(2, 256);
+  if (ctid == 0) {
+#pragma unroll
+    for (uint32_t r = 0; r < kS; ++r) ptx::mbar_arrive_cluster(&red_bars[1], r);
+  }
+  return true;
+}
+
 // The fix-up of split tiles (stream-K / split-K): gemm/sm90_bf16_gemm_fixup.cuh.
 
 }  // namespace detail
@@ -487,11 +601,16 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto* stage_abort = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
   auto* split_last = const_cast<uint32_t*>(stage_abort + T::kStages);
   [[maybe_unused]] auto* grouped_table = reinterpret_cast<GroupedTable*>(smem_epi + T::kEpiBytes + T::kBarrierBytes);
+  // In-cluster split-K: [partials written][partials read] (detail::cluster_k_reduce).
+  [[maybe_unused]] auto* red_bars = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes + T::kBarrierBytes - 16);
 
   const uint32_t warpgroup = threadIdx.x / 128;
   const uint32_t cta_rank = T::kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
-  const uint32_t cluster_idx = blockIdx.x / T::kClusterM;
-  const uint32_t num_clusters = p.num_gemm_blocks / T::kClusterM;
+  // In-cluster split-K: which share of every tile's k blocks this CTA takes (all CTAs of the
+  // cluster walk the same tiles).
+  const uint32_t krank = T::kClusterK == 1 ? 0 : ptx::cluster_cta_rank();
+  const uint32_t cluster_idx = blockIdx.x / T::kClusterSize;
+  const uint32_t num_clusters = p.num_gemm_blocks / T::kClusterSize;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -499,10 +618,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kClusterM);
     }
     for (int s = 0; s < T::kStages; ++s) stage_abort[s] = 0;
+    if constexpr (T::kClusterK > 1) {
+      ptx::mbar_init(&red_bars[0], T::kClusterK);
+      ptx::mbar_init(&red_bars[1], T::kClusterK);
+    }
     if constexpr (T::kGrouped) grouped_table->bad_group = kGroupedNoBadGroup;
     ptx::fence_mbar_init();
   }
-  if constexpr (T::kClusterM > 1) {
+  if constexpr (T::kClusterSize > 1) {
     ptx::cluster_sync();
   } else {
     __syncthreads();
@@ -555,6 +678,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       WorkItem item;
       [[maybe_unused]] GroupCursor gcursor;
       while (!aborted && sched.next(cursor, num_clusters, item)) {
+        detail::cluster_k_share<T>(item, krank);
         const CUtensorMap* map_a = &tma_a;
         int32_t a_row = 0, w_row = 0;
         uint32_t rot = 0;
@@ -685,7 +809,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     WorkCursor cursor = sched.begin(cluster_idx);
     WorkItem item;
     [[maybe_unused]] GroupCursor gcursor;
+    [[maybe_unused]] uint32_t reduced_tiles = 0;  // in-cluster split-K: tiles reduced so far
     while (!aborted && sched.next(cursor, num_clusters, item)) {
+      detail::cluster_k_share<T>(item, krank);
       TileCoord tc;
       [[maybe_unused]] GroupedTile gt;
       bool rows_live;
@@ -774,6 +900,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < T::kConsumerN / 2; ++i) acc[s][i] = 0.0f;
         }
+      }
+
+      // -- in-cluster split-K: the cluster's CTAs sum their partials and each stores its share
+      //    of the tile (data-parallel schedules only: no fix-up, no hooks) --
+      if constexpr (T::kClusterK > 1) {
+        if (!detail::cluster_k_reduce<T>(p, acc[0], smem_epi, red_bars, reduced_tiles, krank, tc.m_block, tc.n_block,
+                                         cw, ctid, warp_in_wg, lane)) {
+          aborted = true;
+          break;
+        }
+        ++reduced_tiles;
+        continue;
       }
 
       // -- grouped epilogue: rows of the tile's group only; whole 64-row halves with TMA, a
@@ -885,9 +1023,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   }
 
-  // A CTA must not exit while its cluster peer may still multicast into its shared memory or
-  // arrive on its barriers.
-  if constexpr (T::kClusterM > 1) {
+  // A CTA must not exit while its cluster peer may still multicast into its shared memory, arrive
+  // on its barriers or (in-cluster split-K) read its partial.
+  if constexpr (T::kClusterSize > 1) {
     __syncwarp();
     ptx::cluster_sync();
   }

@@ -91,6 +91,12 @@ struct GemmConfig {
   // the kernel before touching memory, which hides its launch and prologue in a sequence of
   // launches (a CUDA graph, a model's layers). false: launched after the previous kernel ends.
   bool programmatic_launch = true;
+  // Split-K inside a cluster (kGemmClusterKSizes; swapped operands, widths of
+  // kGemmSwapClusterKWidths, plain GEMMs): the cluster_k CTAs of a cluster share each tile, each
+  // taking a contiguous share of its k blocks, and sum their fp32 partials through distributed
+  // shared memory in rank order (bitwise reproducible, no workspace). 0: the rule chooses; 1:
+  // never; 2, 4 or 8: always (implies swap_ab = 1; whole tiles, no num_splits or stream-K).
+  int cluster_k = 0;
 };
 
 struct GemmHooks {

@@ -43,6 +43,15 @@ GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream);
 template <int kBlockN>
 GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream);
 
+// The swapped-operand instantiations with split-K inside clusters of 2, 4 and 8 CTAs
+// (sm90_bf16_gemm_swapk_n*.cu; kGemmSwapClusterKWidths), and how many of their blocks can be
+// resident at once (whole clusters; 0 for a cluster size not built).
+template <int kBlockN>
+GemmResult launch_swapk_block_n(const GemmPlan& plan, cudaStream_t stream);
+
+template <int kBlockN>
+int max_resident_swapk_block_n(int cluster_k, int num_sms);
+
 // The grouped instantiations (sm90_bf16_grouped_gemm_n*.cu, generated like the above).
 template <int kBlockN>
 GemmResult launch_grouped_block_n(const GemmPlan& plan, cudaStream_t stream);

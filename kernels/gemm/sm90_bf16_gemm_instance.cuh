@@ -52,6 +52,32 @@ GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<Swap64Traits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
+template <int kBlockN, int kClusterK>
+using SwapKTraits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), 1, kEpilogueStore, false, 128, true, kClusterK>;
+
+template <int kBlockN>
+GemmResult launch_swapk_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  switch (plan.config.cluster_k) {
+    case 2: return launch_sm90_bf16_gemm<SwapKTraits<kBlockN, 2>, NoRole>(plan, stream);
+    case 4: return launch_sm90_bf16_gemm<SwapKTraits<kBlockN, 4>, NoRole>(plan, stream);
+    case 8: return launch_sm90_bf16_gemm<SwapKTraits<kBlockN, 8>, NoRole>(plan, stream);
+    default:
+      return GemmResult{GemmError::kInvalidConfig,
+                        "plan.config.cluster_k = " + std::to_string(plan.config.cluster_k) + " is not built (expected 2, 4 or 8)"};
+  }
+}
+
+template <int kBlockN>
+int max_resident_swapk_block_n(int cluster_k, int num_sms) {
+  switch (cluster_k) {
+    case 2: return max_resident_gemm_blocks<SwapKTraits<kBlockN, 2>, NoRole>(num_sms);
+    case 4: return max_resident_gemm_blocks<SwapKTraits<kBlockN, 4>, NoRole>(num_sms);
+    case 8: return max_resident_gemm_blocks<SwapKTraits<kBlockN, 8>, NoRole>(num_sms);
+    default: return 0;
+  }
+}
+
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms) {
   return cluster_m == 2 ? max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(num_sms)

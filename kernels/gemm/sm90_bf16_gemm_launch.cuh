@@ -37,17 +37,17 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   if (bit == 0 || (attributes_set.load(std::memory_order_acquire) & bit) == 0) {
     e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(T::kSmemBytes));
     if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(smem)", e);
-    if constexpr (T::kClusterM > 1) {
+    if constexpr (T::kClusterSize > 1) {
       e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
       if (e != cudaSuccess) return detail::cuda_failure("cudaFuncSetAttribute(cluster)", e);
     }
     attributes_set.fetch_or(bit, std::memory_order_release);
   }
   const int num_blocks = plan.config.num_gemm_blocks + plan.config.num_role_blocks;
-  if (num_blocks % T::kClusterM != 0) {
+  if (num_blocks % T::kClusterSize != 0) {
     return GemmResult{GemmError::kInvalidConfig,
                       "block count " + std::to_string(num_blocks) +
-                          " is not a multiple of the cluster size " + std::to_string(T::kClusterM)};
+                          " is not a multiple of the cluster size " + std::to_string(T::kClusterSize)};
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(num_blocks), 1, 1);
@@ -56,9 +56,9 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned num_attrs = 0;
-  if constexpr (T::kClusterM > 1) {  // no cluster launch for single-CTA "clusters"
+  if constexpr (T::kClusterSize > 1) {  // no cluster launch for single-CTA "clusters"
     attr[num_attrs].id = cudaLaunchAttributeClusterDimension;
-    attr[num_attrs].val.clusterDim.x = T::kClusterM;
+    attr[num_attrs].val.clusterDim.x = T::kClusterSize;
     attr[num_attrs].val.clusterDim.y = 1;
     attr[num_attrs].val.clusterDim.z = 1;
     ++num_attrs;
@@ -84,30 +84,30 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
 // of the cluster size; clusters must fit inside one GPC, which can leave SMs unused).
 template <class T, class Role>
 int max_resident_gemm_blocks(int num_sms) {
-  if constexpr (T::kClusterM == 1) {
+  if constexpr (T::kClusterSize == 1) {
     return num_sms;
   } else {
     auto* kernel = &sm90_bf16_gemm_kernel<T, Role>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(T::kSmemBytes)) != cudaSuccess) {
-      return num_sms - num_sms % T::kClusterM;
+      return num_sms - num_sms % T::kClusterSize;
     }
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(num_sms - num_sms % T::kClusterM), 1, 1);
+    cfg.gridDim = dim3(static_cast<unsigned>(num_sms - num_sms % T::kClusterSize), 1, 1);
     cfg.blockDim = dim3(T::kThreads, 1, 1);
     cfg.dynamicSmemBytes = T::kSmemBytes;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = T::kClusterM;
+    attr[0].val.clusterDim.x = T::kClusterSize;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters <= 0) {
-      return num_sms - num_sms % T::kClusterM;
+      return num_sms - num_sms % T::kClusterSize;
     }
-    return clusters * T::kClusterM;
+    return clusters * T::kClusterSize;
   }
 }
 

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 #include "common/tile_scheduler.cuh"
@@ -77,6 +78,21 @@ inline constexpr int kGemmSwap64Widths[] = {64, 48, 32, 16};
 
 inline constexpr bool gemm_swap64_width_built(int block_n) {
   for (int w : kGemmSwap64Widths)
+    if (w == block_n) return true;
+  return false;
+}
+
+// Swapped operands with split-K inside a cluster (GemmConfig::cluster_k = 2, 4 or 8): the CTAs of
+// a cluster share every tile, each taking a contiguous share of its k blocks, and sum their fp32
+// partials through distributed shared memory, in rank order (bitwise reproducible, no workspace).
+// For problems whose tiles fill a fraction of the SMs (small m and a weight of few 128-row
+// blocks): more CTAs stream the weight, each a shorter k loop, without split-K's round trip
+// through global memory. Widths up to 64 (the partial tile lives in the epilogue's buffers).
+inline constexpr int kGemmSwapClusterKWidths[] = {64, 48, 32, 16};
+inline constexpr int kGemmClusterKSizes[] = {2, 4, 8};
+
+inline constexpr bool gemm_swap_cluster_k_width_built(int block_n) {
+  for (int w : kGemmSwapClusterKWidths)
     if (w == block_n) return true;
   return false;
 }
@@ -140,6 +156,11 @@ struct GemmCostRegime {
   // A launch in clusters of 2 costs this much more than one in clusters of 1 (cluster
   // scheduling, the cluster barriers at the start and the end).
   double cluster2_launch_us = 0.0;
+  // In-cluster split-K (GemmSchedule::cluster_k > 1): the launch's extra cost (cluster
+  // scheduling and barriers), and per finished tile the reduction (partials into shared memory,
+  // one cluster-wide handshake, the reads of every CTA's share) on top of the tile's epilogue.
+  double clusterk_launch_us = 0.5;
+  double clusterk_reduce_us = 0.6;
 };
 
 struct GemmCostModel {
@@ -170,9 +191,9 @@ struct GemmCostModel {
   double cluster_fade_busy = 0.90;
   double cluster_full_busy = 1.00;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3,
-                         1.0, 0.0, 1.0};
+                         1.0, 0.0, 1.0, 0.5, 0.6};
   GemmCostRegime general{5.17, 0.80, 1.006, 0.538, 0.637, 0.478, 1.13, 0.266, 0.385, 0.16, 28.7e3, 3.26e6, 94e3,
-                         1.324, 0.24, 1.0};
+                         1.324, 0.24, 1.0, 0.5, 0.6};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
   // with a last wave at least half full, or few k blocks per tile, the stream-K region ran
   // slower than whole tiles although the model called it even; docs/kernels.md).
@@ -199,6 +220,11 @@ struct GemmScheduleRequest {
   int64_t m = 0, n = 0, k = 0;
   int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
   int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
+  // ... with split-K inside clusters of 2, 4 and 8 CTAs (swapped operands; 0: not allowed)
+  int blocks_cluster_k2 = 0, blocks_cluster_k4 = 0, blocks_cluster_k8 = 0;
+  // Split-K inside a cluster (kGemmClusterKSizes): 0 = choose, 1 = never, 2 / 4 / 8 = always
+  // (swapped operands with a width of kGemmSwapClusterKWidths, whole tiles).
+  int cluster_k = 0;
   int block_n = 0;          // a width of kGemmBlockWidths, 0 = choose
   int block_m = 0;          // 128, or 256 (a width of kGemmTallWidths); 0 = choose
   bool allow_tall = false;  // block_m = 0 may choose 256 (plain GEMMs only; the library's
@@ -239,7 +265,8 @@ struct GemmSchedule {
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
-  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m)
+  int cluster_k = 1;         // CTAs of a cluster sharing each tile's k blocks (swapped operands)
+  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m * cluster_k)
   uint32_t m_blocks = 0, n_blocks = 0, k_blocks = 0;
   uint32_t tiles = 0;        // cluster tiles (m groups x n blocks)
   uint32_t dp_tiles = 0;     // whole tiles, in waves
@@ -302,7 +329,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const GemmCostRegime& cm = (regime_m > 0 ? regime_m : m) <= 64 ? model.small_m : model.general;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
-  const double busy_fraction = std::min(1.0, static_cast<double>(active * s->cluster_m) / std::max(1, num_sms));
+  const int cluster_ctas = s->cluster_m * s->cluster_k;
+  const double busy_fraction = std::min(1.0, static_cast<double>(active * cluster_ctas) / std::max(1, num_sms));
   // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated (floored below).
   const double wide = (s->block_n - 128) / 128.0;
   auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
@@ -320,7 +348,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
   const double busy_with_roles =
-      std::min(1.0, static_cast<double>(active * s->cluster_m + role_sms) / std::max(1, num_sms));
+      std::min(1.0, static_cast<double>(active * cluster_ctas + role_sms) / std::max(1, num_sms));
   if (s->cluster_m == 2 && s->block_m == 128 && busy_with_roles < model.cluster_full_busy) {
     const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
@@ -357,7 +385,10 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   ts.sk_units = s->sk_units;
   ts.sk_per_tile = s->sk_per_tile;
   double busiest = 0;
-  const double whole = s->k_blocks * it + tile;
+  // In-cluster split-K: a CTA's share of the k blocks (the largest), and the reduction.
+  const double whole = s->cluster_k > 1
+                           ? static_cast<double>(ceil_div(s->k_blocks, s->cluster_k)) * it + tile + cm.clusterk_reduce_us
+                           : s->k_blocks * it + tile;
   // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
   // a split tile adds its partial; the one holding the tile's first k block is charged taking
   // the sum and the epilogue (it is usually the last to arrive: that block ends its unit).
@@ -388,10 +419,11 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   // DRAM: every operand once, at most what the active CTAs can stream.
   const double dm = static_cast<double>(m), dn = static_cast<double>(n), dk = static_cast<double>(k);
   const double bytes = 2.0 * (dm * dk + dn * dk + dm * dn);
-  const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * s->cluster_m) * cm.cta_bytes_per_us);
+  const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * cluster_ctas) * cm.cta_bytes_per_us);
   s->busiest_us = busiest;
   s->dram_us = bytes / bw;
-  s->predicted_us = cm.launch_us + (s->cluster_m == 2 ? cm.cluster2_launch_us : 0.0) + std::max(s->busiest_us, s->dram_us);
+  s->predicted_us = cm.launch_us + (s->cluster_m == 2 ? cm.cluster2_launch_us : 0.0) +
+                    (s->cluster_k > 1 ? cm.clusterk_launch_us : 0.0) + std::max(s->busiest_us, s->dram_us);
 }
 
 }  // namespace schedule_detail
@@ -414,9 +446,10 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     t.widths_128_256 = false;
     GemmSchedule swapped = choose_gemm_schedule(t, cm);
     swapped.swap_ab = true;
-    if (r.swap_ab == 1) return swapped;
+    if (r.swap_ab == 1 || r.cluster_k > 1) return swapped;  // in-cluster split-K: swapped only
     GemmScheduleRequest u = r;
     u.swap_ab = 0;
+    u.cluster_k = 1;
     if (u.block_n != 0 && !gemm_block_width_built(u.block_n)) return swapped;  // a width only swapped tiles have
     const GemmSchedule plain = choose_gemm_schedule(u, cm);
     // Ties go to the operands as given (the model was fitted on them), except for m <= 64,
@@ -436,6 +469,9 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     }
   };
   const int64_t k_blocks = ceil_div(r.k, 64);
+  // In-cluster split-K candidates, considered after all others (ties go to the simpler ones).
+  GemmSchedule cluster_k_candidates[3 * std::size(kGemmSwapClusterKWidths)];
+  int num_cluster_k_candidates = 0;
   // Heights: 128 first (ties go to it); 256 when asked for, or allowed and m fills more than
   // one 128-row block (a single block is never better served by a taller tile).
   for (int bm : {128, 256, 64}) {
@@ -481,6 +517,24 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
           s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(G, wanted)));
           return s;
         };
+        // Split-K inside a cluster: swapped operands, 128-row tiles, clusters of 1 along m, a
+        // width of kGemmSwapClusterKWidths, whole tiles (no split-K or stream-K through the
+        // workspace besides). Chosen freely only where every CTA gets two k blocks or more.
+        if (r.cluster_k != 1 && r.swapped && bm == 128 && cl == 1 && gemm_swap_cluster_k_width_built(bn) &&
+            r.num_splits <= 1 && r.stream_k != 1 && r.sk_units == 0 && r.dp_tiles < 0) {
+          for (int ck : kGemmClusterKSizes) {
+            if (r.cluster_k != 0 && r.cluster_k != ck) continue;
+            const int avail = ck == 2 ? r.blocks_cluster_k2 : ck == 4 ? r.blocks_cluster_k4 : r.blocks_cluster_k8;
+            if (avail < ck) continue;
+            if (r.cluster_k == 0 && k_blocks < 2 * ck) continue;
+            GemmSchedule s = base;
+            s.cluster_k = ck;
+            s.dp_tiles = s.tiles;
+            s.num_clusters = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(avail / ck, T)));
+            cluster_k_candidates[num_cluster_k_candidates++] = s;
+          }
+        }
+        if (r.cluster_k > 1) continue;  // asked for in-cluster split-K: nothing else
         if (r.num_splits > 0 && r.stream_k != 1) {
           // Explicit uniform split-K (1 = data-parallel), of every tile or, with dp_tiles, of
           // the tiles after the first dp_tiles (computed whole).
@@ -564,6 +618,14 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         }
       }
     }
+  }
+  for (int i = 0; i < num_cluster_k_candidates; ++i) consider(cluster_k_candidates[i]);
+  if (!have && r.cluster_k > 1) {
+    // No in-cluster split-K candidate (no width of kGemmSwapClusterKWidths, or no room for the
+    // cluster size): the rule without it.
+    GemmScheduleRequest no = r;
+    no.cluster_k = 1;
+    return choose_gemm_schedule(no, cm);
   }
   if (!have && (r.stream_k != 0 || r.num_splits > 1)) {
     // Nothing left for stream-K (the named data-parallel tiles cover the problem), or every

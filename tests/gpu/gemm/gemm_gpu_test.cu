@@ -3,11 +3,13 @@
 // Every case draws fresh random inputs (the seed is printed; MKERNEL_TEST_SEED replays one),
 // poisons the output with NaN before the launch, and compares with an fp32 reference and with
 // cuBLAS by relative Frobenius error. Also: every instantiation (BLOCK_N, cluster, split-K,
-// raster), the atomic-add epilogue, tile flags, readiness flags (satisfied and timing out), the
+// raster, split-K inside clusters), the atomic-add epilogue, tile flags, readiness flags (satisfied and timing out), the
 // role split, programmatic dependent launches back to back, and the argument errors. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "gemm/gemm_random_family.h"
 #include "gemm/gemm_test_util.cuh"
@@ -203,12 +205,16 @@ void run_bitwise_case(int m, int n, int k, const mk::GemmConfig& cfg, const char
     }
   }
   const std::string cfg_str = mk::gemm_config_string(plan);
-  const bool want_same = cfg.deterministic;
+  // In-cluster split-K sums its partials in rank order: always reproducible.
+  const bool cluster_k = plan.config.cluster_k > 1;
+  const bool want_same = cfg.deterministic || cluster_k;
   const bool ok = !want_same || differed == 0;
   std::printf("%s  %-34s [%s] %d launches, %d differed from the first in some bit%s\n", ok ? "ok  " : "FAIL", name.c_str(),
               cfg_str.c_str(), launches, differed, want_same ? " (deterministic: must be 0)" : " (arrival order)");
   if (!ok) ++g_failures;
-  if (want_same && plan.schedule.max_participants() < 3) {
+  if (cluster_k && plan.config.cluster_k < 3) {
+    check(false, name + ": the case does not split a tile into 3 or more parts (" + cfg_str + "), so it checks nothing");
+  } else if (want_same && !cluster_k && plan.schedule.max_participants() < 3) {
     check(false, name + ": the case does not split a tile into 3 or more parts (" + cfg_str + "), so it checks nothing");
   }
 }
@@ -220,7 +226,7 @@ void run_bitwise_case(int m, int n, int k, const mk::GemmConfig& cfg, const char
 // Their results must equal, bit for bit, the same plans launched without the attribute with the
 // stream synchronised after each launch (the deterministic fix-up makes any split reproducible).
 // Fresh inputs per round from two sets; outputs poisoned before every round.
-void run_pdl_chain(int m, int k, int n1, int n2, const char* label) {
+void run_pdl_chain(int m, int k, int n1, int n2, const char* label, int cluster_k = 0) {
   const std::string name = std::string(label) + " m" + std::to_string(m) + " k" + std::to_string(k) + " n" +
                            std::to_string(n1) + "/" + std::to_string(n2);
   auto alloc = [](size_t elems) {
@@ -263,6 +269,7 @@ void run_pdl_chain(int m, int k, int n1, int n2, const char* label) {
         args.k = step % 2 == 0 ? k : n1;
         args.config.deterministic = true;
         args.config.programmatic_launch = pdl == 1;
+        args.config.cluster_k = cluster_k;
         args.wait.status = status;
         const size_t ws = mk::gemm_workspace_bytes(args);
         if (ws > 0) {
@@ -621,6 +628,7 @@ int main() {
   run_pdl_chain(3, 2048, 4096, 1024, "pdl chain, m=3");
   run_pdl_chain(1000, 1024, 2048, 1040, "pdl chain, waves");
   run_pdl_chain(4096, 4096, 4096, 4096, "pdl chain, large");
+  run_pdl_chain(5, 1224, 1512, 1032, "pdl chain, cluster_k 4", 4);
 
   // Every library instantiation and work decomposition on one ragged shape: data-parallel,
   // split-K, stream-K with the chosen units and with 7 units (each spanning several tiles).
@@ -674,6 +682,40 @@ int main() {
     c.swap_ab = 1;
     run_case(m, 4104, 3000, c, "swapped, rule's width");
   }
+  // Split-K inside clusters (GemmConfig::cluster_k: the CTAs of a cluster share each tile's k
+  // blocks and sum their partials through distributed shared memory): every width of
+  // kGemmSwapClusterKWidths with clusters of 2, 4 and 8, on
+  //   - m = 2 widths + 8 (the last tile's width ends inside it), n = 1096 (9 weight blocks, the
+  //     last of 72 rows: its second consumer's rows end inside it), k = 1096 (18 k blocks);
+  //   - m = width - 3 (odd), n = 264 (the last weight block 8 rows), k = 200 (4 k blocks: with
+  //     8 CTAs half of the shares are empty) and k = 8 (one k block, one share);
+  //   - 8 GEMM blocks only, so each cluster reduces several tiles in turn (the barriers' phases);
+  // then bitwise reproducibility over launches, the rule's own choices on small shapes, a width
+  // above 64 refused, and the refusals of what it cannot combine with.
+  for (int bn : mk::kGemmSwapClusterKWidths)
+    for (int ck : mk::kGemmClusterKSizes) {
+      mk::GemmConfig c;
+      c.swap_ab = 1;
+      c.block_n = bn;
+      c.cluster_k = ck;
+      run_case(2 * bn + 8, 1096, 1096, c, "cluster_k");
+      run_case(bn - 3, 264, 200, c, "cluster_k, shallow k");
+      run_case(bn - 3, 264, 8, c, "cluster_k, one k block");
+      c.num_gemm_blocks = 8;
+      run_case(2 * bn + 8, 1096, 1096, c, "cluster_k, 8 blocks");
+    }
+  {
+    mk::GemmConfig c;
+    c.cluster_k = 4;  // swap_ab left to the rule: in-cluster split-K implies swapped operands
+    run_bitwise_case(5, 1512, 1224, c, "cluster_k 4, bitwise");
+    c.cluster_k = 8;
+    c.block_n = 64;
+    run_bitwise_case(61, 3000, 6144, c, "cluster_k 8, bitwise");
+  }
+  for (const auto& sh : std::vector<std::array<int, 3>>{{11, 336, 504}, {36, 504, 888}, {2, 1512, 1224},
+                                                        {4, 776, 5872}, {5, 3744, 1240}, {126, 456, 5680}}) {
+    run_case(sh[0], sh[1], sh[2], mk::GemmConfig{}, "rule, small m");
+  }
   {
     // Refusals: swapped operands need a plain GEMM; a width or height built only swapped needs
     // them. Each names the field (and the value) in its message.
@@ -701,6 +743,19 @@ int main() {
     c.swap_ab = 1;
     c.block_n = 128;
     refused(c, mk::kEpilogueStore, {"block_n = 128"}, "block_m = 64 with a width over 64 refused");
+    mk::GemmConfig k;
+    k.cluster_k = 3;
+    refused(k, mk::kEpilogueStore, {"cluster_k = 3"}, "cluster_k = 3 refused");
+    k.cluster_k = 4;
+    k.swap_ab = 0;
+    refused(k, mk::kEpilogueStore, {"cluster_k = 4", "swap_ab = 0"}, "cluster_k with swap_ab = 0 refused, naming both");
+    k.swap_ab = 1;
+    k.block_n = 128;
+    refused(k, mk::kEpilogueStore, {"cluster_k = 4", "block_n = 128"}, "cluster_k with a width over 64 refused");
+    k.block_n = 0;
+    refused(k, mk::kEpilogueAtomicAdd, {"cluster_k = 4", "atomic-add"}, "cluster_k with the atomic-add epilogue refused");
+    k.num_splits = 3;
+    refused(k, mk::kEpilogueStore, {"cluster_k = 4", "split-K"}, "cluster_k with split-K refused");
   }
   // A last m block of at most 64 rows (one consumer warpgroup computes, the other follows the
   // stages with a zero fragment): every width with clusters of 1 and 2, data-parallel, 3 splits

@@ -40,7 +40,8 @@ void fail(const std::string& what) {
 std::string shape_str(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s) {
   return std::string(s.swap_ab ? "T " : "") + std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [m" + std::to_string(s.block_m) +
          " n" + std::to_string(s.block_n) +
-         " c" + std::to_string(s.cluster_m) + " G" + std::to_string(s.num_clusters) + " " + s.describe() + "]";
+         " c" + std::to_string(s.cluster_m) + (s.cluster_k > 1 ? " k" + std::to_string(s.cluster_k) : "") + " G" +
+         std::to_string(s.num_clusters) + " " + s.describe() + "]";
 }
 
 template <int kClusterM>
@@ -53,8 +54,12 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   sched.sk_per_tile = s.sk_per_tile;
   const uint32_t T = sched.num_tiles(), KB = s.k_blocks;
   if (T != s.tiles) return fail(name + ": tile count differs between the rule and the scheduler");
-  const int blocks = kClusterM == 1 ? r.blocks_cluster1 : r.blocks_cluster2;
-  if (s.num_clusters < 1 || s.num_clusters * kClusterM > blocks) return fail(name + ": more clusters than blocks");
+  const int blocks = s.cluster_k == 2   ? r.blocks_cluster_k2
+                     : s.cluster_k == 4 ? r.blocks_cluster_k4
+                     : s.cluster_k == 8 ? r.blocks_cluster_k8
+                     : kClusterM == 1   ? r.blocks_cluster1
+                                        : r.blocks_cluster2;
+  if (s.num_clusters < 1 || s.num_clusters * kClusterM * s.cluster_k > blocks) return fail(name + ": more clusters than blocks");
   if (s.dp_tiles > T) return fail(name + ": dp_tiles > tiles");
   if (s.sk_units > 0 && s.sk_units > sched.sk_iters()) return fail(name + ": empty units");
   if (s.sk_units == 0 && s.dp_tiles != T) return fail(name + ": tiles left without units");
@@ -74,7 +79,24 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
     while (sched.next(cur, s.num_clusters, it)) {
       if (++guard > 4 * (T + s.sk_units) + 8) return fail(name + ": cursor does not end");
       if (it.tile >= T || it.k_begin >= it.k_end || it.k_end > KB) return fail(name + ": item out of range");
-      for (uint32_t kb = it.k_begin; kb < it.k_end; ++kb) ++covered[static_cast<size_t>(it.tile) * KB + kb];
+      if (s.cluster_k > 1) {
+        // In-cluster split-K: the cluster's CTAs split the item; their shares are contiguous,
+        // balanced (+-1) and together cover it exactly once.
+        uint32_t next = it.k_begin, lo = KB, hi = 0;
+        for (uint32_t rank = 0; rank < static_cast<uint32_t>(s.cluster_k); ++rank) {
+          mk::WorkItem share = it;
+          mk::cluster_k_share(share, rank, static_cast<uint32_t>(s.cluster_k));
+          if (share.k_begin != next || share.k_end < share.k_begin || share.k_end > it.k_end)
+            return fail(name + ": in-cluster shares not contiguous");
+          next = share.k_end;
+          lo = std::min(lo, share.k_end - share.k_begin);
+          hi = std::max(hi, share.k_end - share.k_begin);
+          for (uint32_t kb = share.k_begin; kb < share.k_end; ++kb) ++covered[static_cast<size_t>(it.tile) * KB + kb];
+        }
+        if (next != it.k_end || hi - lo > 1) return fail(name + ": in-cluster shares do not cover the item evenly");
+      } else {
+        for (uint32_t kb = it.k_begin; kb < it.k_end; ++kb) ++covered[static_cast<size_t>(it.tile) * KB + kb];
+      }
       if (it.unit != mk::WorkItem::kWholeTile) {
         if (it.unit >= s.sk_units || it.unit % s.num_clusters != c) return fail(name + ": unit on the wrong cluster");
         unit_iters[it.unit] += it.k_end - it.k_begin;
@@ -153,6 +175,7 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
 }
 
 int g_split_last_waves = 0;  // rule-chosen schedules with whole tiles then split ones
+int g_cluster_k = 0;         // schedules with split-K inside clusters (free choices of the rule)
 
 void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   const mk::GemmSchedule s = mk::choose_gemm_schedule(r_in);
@@ -168,6 +191,23 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   // A swapped schedule describes the problem n x m x k: everything below is checked against
   // that request.
   if (r_in.swap_ab == 0 && s.swap_ab) fail(shape_str(r_in, s) + ": swapped although swap_ab = 0");
+  // In-cluster split-K: only as built (swapped, 128-row tiles of a width up to 64, clusters of 1
+  // along m, whole tiles, no workspace), never when switched off, and as asked where it can be.
+  if (s.cluster_k != 1) {
+    if (s.cluster_k != 2 && s.cluster_k != 4 && s.cluster_k != 8) fail(shape_str(r_in, s) + ": a cluster_k not built");
+    if (!s.swap_ab || s.block_m != 128 || s.cluster_m != 1 || !mk::gemm_swap_cluster_k_width_built(s.block_n) ||
+        s.sk_units != 0 || s.dp_tiles != s.tiles || s.workspace_bytes() != 0)
+      fail(shape_str(r_in, s) + ": in-cluster split-K outside what is built");
+    if (r_in.cluster_k == 1) fail(shape_str(r_in, s) + ": in-cluster split-K although cluster_k = 1");
+    if (r_in.cluster_k > 1 && r_in.cluster_k != s.cluster_k) fail(shape_str(r_in, s) + ": cluster_k not honoured");
+    if (r_in.cluster_k == 0) ++g_cluster_k;
+  } else if (r_in.cluster_k > 1 && r_in.swap_ab != 0 && (r_in.block_n == 0 || mk::gemm_swap_cluster_k_width_built(r_in.block_n)) &&
+             (r_in.block_m == 0 || r_in.block_m == 128) && r_in.cluster_m != 2 && r_in.num_splits <= 1 && r_in.stream_k != 1 &&
+             r_in.sk_units == 0 && r_in.dp_tiles < 0 &&
+             (r_in.cluster_k == 2 ? r_in.blocks_cluster_k2 : r_in.cluster_k == 4 ? r_in.blocks_cluster_k4 : r_in.blocks_cluster_k8) >=
+                 r_in.cluster_k) {
+    fail(shape_str(r_in, s) + ": cluster_k = " + std::to_string(r_in.cluster_k) + " possible but not taken");
+  }
   if (r_in.swap_ab == 1 && !s.swap_ab) fail(shape_str(r_in, s) + ": not swapped although swap_ab = 1");
   mk::GemmScheduleRequest r = r_in;
   if (s.swap_ab) {
@@ -217,6 +257,12 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.swap_ab = s.swap_ab ? 1 : 0;
   if (s.swap_ab) again.block_m = s.block_m;
   (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
+  again.cluster_k = s.cluster_k;
+  if (s.cluster_k > 1) {
+    (s.cluster_k == 2 ? again.blocks_cluster_k2 : s.cluster_k == 4 ? again.blocks_cluster_k4 : again.blocks_cluster_k8) =
+        s.num_clusters * s.cluster_k;
+    again.blocks_cluster1 = r_in.blocks_cluster1;  // as the launcher passes them (unused)
+  }
   again.block_n = s.block_n;
   if (!s.swap_ab) again.block_m = s.block_m;
   again.deterministic = s.deterministic;
@@ -228,6 +274,7 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.dp_tiles = (sk || (s.sk_per_tile != 0 && s.dp_tiles > 0)) ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
   if (s2.swap_ab != s.swap_ab || s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
+      s2.cluster_k != s.cluster_k ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -404,6 +451,10 @@ int main(int argc, char** argv) {
     const int blocks[] = {132, 132, 132, 128, 116, 64, 7, 2, 1};
     r.blocks_cluster1 = blocks[pick(rng) % 9];
     r.blocks_cluster2 = r.blocks_cluster1 - r.blocks_cluster1 % 2;
+    // Clusters of 4 and 8 as a GPU may offer them (whole clusters; 8-CTA clusters may leave SMs).
+    r.blocks_cluster_k2 = r.blocks_cluster2;
+    r.blocks_cluster_k4 = r.blocks_cluster1 - r.blocks_cluster1 % 4;
+    r.blocks_cluster_k8 = pick(rng) < 50 ? r.blocks_cluster1 - r.blocks_cluster1 % 8 : std::min(r.blocks_cluster1, 128) / 8 * 8;
     if (pick(rng) < 20) r.block_n = mk::kGemmBlockWidths[pick(rng) % std::size(mk::kGemmBlockWidths)];
     if (pick(rng) < 10) r.widths_128_256 = true;
     if (pick(rng) < 60) r.allow_tall = true;
@@ -424,6 +475,22 @@ int main(int argc, char** argv) {
       r.block_m = 64;
       if (r.block_n != 0) r.block_n = mk::kGemmSwap64Widths[pick(rng) % std::size(mk::kGemmSwap64Widths)];
     }
+    if (pick(rng) < 15) {  // in-cluster split-K switched off or asked for
+      const int ck[] = {1, 2, 4, 8};
+      r.cluster_k = ck[pick(rng) % 4];
+      if (r.cluster_k > 1 && pick(rng) < 50) {  // mostly a request the launcher accepts
+        if (r.swap_ab == 0) r.swap_ab = -1;
+        if (r.block_m != 0 && r.block_m != 128) r.block_m = 0;
+        if (r.block_n != 0) r.block_n = mk::kGemmSwapClusterKWidths[pick(rng) % std::size(mk::kGemmSwapClusterKWidths)];
+        r.widths_128_256 = false;
+        if (r.cluster_m == 2) r.cluster_m = 0;
+        r.num_splits = 0;
+        r.stream_k = -1;
+        r.sk_units = 0;
+        r.dp_tiles = -1;
+      }
+    }
+    if (i % 7 == 3) r.m = 1 + pick(rng) % 64;  // small m, where in-cluster split-K is a candidate
     check(r, rng);
     ++cases;
   }
@@ -448,6 +515,7 @@ int main(int argc, char** argv) {
   // The rule takes split last waves somewhere in the family (a last wave at most half full).
   if (g_split_last_waves == 0) fail("the rule chose no split last wave over the random family");
   std::printf("split last waves chosen: %d\n", g_split_last_waves);
+  std::printf("in-cluster split-K chosen: %d\n", g_cluster_k);
   if (g_failures) {
     std::printf("gemm_schedule_test: %d of %d cases FAILED\n", g_failures, cases);
     return 1;
