@@ -61,45 +61,21 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Cluster-scope variants, for data a CTA hands to the other CTAs of its cluster through its
-// shared memory (the in-cluster split-K reduction): the arrive releases this thread's earlier
-// writes (and, after a barrier, its CTA's) at cluster scope, the wait acquires them.
-__device__ __forceinline__ void mbar_arrive_release_cluster(uint64_t* bar, uint32_t cta_rank) {
-  asm volatile(
-      "{\n\t.reg .b32 remote;\n\t"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n\t"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}" ::"r"(smem_addr(bar)),
-      "r"(cta_rank)
-      : "memory");
-}
-
-__device__ __forceinline__ bool mbar_try_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
-      "selp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // The shared-window address `addr` of this CTA mapped to the same offset in CTA `cta_rank` of the
-// cluster, and a 16-byte load from such an address (distributed shared memory).
+// cluster (a shared::cluster address).
 __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t cta_rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(cta_rank));
   return r;
 }
 
-__device__ __forceinline__ float4 ld_shared_cluster_v4_f32(uint32_t cluster_addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(cluster_addr)
+// 8-byte asynchronous store into the shared memory of a CTA of the cluster (shared::cluster
+// addresses), completing 8 transaction bytes on that CTA's mbarrier `cluster_bar`: the receiver
+// sees the data once the barrier's phase completes (no fence on either side).
+__device__ __forceinline__ void st_async_v2_f32(uint32_t cluster_addr, float a, float b, uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(cluster_addr),
+               "f"(a), "f"(b), "r"(cluster_bar)
                : "memory");
-  return v;
 }
 
 // ---- programmatic dependent launch ---------------------------------------------------------------
@@ -276,8 +252,10 @@ __device__ __forceinline__ void st_global_v2_b32(void* p, uint32_t a, uint32_t b
   asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(a), "r"(b) : "memory");
 }
 
-__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+__device__ __forceinline__ float4 ld_shared_v4_f32(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void st_global_v4_b32(void* p, uint4 v) {

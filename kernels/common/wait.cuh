@@ -107,26 +107,16 @@ __device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, c
 // up, without a report of its own, once that status word holds an error, looked at every
 // kStatusCheckNs of waiting.
 inline constexpr uint64_t kStatusCheckNs = 100'000;
-// kAcquireCluster: the wait acquires at cluster scope (the phase was completed by other CTAs'
-// release arrivals whose shared-memory writes this thread then reads).
-template <bool kAcquireCluster = false>
 __device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t timeout_ns,
                                                   uint32_t scale = 0, const DeviceStatus* stop_if_failed = nullptr) {
-  auto try_wait = [&] {
-    if constexpr (kAcquireCluster) {
-      return ptx::mbar_try_wait_acquire_cluster(bar, parity);
-    } else {
-      return ptx::mbar_try_wait(bar, parity);
-    }
-  };
-  if (try_wait()) return true;
+  if (ptx::mbar_try_wait(bar, parity)) return true;
   if (scale != 0) timeout_ns = timeout_ns > (~uint64_t{0} >> scale) ? ~uint64_t{0} : timeout_ns << scale;
   const uint64_t start = sync::globaltimer_ns();
   uint64_t checked = start;
   while (true) {
 #pragma unroll 1
     for (int i = 0; i < 32; ++i) {
-      if (try_wait()) return true;
+      if (ptx::mbar_try_wait(bar, parity)) return true;
     }
     const uint64_t now = sync::globaltimer_ns();
     if (now - start > timeout_ns) return false;

@@ -136,9 +136,9 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
   static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
   // Full and empty barriers, one abort word per stage, the split-last word (16-byte rounded).
-  // With kClusterK > 1 two more mbarriers (partials written / partials read) after them.
+  // With kClusterK > 1 four more mbarriers (receive buffers full / free, two of each) after them.
   static constexpr uint32_t kBarrierBytes =
-      2 * kStages * 8 + ((kStages + 1) * 4 + 15) / 16 * 16 + (kClusterK_ > 1 ? 16 : 0);
+      2 * kStages * 8 + ((kStages + 1) * 4 + 15) / 16 * 16 + (kClusterK_ > 1 ? 32 : 0);
   // Grouped GEMM: the groups' table (sm90_bf16_grouped_gemm_map.h) after the barriers.
   static constexpr bool kGrouped = kGrouped_;
   static constexpr uint32_t kGroupedBytes = kGrouped ? (sizeof(GroupedTable) + 15) / 16 * 16 : 0;
@@ -468,95 +468,118 @@ __device__ __forceinline__ void cluster_k_share(WorkItem& item, uint32_t krank) 
   if constexpr (T::kClusterK > 1) mkernel::kernels::cluster_k_share(item, krank, T::kClusterK);
 }
 
-// The in-cluster reduction of one tile (Traits::kClusterK > 1, swapped operands), run by the 256
-// consumer threads of every CTA of the cluster after their main loop; `rt` counts the tiles this
-// CTA reduced before (the barriers' phases).
-//  1. Wait until every CTA has finished reading this CTA's partial of the previous tile
-//     (red_bars[1], one arrival per CTA), then store this CTA's fp32 partial into its epilogue
-//     buffers as [tile column (activation row)][128 weight rows], the weight rows of each
-//     activation row XOR-ed by 8 x ((row / 2) % 4) so a warp's 32 stores hit 32 banks.
-//  2. Barrier of the 256 threads, then one thread arrives with cluster-scope release on
-//     red_bars[0] of every CTA; every thread waits for that phase with cluster-scope acquire:
-//     all kClusterK partials are then visible.
-//  3. CTA krank sums its 1 / kClusterK of the tile's 16-byte groups over the CTAs in rank order
-//     (reading their shared memory; the same order on every launch, so the result is bitwise
-//     reproducible), rounds to bf16 once and stores 4 output columns per 8-byte store. Rows past
-//     the caller's m and columns past its n are skipped (n is a multiple of 8, so a group of 4
-//     columns is in or out as a whole).
-//  4. Barrier, then one thread arrives on red_bars[1] of every CTA (step 1 of the next tile).
+// The in-cluster reduction of one tile (Traits::kClusterK > 1, swapped operands), a
+// reduce-scatter through distributed shared memory, run by the 256 consumer threads of every
+// CTA of the cluster after their main loop; `rt` counts the tiles this CTA reduced before. CTA r
+// owns the tile's columns (activation rows) [r w, (r + 1) w), w = BLOCK_N / kClusterK (even), and
+// receives every CTA's partial of them into a slot per sender, laid out as [column / 2][128 weight
+// rows][2] floats (a fragment's column pair is one 8-byte store; 4 weight rows of a column pair
+// are two 16-byte loads).
+//  1. Wait until every owner has finished reading the receive buffer this tile uses (the
+//     buffers alternate when two fit the epilogue's staging space: widths up to 32).
+//  2. Thread 0 arms its own receive barrier for the bytes of kClusterK slots; every thread sends
+//     each of its fragment's column pairs to the owner's slot with st.async, which completes the
+//     bytes on the owner's barrier. No memory fence on either side: the barrier's phase
+//     completes when the bytes have landed (a release / acquire handshake instead cost a
+//     MEMBAR.GPU per tile, waiting for the previous tile's global stores).
+//  3. Every thread waits for its barrier's phase, then the owner sums each 16-byte group over
+//     the slots in rank order (the same order on every launch: bitwise reproducible), rounds to
+//     bf16 once and stores 4 output columns per 8-byte store. Rows past the caller's m and
+//     columns past its n are skipped (n is a multiple of 8: a group of 4 is in or out as a whole).
+//  4. Barrier of the 256 threads; thread 0 tells every CTA that its slots in this buffer are free
+//     (one arrival per owner on the sender's barrier).
 // Returns false when a wait expired (reported as a pipeline timeout of "stage" kStages for the
-// partials-written barrier, kStages + 1 for partials-read; the caller stops). The final cluster
-// barrier of the kernel keeps every CTA's shared memory alive until the last reads of it are done.
+// receive barrier, kStages + 1 for the buffer-free one; the caller stops). The final cluster
+// barrier of the kernel keeps every CTA alive until the last data sent to it has landed.
+template <class T>
+struct ClusterKLayout {
+  static constexpr uint32_t kS = T::kClusterK;
+  static constexpr uint32_t kOwnedCols = T::kBlockN / kS;         // tile columns per owner (even)
+  static constexpr uint32_t kSlotBytes = kOwnedCols * 128 * 4;    // one sender's partial of them
+  static constexpr uint32_t kBufferBytes = kS * kSlotBytes;       // = 128 x BLOCK_N x 4
+  static constexpr uint32_t kBuffers = 2 * kBufferBytes <= T::kEpiBytes ? 2 : 1;
+  static_assert(kOwnedCols % 2 == 0 && kBufferBytes <= T::kEpiBytes, "the receive buffers fit the epilogue's");
+};
+
 template <class T>
 __device__ __forceinline__ bool cluster_k_reduce(const GemmParams& p, const float (&acc)[T::kConsumerN / 2],
                                                  uint8_t* smem_epi, uint64_t* red_bars, uint32_t rt, uint32_t krank,
                                                  uint32_t m_block, uint32_t n_block, uint32_t cw, uint32_t ctid,
                                                  uint32_t warp_in_wg, uint32_t lane) {
   static_assert(T::kClusterK > 1 && T::kSwapAB && T::kBlockM == 128, "in-cluster split-K: swapped 128-row tiles");
-  static_assert(128u * T::kBlockN * 4 <= T::kEpiBytes, "the partial tile fits the epilogue buffers");
-  constexpr uint32_t kS = T::kClusterK;
-  const uint32_t base = ptx::smem_addr(smem_epi);
+  using L = ClusterKLayout<T>;
+  constexpr uint32_t kS = L::kS;
+  const uint32_t b = rt % L::kBuffers;
+  const uint32_t use = rt / L::kBuffers;
+  uint64_t* recv_full = &red_bars[b];
+  uint64_t* buffer_free = &red_bars[L::kBuffers + b];
+  const uint32_t buf = ptx::smem_addr(smem_epi) + b * L::kBufferBytes;
   // Bounds: after the consumers' own (twice the bound), since a peer may be in such a wait.
-  if (rt > 0 && !mbar_wait_bounded(&red_bars[1], (rt - 1) & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
+  if (use > 0 && !mbar_wait_bounded(buffer_free, (use - 1) & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
     report(p.wait, kDevicePipelineTimeout, T::kStages + 1, where_tag(kStepGemmPipeline, blockIdx.x));
     return false;
   }
+  if (ctid == 0) ptx::mbar_arrive_expect_tx(recv_full, L::kBufferBytes);
   {
     const uint32_t q = lane % 4;
+    const uint32_t bar = ptx::smem_addr(recv_full);
 #pragma unroll
     for (int j = 0; j < T::kConsumerN / 8; ++j) {
+      const uint32_t col = 8 * j + 2 * q;  // even: the pair col, col + 1 has one owner
+      const uint32_t owner = col / L::kOwnedCols;
+      const uint32_t local = col % L::kOwnedCols;
+      const uint32_t slot = ptx::mapa_shared(buf + krank * L::kSlotBytes, owner);
+      const uint32_t owner_bar = ptx::mapa_shared(bar, owner);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t wrow = (cw * 64 + warp_in_wg * 16 + lane / 4 + 8 * h) ^ (q << 3);
+        const uint32_t wrow = cw * 64 + warp_in_wg * 16 + lane / 4 + 8 * h;
+        ptx::st_async_v2_f32(slot + ((local / 2) * 128 + wrow) * 8, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], owner_bar);
+      }
+    }
+  }
+  if (!mbar_wait_bounded(recv_full, use & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
+    report(p.wait, kDevicePipelineTimeout, T::kStages, where_tag(kStepGemmPipeline, blockIdx.x));
+    return false;
+  }
+  // Owned items: a column pair and 4 weight rows each.
+  constexpr uint32_t kItems = L::kOwnedCols / 2 * 32;
+  auto* d = static_cast<uint16_t*>(p.d);
+  for (uint32_t it = ctid; it < kItems; it += 256) {
+    const uint32_t pair = it / 32, w4 = (it % 32) * 4;
+    const uint32_t off = (pair * 128 + w4) * 8;  // [w4][c0], [w4][c1], [w4 + 1][c0], ... 32 bytes
+    float4 lo = ptx::ld_shared_v4_f32(buf + off), hi = ptx::ld_shared_v4_f32(buf + off + 16);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint32_t act = 8 * j + 2 * q + e;
-          ptx::st_shared_f32(base + (act * 128 + wrow) * 4, acc[4 * j + 2 * h + e]);
-        }
+    for (uint32_t r = 1; r < kS; ++r) {
+      const float4 a = ptx::ld_shared_v4_f32(buf + r * L::kSlotBytes + off);
+      const float4 c = ptx::ld_shared_v4_f32(buf + r * L::kSlotBytes + off + 16);
+      lo.x += a.x;
+      lo.y += a.y;
+      lo.z += a.z;
+      lo.w += a.w;
+      hi.x += c.x;
+      hi.y += c.y;
+      hi.z += c.z;
+      hi.w += c.w;
+    }
+    // Swapped: the kernel's n (activation rows) is the caller's m, its m (weight rows) the
+    // caller's n. lo = (w4, c0) (w4, c1) (w4 + 1, c0) (w4 + 1, c1), hi the same for w4 + 2, + 3.
+    const uint32_t row = n_block * T::kBlockN + krank * L::kOwnedCols + 2 * pair;
+    const uint32_t col = m_block * 128 + w4;
+    if (col < p.m) {
+      if (row < p.n) {
+        ptx::st_global_v2_b32(d + static_cast<uint64_t>(row) * p.ldd + col, ptx::pack_bf16x2(lo.x, lo.z),
+                              ptx::pack_bf16x2(hi.x, hi.z));
+      }
+      if (row + 1 < p.n) {
+        ptx::st_global_v2_b32(d + static_cast<uint64_t>(row + 1) * p.ldd + col, ptx::pack_bf16x2(lo.y, lo.w),
+                              ptx::pack_bf16x2(hi.y, hi.w));
       }
     }
   }
   ptx::named_barrier_sync(2, 256);
   if (ctid == 0) {
 #pragma unroll
-    for (uint32_t r = 0; r < kS; ++r) ptx::mbar_arrive_release_cluster(&red_bars[0], r);
-  }
-  if (!mbar_wait_bounded<true>(&red_bars[0], rt & 1u, p.wait.timeout_ns, 2, p.wait.status)) {
-    report(p.wait, kDevicePipelineTimeout, T::kStages, where_tag(kStepGemmPipeline, blockIdx.x));
-    return false;
-  }
-  uint32_t peer[kS];
-#pragma unroll
-  for (uint32_t r = 0; r < kS; ++r) peer[r] = ptx::mapa_shared(base, r);
-  constexpr uint32_t kGroups = 128 * T::kBlockN / 4;  // 16-byte groups of the partial tile
-  constexpr uint32_t kShare = kGroups / kS;
-  static_assert(kGroups % kS == 0, "every CTA sums the same number of groups");
-  auto* d = static_cast<uint16_t*>(p.d);
-  for (uint32_t g = krank * kShare + ctid; g < (krank + 1) * kShare; g += 256) {
-    const uint32_t act = g / 32;
-    const uint32_t wrow = ((g % 32) * 4) ^ (((act >> 1) & 3u) << 3);
-    float4 sum = ptx::ld_shared_cluster_v4_f32(peer[0] + g * 16);
-#pragma unroll
-    for (uint32_t r = 1; r < kS; ++r) {
-      const float4 v = ptx::ld_shared_cluster_v4_f32(peer[r] + g * 16);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    // Swapped: the kernel's n (activation rows) is the caller's m, its m (weight rows) the
-    // caller's n.
-    const uint32_t row = n_block * T::kBlockN + act;
-    const uint32_t col = m_block * 128 + wrow;
-    if (row < p.n && col < p.m) {
-      ptx::st_global_v2_b32(d + static_cast<uint64_t>(row) * p.ldd + col, ptx::pack_bf16x2(sum.x, sum.y),
-                            ptx::pack_bf16x2(sum.z, sum.w));
-    }
-  }
-  ptx::named_barrier_sync(2, 256);
-  if (ctid == 0) {
-#pragma unroll
-    for (uint32_t r = 0; r < kS; ++r) ptx::mbar_arrive_cluster(&red_bars[1], r);
+    for (uint32_t r = 0; r < kS; ++r) ptx::mbar_arrive_cluster(buffer_free, r);
   }
   return true;
 }
@@ -601,8 +624,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   auto* stage_abort = reinterpret_cast<volatile uint32_t*>(empty_bar + T::kStages);
   auto* split_last = const_cast<uint32_t*>(stage_abort + T::kStages);
   [[maybe_unused]] auto* grouped_table = reinterpret_cast<GroupedTable*>(smem_epi + T::kEpiBytes + T::kBarrierBytes);
-  // In-cluster split-K: [partials written][partials read] (detail::cluster_k_reduce).
-  [[maybe_unused]] auto* red_bars = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes + T::kBarrierBytes - 16);
+  // In-cluster split-K: [receive buffer full x kBuffers][buffer free x kBuffers]
+  // (detail::cluster_k_reduce).
+  [[maybe_unused]] auto* red_bars = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes + T::kBarrierBytes - 32);
 
   const uint32_t warpgroup = threadIdx.x / 128;
   const uint32_t cta_rank = T::kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
@@ -619,8 +643,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     for (int s = 0; s < T::kStages; ++s) stage_abort[s] = 0;
     if constexpr (T::kClusterK > 1) {
-      ptx::mbar_init(&red_bars[0], T::kClusterK);
-      ptx::mbar_init(&red_bars[1], T::kClusterK);
+      for (uint32_t i = 0; i < detail::ClusterKLayout<T>::kBuffers; ++i) {
+        ptx::mbar_init(&red_bars[i], 1);                                                 // receive buffer full
+        ptx::mbar_init(&red_bars[detail::ClusterKLayout<T>::kBuffers + i], T::kClusterK);  // free at every owner
+      }
     }
     if constexpr (T::kGrouped) grouped_table->bad_group = kGroupedNoBadGroup;
     ptx::fence_mbar_init();

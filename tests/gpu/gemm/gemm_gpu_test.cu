@@ -753,6 +753,7 @@ int main() {
     k.block_n = 128;
     refused(k, mk::kEpilogueStore, {"cluster_k = 4", "block_n = 128"}, "cluster_k with a width over 64 refused");
     k.block_n = 0;
+    k.swap_ab = -1;
     refused(k, mk::kEpilogueAtomicAdd, {"cluster_k = 4", "atomic-add"}, "cluster_k with the atomic-add epilogue refused");
     k.num_splits = 3;
     refused(k, mk::kEpilogueStore, {"cluster_k = 4", "split-K"}, "cluster_k with split-K refused");
