@@ -211,7 +211,7 @@ def default_value(name):
         values = [float(v) for v in text[start:text.index("}", start)].split(",")]
         i = regime_fields.index(field)
         return values[i] if i < len(values) else {"sk_iter_factor": 1.0, "sk_item_us": 0.0, "cluster2_launch_us": 0.0,
-                                                          "clusterk_launch_us": 0.5, "clusterk_reduce_us": 0.6}[field]
+                                                          "clusterk_launch_us": 0.0, "clusterk_reduce_us": 1.2}[field]
     marker = "double %s = " % name
     start = text.index(marker) + len(marker)
     return float(text[start:text.index(";", start)])

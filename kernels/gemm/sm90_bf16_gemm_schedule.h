@@ -157,10 +157,13 @@ struct GemmCostRegime {
   // scheduling, the cluster barriers at the start and the end).
   double cluster2_launch_us = 0.0;
   // In-cluster split-K (GemmSchedule::cluster_k > 1): the launch's extra cost (cluster
-  // scheduling and barriers), and per finished tile the reduction (partials into shared memory,
-  // one cluster-wide handshake, the reads of every CTA's share) on top of the tile's epilogue.
-  double clusterk_launch_us = 0.5;
-  double clusterk_reduce_us = 0.6;
+  // scheduling and barriers), and per finished tile the reduce-scatter (the partials sent to
+  // their owners, the owners' sums and stores) on top of the tile's epilogue. Fitted to the
+  // records of 5d2d2f5 (225 groups of one shape timed without and with clusters of 2, 4 and 8;
+  // docs/kernels.md section 7, "Split-K inside clusters"): the launch costs nothing measurable,
+  // a tile 1.2 us (m <= 64) and 1.6 us (larger m).
+  double clusterk_launch_us = 0.0;
+  double clusterk_reduce_us = 1.2;
 };
 
 struct GemmCostModel {
@@ -191,9 +194,9 @@ struct GemmCostModel {
   double cluster_fade_busy = 0.90;
   double cluster_full_busy = 1.00;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3,
-                         1.0, 0.0, 1.0, 0.5, 0.6};
+                         1.0, 0.0, 1.0, 0.0, 1.2};
   GemmCostRegime general{5.17, 0.80, 1.006, 0.538, 0.637, 0.478, 1.13, 0.266, 0.385, 0.16, 28.7e3, 3.26e6, 94e3,
-                         1.324, 0.24, 1.0, 0.5, 0.6};
+                         1.324, 0.24, 1.0, 0.0, 1.6};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
   // with a last wave at least half full, or few k blocks per tile, the stream-K region ran
   // slower than whole tiles although the model called it even; docs/kernels.md).
