@@ -759,18 +759,21 @@ int main(int argc, char** argv) {
         variant_runners.push_back(std::move(runner));
       }
     }
+    // One more configuration timed in the same rounds as "mkernel_<tag>" (skipped with the reason
+    // when it cannot be planned or is wrong).
+    auto add_variant = [&](const std::string& tag, const mk::GemmConfig& c) {
+      Row v{s, "mkernel_" + tag, "", {}, 0, 0};
+      auto runner = make_mk(c, &v);
+      if (!runner) return;
+      MkRunner* rp = runner.get();
+      shape_rows.push_back(v);
+      fns.push_back([rp](int i) { rp->launch(i); });
+      variant_runners.push_back(std::move(runner));
+    };
     if (o.cluster_k && !o.variants && def_runner) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
       add_cluster_k_variants(s, &vs);
-      for (const auto& [tag, c] : vs) {
-        Row v{s, "mkernel_" + tag, "", {}, 0, 0};
-        auto runner = make_mk(c, &v);
-        if (!runner) continue;
-        MkRunner* rp = runner.get();
-        shape_rows.push_back(v);
-        fns.push_back([rp](int i) { rp->launch(i); });
-        variant_runners.push_back(std::move(runner));
-      }
+      for (const auto& [tag, c] : vs) add_variant(tag, c);
     }
     if (o.variants && def_runner) {
       const mk::GemmPlan& dp = def_runner->plans[0];
@@ -829,15 +832,7 @@ int main(int argc, char** argv) {
         c.block_m = bm;
         vs.emplace_back("m" + std::to_string(bm), c);
       }
-      for (const auto& [tag, c] : vs) {
-        Row v{s, "mkernel_" + tag, "", {}, 0, 0};
-        auto runner = make_mk(c, &v);
-        if (!runner) continue;
-        MkRunner* rp = runner.get();
-        shape_rows.push_back(v);
-        fns.push_back([rp](int i) { rp->launch(i); });
-        variant_runners.push_back(std::move(runner));
-      }
+      for (const auto& [tag, c] : vs) add_variant(tag, c);
     }
     const std::vector<Timing> ts = time_round_robin(fns, ops.sets, warmup, iters, 5);
     for (size_t i = 0; i < shape_rows.size(); ++i) {
