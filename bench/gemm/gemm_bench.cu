@@ -524,7 +524,7 @@ mk::GemmCostModel previous_cost_model() {
 // A configuration that makes the library plan exactly `s` (tile, cluster, swap, blocks and
 // decomposition all fixed).
 // Split-K inside clusters (GemmConfig::cluster_k): never ("nok"), and for m <= 256 each cluster
-// size ("k2", "k4", "k8"; the rule choosing everything else: swapped operands, widths up to 64).
+// size ("k2", "k4", "k8"; the rule choosing everything else: swapped operands, widths up to 128).
 void add_cluster_k_variants(const Shape& s, std::vector<std::pair<std::string, mk::GemmConfig>>* vs) {
   mk::GemmConfig c;
   c.cluster_k = 1;

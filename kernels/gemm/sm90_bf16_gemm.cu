@@ -59,8 +59,9 @@ GemmResult device_info(DeviceInfo* info) {
                                 detail::max_resident_block_n<128>(cl, d.num_sms));
     }
     for (int i = 1; i <= 3; ++i) {
-      d.resident_k[i] = std::min(detail::max_resident_swapk_block_n<64>(1 << i, d.num_sms),
-                                 detail::max_resident_swapk_block_n<16>(1 << i, d.num_sms));
+      d.resident_k[i] = std::min({detail::max_resident_swapk_block_n<128>(1 << i, d.num_sms),
+                                  detail::max_resident_swapk_block_n<64>(1 << i, d.num_sms),
+                                  detail::max_resident_swapk_block_n<16>(1 << i, d.num_sms)});
     }
   }
   if (dev < kMaxDevices) cache[dev] = d;
@@ -203,7 +204,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
     if (!why.empty()) {
       return fail(GemmError::kInvalidConfig, "cluster_k = " + std::to_string(c->cluster_k) +
                                                  " needs a plain GEMM with swapped operands (swap_ab -1 or 1), 128-row tiles "
-                                                 "of width 16, 32, 48 or 64, cluster_m 1 and whole tiles; this call has " + why);
+                                                 "of width 16 to 128 (a multiple of 16), cluster_m 1 and whole tiles; this call has " + why);
     }
   }
   if (c->raster < 0) c->raster = kRasterAlongN;
@@ -514,6 +515,10 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
   if (plan.config.swap_ab == 1 && plan.config.cluster_k > 1) {
     switch (plan.config.block_n) {
+      case 128: return detail::launch_swapk_block_n<128>(plan, stream);
+      case 112: return detail::launch_swapk_block_n<112>(plan, stream);
+      case 96: return detail::launch_swapk_block_n<96>(plan, stream);
+      case 80: return detail::launch_swapk_block_n<80>(plan, stream);
       case 64: return detail::launch_swapk_block_n<64>(plan, stream);
       case 48: return detail::launch_swapk_block_n<48>(plan, stream);
       case 32: return detail::launch_swapk_block_n<32>(plan, stream);

@@ -113,7 +113,7 @@ struct Sm90GemmTraits {
   static constexpr int kBlockK = 64;  // 64 bf16 = 128 bytes: one 128-byte swizzle row
   static constexpr int kStages = kStages_;
   static constexpr int kClusterM = kClusterM_;
-  // Split-K inside a cluster (swapped operands, widths up to 64): the kClusterK CTAs of a cluster
+  // Split-K inside a cluster (swapped operands, widths up to 128): the kClusterK CTAs of a cluster
   // work on the same tile, each on its own contiguous share of the k blocks, and sum their fp32
   // partials through distributed shared memory (detail::cluster_k_reduce): no round trip through
   // global memory, no workspace, and a fixed order of summation (bitwise reproducible).
@@ -132,9 +132,13 @@ struct Sm90GemmTraits {
   static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   // Epilogue staging: per consumer, two 64 x 64 bf16 buffers (128-byte swizzled rows) that
-  // alternate as TMA stores drain them.
+  // alternate as TMA stores drain them. In-cluster split-K receives the partials of a whole
+  // 128 x BLOCK_N fp32 tile there instead (detail::ClusterKLayout): above 64 columns that takes
+  // more room (64 KB at 128), and the pipeline has fewer stages.
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
-  static constexpr uint32_t kEpiBytes = kNumConsumers * 2 * kEpiChunkBytes;
+  static constexpr uint32_t kEpiBytes =
+      kClusterK_ > 1 && 128u * kBlockN_ * 4 > kNumConsumers * 2 * kEpiChunkBytes ? 128u * kBlockN_ * 4
+                                                                                  : kNumConsumers * 2 * kEpiChunkBytes;
   // Full and empty barriers, one abort word per stage, the split-last word (16-byte rounded).
   // With kClusterK > 1 four more mbarriers (receive buffers full / free, two of each) after them.
   static constexpr uint32_t kBarrierBytes =
@@ -154,9 +158,9 @@ struct Sm90GemmTraits {
   static_assert(kClusterK == 1 || kClusterK == 2 || kClusterK == 4 || kClusterK == 8, "clusters of 1, 2, 4 or 8 CTAs along K");
   // The partial tile (128 x BLOCK_N fp32) lives in the epilogue's staging buffers, which the
   // in-cluster reduction never uses for TMA stores.
-  static_assert(kClusterK == 1 || (kSwapAB_ && kClusterM_ == 1 && kBlockM_ == 128 && kBlockN_ <= 64 && !kGrouped_ &&
+  static_assert(kClusterK == 1 || (kSwapAB_ && kClusterM_ == 1 && kBlockM_ == 128 && kBlockN_ <= 128 && !kGrouped_ &&
                                    kEpilogue_ == kEpilogueStore),
-                "split-K inside a cluster: swapped operands, 128-row tiles, widths up to 64, clusters of 1 along M");
+                "split-K inside a cluster: swapped operands, 128-row tiles, widths up to 128, clusters of 1 along M");
   static_assert(kBlockM == 128 || kBlockM == 256 || (kBlockM == 64 && kSwapAB_ && kBlockN_ <= 64),
                 "BLOCK_M: 128 or 256 (64 with swapped operands, widths up to 64)");
   static_assert(kBlockM == 128 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),

@@ -14,8 +14,14 @@ namespace mkernel::kernels::detail {
 // 256-row tiles (block_m = 256): 4 stages for 128 columns, 3 for 144-192. Swapped operands,
 // narrow widths: 10 stages at 16 columns, 8 at 48-64, 6 at 96-112; with 64-row tiles 16 at 16
 // columns, 12 at 64.
-constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128) {
-  const int budget = 227 * 1024 - 1024 - 32 * 1024 - 256;
+// Split-K inside clusters (cluster_k > 1) receives a whole 128 x BLOCK_N fp32 tile in the
+// epilogue's space, so widths above 64 take more of it (gemm_cluster_k_epi_bytes) and fewer
+// stages: 7 at 80 columns, 6 at 96-112, 5 at 128.
+constexpr int gemm_epi_bytes(int block_n, int cluster_k = 1) {
+  return cluster_k > 1 && 128 * block_n * 4 > 32 * 1024 ? 128 * block_n * 4 : 32 * 1024;
+}
+constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128, int epi_bytes = 32 * 1024) {
+  const int budget = 227 * 1024 - 1024 - epi_bytes - 256;
   const int stages = budget / (block_m * 64 * 2 + block_n * 64 * 2);
   return stages > 16 ? 16 : stages;
 }
@@ -23,6 +29,10 @@ static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) 
               "the depths the 128- and 256-wide tiles were tuned with");
 static_assert(gemm_stages_for_block_n(128, 256) == 4 && gemm_stages_for_block_n(192, 256) == 3,
               "256-row tiles: at least 3 stages");
+static_assert(gemm_stages_for_block_n(128, 128, gemm_epi_bytes(128, 2)) == 5 &&
+                  gemm_stages_for_block_n(80, 128, gemm_epi_bytes(80, 2)) == 7 &&
+                  gemm_epi_bytes(64, 2) == 32 * 1024,
+              "in-cluster split-K: the receive buffer's room at widths above 64");
 
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream);

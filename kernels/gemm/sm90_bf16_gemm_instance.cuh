@@ -54,7 +54,8 @@ GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
 
 template <int kBlockN, int kClusterK>
 using SwapKTraits =
-    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), 1, kEpilogueStore, false, 128, true, kClusterK>;
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 128, gemm_epi_bytes(kBlockN, kClusterK)), 1,
+                   kEpilogueStore, false, 128, true, kClusterK>;
 
 template <int kBlockN>
 GemmResult launch_swapk_block_n(const GemmPlan& plan, cudaStream_t stream) {

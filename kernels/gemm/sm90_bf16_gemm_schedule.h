@@ -87,8 +87,11 @@ inline constexpr bool gemm_swap64_width_built(int block_n) {
 // partials through distributed shared memory, in rank order (bitwise reproducible, no workspace).
 // For problems whose tiles fill a fraction of the SMs (small m and a weight of few 128-row
 // blocks): more CTAs stream the weight, each a shorter k loop, without split-K's round trip
-// through global memory. Widths up to 64 (the partial tile lives in the epilogue's buffers).
-inline constexpr int kGemmSwapClusterKWidths[] = {64, 48, 32, 16};
+// through global memory. Widths up to 128: the owners receive a whole 128 x BLOCK_N fp32 tile
+// in the epilogue's space (32 KB up to 64 columns; 40-64 KB above, at the cost of one or two
+// pipeline stages). 128 x 128 tiles give m of 65-256 the bytes per flop of the library's
+// square tile with the k loop shared by 2, 4 or 8 SMs.
+inline constexpr int kGemmSwapClusterKWidths[] = {128, 112, 96, 80, 64, 48, 32, 16};
 inline constexpr int kGemmClusterKSizes[] = {2, 4, 8};
 
 inline constexpr bool gemm_swap_cluster_k_width_built(int block_n) {
@@ -161,7 +164,8 @@ struct GemmCostRegime {
   // their owners, the owners' sums and stores) on top of the tile's epilogue. Fitted to the
   // records of 5d2d2f5 (225 groups of one shape timed without and with clusters of 2, 4 and 8;
   // docs/kernels.md section 7, "Split-K inside clusters"): the launch costs nothing measurable,
-  // a tile 1.2 us (m <= 64) and 1.6 us (larger m).
+  // a tile 1.2 us (m <= 64) and 1.6 us (larger m). Above 64 columns (not fitted yet) the
+  // reduction is charged in proportion to the partial's bytes (width / 64 times this).
   double clusterk_launch_us = 0.0;
   double clusterk_reduce_us = 1.2;
 };
@@ -390,7 +394,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   double busiest = 0;
   // In-cluster split-K: a CTA's share of the k blocks (the largest), and the reduction.
   const double whole = s->cluster_k > 1
-                           ? static_cast<double>(ceil_div(s->k_blocks, s->cluster_k)) * it + tile + cm.clusterk_reduce_us
+                           ? static_cast<double>(ceil_div(s->k_blocks, s->cluster_k)) * it + tile +
+                                 cm.clusterk_reduce_us * std::max(1.0, s->block_n / 64.0)
                            : s->k_blocks * it + tile;
   // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
   // a split tile adds its partial; the one holding the tile's first k block is charged taking

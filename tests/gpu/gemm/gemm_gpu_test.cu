@@ -691,7 +691,7 @@ int main() {
   //     8 CTAs half of the shares are empty) and k = 8 (one k block, one share);
   //   - 8 GEMM blocks only, so each cluster reduces several tiles in turn (the barriers' phases);
   // then bitwise reproducibility over launches, the rule's own choices on small shapes, a width
-  // above 64 refused, and the refusals of what it cannot combine with.
+  // above 128 refused, and the refusals of what it cannot combine with.
   for (int bn : mk::kGemmSwapClusterKWidths)
     for (int ck : mk::kGemmClusterKSizes) {
       mk::GemmConfig c;
@@ -750,8 +750,8 @@ int main() {
     k.swap_ab = 0;
     refused(k, mk::kEpilogueStore, {"cluster_k = 4", "swap_ab = 0"}, "cluster_k with swap_ab = 0 refused, naming both");
     k.swap_ab = 1;
-    k.block_n = 128;
-    refused(k, mk::kEpilogueStore, {"cluster_k = 4", "block_n = 128"}, "cluster_k with a width over 64 refused");
+    k.block_n = 144;
+    refused(k, mk::kEpilogueStore, {"cluster_k = 4", "block_n = 144"}, "cluster_k with a width over 128 refused");
     k.block_n = 0;
     k.swap_ab = -1;
     refused(k, mk::kEpilogueAtomicAdd, {"cluster_k = 4", "atomic-add"}, "cluster_k with the atomic-add epilogue refused");
