@@ -16,7 +16,8 @@
 // other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic), and the rule held
 // to the operands as given or to swapped ones ("noswap", "swap", GemmConfig::swap_ab): the data
 // that calibrates the cost model. With it (or alone with --cluster-k): the rule without split-K
-// inside clusters ("nok") and, for m <= 256, with each cluster size forced ("k2", "k4", "k8").
+// inside clusters ("nok") and, for m <= 256, with each cluster size forced ("k2", "k4", "k8");
+// where the rule takes it at a width above 64, also the rule limited to widths up to 64 ("k64w").
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -42,6 +43,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -536,6 +538,28 @@ void add_cluster_k_variants(const Shape& s, std::vector<std::pair<std::string, m
   }
 }
 
+// GEMM blocks the library launches with split-K inside clusters of 2, 4 and 8 on a problem
+// with more tiles than SMs (its residency limit per cluster size), found once by planning one.
+std::array<int, 3> resident_cluster_k_blocks(Operands& ops) {
+  static std::array<int, 3> res = {-1, -1, -1};
+  if (res[0] >= 0) return res;
+  for (int i = 0; i < 3; ++i) {
+    mk::GemmArgs args;
+    args.a = ops.a[0];
+    args.w = ops.w[0];
+    args.d = ops.d[0];
+    args.m = 16;
+    args.n = 128 * 300;  // 300 tiles: more than any cluster count
+    args.k = 1024;
+    args.config.swap_ab = 1;
+    args.config.block_n = 16;
+    args.config.cluster_k = 2 << i;
+    mk::GemmPlan plan;
+    res[i] = mk::gemm_plan(args, &plan).ok() ? plan.config.num_gemm_blocks : 0;
+  }
+  return res;
+}
+
 mk::GemmConfig config_forcing(const mk::GemmSchedule& s) {
   mk::GemmConfig c;
   c.swap_ab = s.swap_ab ? 1 : 0;
@@ -774,6 +798,26 @@ int main(int argc, char** argv) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
       add_cluster_k_variants(s, &vs);
       for (const auto& [tag, c] : vs) add_variant(tag, c);
+      // Where the rule takes in-cluster split-K at a width above 64, also the rule without
+      // those widths ("k64w": its choice before they were built), in the same rounds.
+      const mk::GemmSchedule& ds = def_runner->plans[0].schedule;
+      if (ds.cluster_k > 1 && ds.block_n > 64) {
+        mk::GemmScheduleRequest req;
+        req.m = s.m;
+        req.n = s.n;
+        req.k = s.k;
+        req.num_sms = prop.multiProcessorCount;
+        req.blocks_cluster1 = prop.multiProcessorCount;
+        req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
+        req.swap_ab = -1;
+        const std::array<int, 3> res = resident_cluster_k_blocks(ops);
+        req.blocks_cluster_k2 = res[0];
+        req.blocks_cluster_k4 = res[1];
+        req.blocks_cluster_k8 = res[2];
+        mk::GemmCostModel narrow;
+        narrow.clusterk_max_width = 64;
+        add_variant("k64w", config_forcing(mk::choose_gemm_schedule(req, narrow)));
+      }
     }
     if (o.variants && def_runner) {
       const mk::GemmPlan& dp = def_runner->plans[0];

@@ -220,6 +220,9 @@ struct GemmCostModel {
   // A narrow (swapped, < 128 columns) tile's k block costs at least this fraction of the
   // 128-wide clusters-of-1 one: it still pulls the 128-row weight tile.
   double narrow_iter_floor = 0.5;
+  // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
+  // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
+  int clusterk_max_width = 128;
 };
 
 // What the caller fixed (0 / -1: free) and what the device offers.
@@ -529,6 +532,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         // width of kGemmSwapClusterKWidths, whole tiles (no split-K or stream-K through the
         // workspace besides). Chosen freely only where every CTA gets two k blocks or more.
         if (r.cluster_k != 1 && r.swapped && bm == 128 && cl == 1 && gemm_swap_cluster_k_width_built(bn) &&
+            bn <= cm.clusterk_max_width &&
             r.num_splits <= 1 && r.stream_k != 1 && r.sk_units == 0 && r.dp_tiles < 0) {
           for (int ck : kGemmClusterKSizes) {
             if (r.cluster_k != 0 && r.cluster_k != ck) continue;

@@ -512,6 +512,34 @@ int main(int argc, char** argv) {
     check(r, rng);
     ++cases;
   }
+  // In-cluster split-K at widths above 64 (the owners receive the whole fp32 tile): the rule takes
+  // them somewhere in the family, and a model limited to 64 columns (GemmCostModel::
+  // clusterk_max_width, the bench's "k64w") never does.
+  {
+    gemm_test::RandomFamily wide_fam(20261203);
+    int wide = 0, narrow_wide = 0;
+    mk::GemmCostModel narrow;
+    narrow.clusterk_max_width = 64;
+    for (int i = 0; i < 2000; ++i) {
+      const auto sh = wide_fam.next();
+      mk::GemmScheduleRequest r;
+      r.m = sh.m;
+      r.n = sh.n;
+      r.k = sh.k;
+      r.blocks_cluster1 = r.blocks_cluster2 = r.blocks_cluster_k2 = r.blocks_cluster_k4 = 132;
+      r.blocks_cluster_k8 = 128;
+      r.swap_ab = -1;
+      const mk::GemmSchedule s = mk::choose_gemm_schedule(r);
+      if (s.cluster_k > 1 && s.block_n > 64) ++wide;
+      const mk::GemmSchedule t = mk::choose_gemm_schedule(r, narrow);
+      if (t.cluster_k > 1 && t.block_n > 64) ++narrow_wide;
+      check(r, rng);
+      ++cases;
+    }
+    if (wide == 0) fail("the rule chose no in-cluster split-K wider than 64 columns over the random family");
+    if (narrow_wide != 0) fail("clusterk_max_width = 64 not honoured on " + std::to_string(narrow_wide) + " shapes");
+    std::printf("in-cluster split-K wider than 64 columns chosen: %d of 2000\n", wide);
+  }
   // The rule takes split last waves somewhere in the family (a last wave at most half full).
   if (g_split_last_waves == 0) fail("the rule chose no split last wave over the random family");
   std::printf("split last waves chosen: %d\n", g_split_last_waves);
