@@ -203,7 +203,7 @@ def default_value(name):
     regime_fields = ["launch_us", "iter_us_n256_c2", "iter_us_n256_c1", "iter_us_n128_c2", "iter_us_n128_c1",
                      "concurrency", "tile_us_n256", "tile_us_n128", "fixup_latency_us", "sum_latency_us",
                      "partial_bytes_per_us", "dram_bytes_per_us", "cta_bytes_per_us", "sk_iter_factor", "sk_item_us", "cluster2_launch_us",
-                     "clusterk_launch_us", "clusterk_reduce_us"]
+                     "clusterk_launch_us", "clusterk_reduce_us", "clusterk_wide"]
     if "." in name:
         regime, field = name.split(".", 1)
         marker = "GemmCostRegime %s{" % regime
@@ -211,7 +211,8 @@ def default_value(name):
         values = [float(v) for v in text[start:text.index("}", start)].split(",")]
         i = regime_fields.index(field)
         return values[i] if i < len(values) else {"sk_iter_factor": 1.0, "sk_item_us": 0.0, "cluster2_launch_us": 0.0,
-                                                          "clusterk_launch_us": 0.0, "clusterk_reduce_us": 1.2}[field]
+                                                          "clusterk_launch_us": 0.0, "clusterk_reduce_us": 1.2,
+                                                          "clusterk_wide": 1.0}[field]
     marker = "double %s = " % name
     start = text.index(marker) + len(marker)
     return float(text[start:text.index(";", start)])

@@ -58,6 +58,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
     f[p + "sk_item_us"] = &r->sk_item_us;
     f[p + "cluster2_launch_us"] = &r->cluster2_launch_us;
     f[p + "clusterk_launch_us"] = &r->clusterk_launch_us;
+    f[p + "clusterk_wide"] = &r->clusterk_wide;
     f[p + "clusterk_reduce_us"] = &r->clusterk_reduce_us;
   }
   return f;

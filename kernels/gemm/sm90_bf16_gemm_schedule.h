@@ -164,10 +164,12 @@ struct GemmCostRegime {
   // their owners, the owners' sums and stores) on top of the tile's epilogue. Fitted to the
   // records of 5d2d2f5 (225 groups of one shape timed without and with clusters of 2, 4 and 8;
   // docs/kernels.md section 7, "Split-K inside clusters"): the launch costs nothing measurable,
-  // a tile 1.2 us (m <= 64) and 1.6 us (larger m). Above 64 columns (not fitted yet) the
-  // reduction is charged in proportion to the partial's bytes (width / 64 times this).
+  // a tile 1.2 us (m <= 64) and 1.6 us (larger m). Above 64 columns the partial's bytes grow with
+  // the width: a tile's reduction costs clusterk_reduce_us x (1 + clusterk_wide x (width - 64) /
+  // 64).
   double clusterk_launch_us = 0.0;
   double clusterk_reduce_us = 1.2;
+  double clusterk_wide = 1.0;
 };
 
 struct GemmCostModel {
@@ -398,7 +400,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   // In-cluster split-K: a CTA's share of the k blocks (the largest), and the reduction.
   const double whole = s->cluster_k > 1
                            ? static_cast<double>(ceil_div(s->k_blocks, s->cluster_k)) * it + tile +
-                                 cm.clusterk_reduce_us * std::max(1.0, s->block_n / 64.0)
+                                 cm.clusterk_reduce_us * (1.0 + cm.clusterk_wide * std::max(0, s->block_n - 64) / 64.0)
                            : s->k_blocks * it + tile;
   // Cluster c: data-parallel tiles c, c + G, ...; then units c, c + G, ... Every participant of
   // a split tile adds its partial; the one holding the tile's first k block is charged taking
