@@ -12,12 +12,14 @@
 // --variants also times, in the same interleaved rounds, the rule choosing between the 128- and
 // 256-wide tiles only ("w2", the rule before the other widths), whole tiles only ("dp"),
 // stream-K forced ("sk"), the rule with the other of 128 and 256 columns ("bn"), the other
-// cluster size ("cl"), the rule held to 128-row or to 256-row tiles ("m128", "m256"), and the
+// cluster size ("cl"), the rule held to 128-, 256- or 192-row tiles ("m128", "m256", "m192"), and the
 // other fix-up of split tiles ("det" or "atomic", GemmConfig::deterministic), and the rule held
 // to the operands as given or to swapped ones ("noswap", "swap", GemmConfig::swap_ab): the data
 // that calibrates the cost model. With it (or alone with --cluster-k): the rule without split-K
 // inside clusters ("nok") and, for m <= 256, with each cluster size forced ("k2", "k4", "k8");
 // where the rule takes it at a width above 64, also the rule limited to widths up to 64 ("k64w").
+// --m192 (alone or with --cluster-k) times, for m > 128, the rule held to 192-row tiles ("m192")
+// and to 192-row tiles in clusters of 1 ("m192c1") beside its own choice.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -88,6 +90,7 @@ struct Options {
   std::string shape_list;  // "MxNxK,MxNxK": these shapes only
   bool profile = false;    // launch each implementation twice per shape, time nothing
   bool cluster_k = false;  // --cluster-k: time the in-cluster split-K variants only
+  bool m192 = false;       // --m192: time the rule held to 192-row tiles beside it
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
 
@@ -606,6 +609,7 @@ int main(int argc, char** argv) {
     else if (a == "--variants") o.variants = true;
     else if (a == "--prev-model") o.prev_model = true;
     else if (a == "--cluster-k") o.cluster_k = true;
+    else if (a == "--m192") o.m192 = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
@@ -794,6 +798,13 @@ int main(int argc, char** argv) {
       fns.push_back([rp](int i) { rp->launch(i); });
       variant_runners.push_back(std::move(runner));
     };
+    if (o.m192 && !o.variants && def_runner && s.m > 128) {
+      mk::GemmConfig c;  // the rule held to 192-row tiles (width and decomposition its choice)
+      c.block_m = 192;
+      add_variant("m192", c);
+      c.cluster_m = 1;  // and to clusters of 1 with them
+      add_variant("m192c1", c);
+    }
     if (o.cluster_k && !o.variants && def_runner) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;
       add_cluster_k_variants(s, &vs);
@@ -870,8 +881,8 @@ int main(int argc, char** argv) {
         }
       }
       add_cluster_k_variants(s, &vs);
-      for (int bm : {128, 256}) {  // the rule held to one tile height
-        if (bm == 256 && s.m <= 128) continue;
+      for (int bm : {128, 256, 192}) {  // the rule held to one tile height
+        if (bm != 128 && s.m <= 128) continue;
         mk::GemmConfig c;
         c.block_m = bm;
         vs.emplace_back("m" + std::to_string(bm), c);

@@ -7,7 +7,7 @@
 // "T n160 c2 s1 rN g8 b132 sk66/78t"); each output line is the model's predicted time in
 // microseconds for that configuration on a 132-SM H200, or "nan" for a line it cannot read
 // (printed with the reason on stderr). With --choose, each input line is "M N K" and the output
-// is the configuration the rule chooses and its prediction. name=value overrides one cost of the
+// is the configuration the rule chooses and its prediction (--allow-m192: 192-row tiles too). name=value overrides one cost of the
 // model (names as in GemmCostModel / GemmCostRegime, a regime's field prefixed with "small_m." or
 // "general."); an unknown name is refused.
 #include <cmath>
@@ -38,6 +38,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
   f["swap_margin_small_m"] = &m.swap_margin_small_m;
   f["half_rows_cost_factor"] = &m.half_rows_cost_factor;
   f["narrow_iter_floor"] = &m.narrow_iter_floor;
+  f["m192_cost_factor"] = &m.m192_cost_factor;
   for (auto [prefix, r] : {std::pair<const char*, mk::GemmCostRegime*>{"small_m.", &m.small_m},
                            std::pair<const char*, mk::GemmCostRegime*>{"general.", &m.general}}) {
     const std::string p = prefix;
@@ -82,6 +83,8 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
       s.block_m = 64;
     } else if (tok == "m256") {
       s.block_m = 256;
+    } else if (tok == "m192") {
+      s.block_m = 192;
     } else if (tok[0] == 'n' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
       s.block_n = std::atoi(tok.c_str() + 1);
     } else if (tok[0] == 'c' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
@@ -152,11 +155,15 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
 int main(int argc, char** argv) {
   mk::GemmCostModel model;
   auto fields = cost_fields(model);
-  bool choose = false;
+  bool choose = false, allow_m192 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--choose") {
       choose = true;
+      continue;
+    }
+    if (a == "--allow-m192") {
+      allow_m192 = true;
       continue;
     }
     const auto eq = a.find('=');
@@ -193,8 +200,9 @@ int main(int argc, char** argv) {
       r.blocks_cluster_k4 = 132;
       r.blocks_cluster_k8 = 128;
       r.swap_ab = -1;
+      r.allow_m192 = allow_m192;
       const mk::GemmSchedule s = mk::choose_gemm_schedule(r, model);
-      std::printf("%s%s n%d c%d%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : "",
+      std::printf("%s%s n%d c%d%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : s.block_m == 192 ? "m192 " : "",
                   s.block_n, s.cluster_m, s.cluster_k > 1 ? (" k" + std::to_string(s.cluster_k)).c_str() : "",
                   s.num_clusters * s.cluster_m * s.cluster_k, s.describe().c_str(), s.predicted_us);
       continue;

@@ -145,26 +145,39 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   const GemmHooks& h = a.hooks;
   const bool plain = h.ready_flags == nullptr && h.a_local == nullptr && h.tile_flags == nullptr &&
                      h.first_m_block == 0 && c->num_role_blocks == 0 && a.epilogue == kEpilogueStore;
-  if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128 && c->block_m != 256) {
+  if (c->block_m != 0 && c->block_m != 64 && c->block_m != 128 && c->block_m != 192 && c->block_m != 256) {
     return fail(GemmError::kInvalidConfig, "block_m = " + std::to_string(c->block_m) +
-                                               " is not a built tile height (expected 0, 64 with swap_ab = 1, 128 or 256)");
+                                               " is not a built tile height (expected 0, 64 with swap_ab = 1, 128, 192 or 256)");
   }
   if (c->block_m == 64 && (c->swap_ab != 1 || (c->block_n != 0 && !gemm_swap64_width_built(c->block_n)))) {
     return fail(GemmError::kInvalidConfig, "block_m = 64 is built with swapped operands only (swap_ab = 1, got " +
                                                std::to_string(c->swap_ab) + ") and widths 16, 32, 48, 64 (block_n = " +
                                                std::to_string(c->block_n) + ")");
   }
-  if (c->swap_ab == 1 && (!plain || c->block_m == 256 || c->widths_128_256)) {
+  if (c->swap_ab == 1 && (!plain || c->block_m == 256 || c->block_m == 192 || c->widths_128_256)) {
     return fail(GemmError::kInvalidConfig,
                 std::string("swap_ab = 1 needs a plain GEMM (store epilogue, no hooks, no role blocks, 128-row tiles, "
                             "any width); this call has ") +
-                    (c->block_m == 256 ? "block_m = 256" : c->widths_128_256 ? "widths_128_256" :
+                    (c->block_m == 256 ? "block_m = 256" : c->block_m == 192 ? "block_m = 192" : c->widths_128_256 ? "widths_128_256" :
                      a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
   }
   if (c->swap_ab == -1 && c->block_n != 0 && !gemm_block_width_built(c->block_n) &&
-      (!plain || c->block_m == 256 || c->widths_128_256)) {
+      (!plain || c->block_m == 256 || c->block_m == 192 || c->widths_128_256)) {
     return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
                                                " is built with swapped operands only, which this call cannot use");
+  }
+  if (c->block_m == 192) {
+    if (!plain) {
+      return fail(GemmError::kInvalidConfig,
+                  "block_m = 192 needs a plain GEMM (store epilogue, no hooks, no role blocks); this call has " +
+                      std::string(a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
+    }
+    if (c->block_n != 0 && !gemm_m192_width_built(c->block_n)) {
+      std::string widths;
+      for (int w : kGemmM192Widths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+      return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
+                                                 " is not built with block_m = 192 (expected 0 or one of " + widths + ")");
+    }
   }
   if (c->block_m == 256) {
     if (!plain) {
@@ -252,7 +265,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.dp_tiles = c->dp_tiles;
   // Swapped operands: plain GEMMs with 128-row tiles only; callers that instantiate the engine
   // with 128 and 256 columns (the fused ops) never get them.
-  req.swap_ab = (plain && c->block_m != 256 && !c->widths_128_256) ? c->swap_ab : 0;
+  req.swap_ab = (plain && c->block_m != 256 && c->block_m != 192 && !c->widths_128_256) ? c->swap_ab : 0;
   req.cluster_k = req.swap_ab != 0 ? c->cluster_k : 1;
   if (req.swap_ab != 0 && c->num_gemm_blocks == 0) {
     req.blocks_cluster_k2 = dev.resident_k[1];
@@ -445,7 +458,10 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->args.ldd = ldd;
   plan->config = c;
   plan->schedule = sched;
-  plan->num_stages = detail::gemm_stages_for_block_n(c.block_n, c.block_m);
+  plan->num_stages = c.block_m == 192   ? detail::gemm_stages_for_block_n(c.block_n, 192, detail::gemm_m192_epi_bytes())
+                     : c.cluster_k > 1 ? detail::gemm_stages_for_block_n(c.block_n, c.block_m,
+                                                                         detail::gemm_epi_bytes(c.block_n, c.cluster_k))
+                                       : detail::gemm_stages_for_block_n(c.block_n, c.block_m);
   plan->epilogue = args.epilogue;
   return encode_maps(plan);
 }
@@ -562,6 +578,18 @@ GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
                     "plan.config.block_n = " + std::to_string(plan.config.block_n) + " is not built with swap_ab = 1");
     }
   }
+  if (plan.config.block_m == 192) {
+    switch (plan.config.block_n) {
+      case 192: return detail::launch_m192_block_n<192>(plan, stream);
+      case 176: return detail::launch_m192_block_n<176>(plan, stream);
+      case 160: return detail::launch_m192_block_n<160>(plan, stream);
+      case 144: return detail::launch_m192_block_n<144>(plan, stream);
+      case 128: return detail::launch_m192_block_n<128>(plan, stream);
+      default:
+        return fail(GemmError::kInvalidConfig,
+                    "plan.config.block_n = " + std::to_string(plan.config.block_n) + " is not built with block_m = 192");
+    }
+  }
   if (plan.config.block_m == 256) {
     switch (plan.config.block_n) {
       case 192: return detail::launch_tall_block_n<192>(plan, stream);
@@ -604,6 +632,11 @@ static_assert([] {
     if (w % 16 != 0 || w < 128 || w > 192) return false;
   return sizeof(kGemmTallWidths) / sizeof(int) == 5;
 }(), "kGemmTallWidths and gemm_launch's 256-row cases disagree");
+static_assert([] {
+  for (int w : kGemmM192Widths)
+    if (w % 16 != 0 || w < 128 || w > 192) return false;
+  return sizeof(kGemmM192Widths) / sizeof(int) == 5;
+}(), "kGemmM192Widths and gemm_launch's 192-row cases disagree");
 
 GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
   GemmPlan plan;
@@ -614,7 +647,7 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) +
+  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : c.block_m == 192 ? "m192 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) +
          (c.cluster_k > 1 ? " k" + std::to_string(c.cluster_k) : "") + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +

@@ -103,8 +103,12 @@ struct Sm90GemmTraits {
   // 64 rows (swapped operands only, small m): both consumers share the tile's 64 weight rows and
   // each takes half of its width (kConsumerN columns), so a weight of n rows fills n / 64 tiles
   // and a stage holds 8 KB of it (up to 16 stages).
+  // 192 rows (plain GEMMs): three consumer warpgroups of one 64-row slice each (512 threads), so
+  // a k block pulls (192 + BLOCK_N) x 128 bytes into the SM for 192 x BLOCK_N x 64 MACs: at 192
+  // columns 1.5x the flops per byte of a 128 x 128 tile and 1.15x those of a 128 x 256 one, with
+  // every wgmma an m64nBLOCK_N (the smem traffic per flop of the 128-row tile of that width).
   static constexpr int kBlockM = kBlockM_;
-  static constexpr int kMSub = kBlockM_ >= 128 ? kBlockM_ / 128 : 1;  // 64-row sub-tiles per consumer
+  static constexpr int kMSub = kBlockM_ == 256 ? 2 : 1;  // 64-row sub-tiles per consumer
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerN = kBlockM_ == 64 ? kBlockN_ / 2 : kBlockN_;  // one consumer's columns
   // Rows of the output box a transposed store writes (the D map's box): within one consumer's
@@ -120,14 +124,17 @@ struct Sm90GemmTraits {
   static constexpr int kClusterK = kClusterK_;
   static constexpr int kClusterSize = kClusterM_ * kClusterK_;  // CTAs a cluster launch groups
   static constexpr uint32_t kEpilogue = kEpilogue_;
-  static constexpr int kNumConsumers = 2;
+  static constexpr int kNumConsumers = kBlockM_ == 192 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kNumConsumers);
+  static constexpr int kConsumerThreads = 128 * kNumConsumers;
   // A 256-row tile's consumer holds two accumulators: above 160 columns (2 x 88 or 2 x 96 fp32
   // registers) it takes the most setmaxnreg gives (240) and the producer warpgroup the least
   // (24); otherwise 232 and 40 leave the producer's loop without spills.
   static constexpr bool kWideTall = kBlockM_ == 256 && kBlockN_ > 160;
-  static constexpr int kProducerRegs = kWideTall ? 24 : 40;
-  static constexpr int kConsumerRegs = kWideTall ? 240 : 232;
+  // 192-row tiles: 512 threads share the 64K registers, 32 for the producer warpgroup and 160 for
+  // each consumer (at most 128 accumulator registers, at 256 columns).
+  static constexpr int kProducerRegs = kBlockM_ == 192 ? 32 : kWideTall ? 24 : 40;
+  static constexpr int kConsumerRegs = kBlockM_ == 192 ? 160 : kWideTall ? 240 : 232;
   static constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
   static constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
@@ -135,10 +142,14 @@ struct Sm90GemmTraits {
   // alternate as TMA stores drain them. In-cluster split-K receives the partials of a whole
   // 128 x BLOCK_N fp32 tile there instead (detail::ClusterKLayout): above 64 columns that takes
   // more room (64 KB at 128), and the pipeline has fewer stages.
+  // 192-row tiles have one buffer per consumer (each chunk waits for the previous chunk's store to
+  // have read it), which leaves room for a fourth stage at 192 columns.
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
+  static constexpr int kEpiBufs = kBlockM_ == 192 ? 1 : 2;
   static constexpr uint32_t kEpiBytes =
-      kClusterK_ > 1 && 128u * kBlockN_ * 4 > kNumConsumers * 2 * kEpiChunkBytes ? 128u * kBlockN_ * 4
-                                                                                  : kNumConsumers * 2 * kEpiChunkBytes;
+      kClusterK_ > 1 && 128u * kBlockN_ * 4 > kNumConsumers * 2 * kEpiChunkBytes
+          ? 128u * kBlockN_ * 4
+          : kNumConsumers * kEpiBufs * kEpiChunkBytes;
   // Full and empty barriers, one abort word per stage, the split-last word (16-byte rounded).
   // With kClusterK > 1 four more mbarriers (receive buffers full / free, two of each) after them.
   static constexpr uint32_t kBarrierBytes =
@@ -161,9 +172,11 @@ struct Sm90GemmTraits {
   static_assert(kClusterK == 1 || (kSwapAB_ && kClusterM_ == 1 && kBlockM_ == 128 && kBlockN_ <= 128 && !kGrouped_ &&
                                    kEpilogue_ == kEpilogueStore),
                 "split-K inside a cluster: swapped operands, 128-row tiles, widths up to 128, clusters of 1 along M");
-  static_assert(kBlockM == 128 || kBlockM == 256 || (kBlockM == 64 && kSwapAB_ && kBlockN_ <= 64),
-                "BLOCK_M: 128 or 256 (64 with swapped operands, widths up to 64)");
-  static_assert(kBlockM == 128 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),
+  static_assert(kBlockM == 128 || kBlockM == 192 || kBlockM == 256 || (kBlockM == 64 && kSwapAB_ && kBlockN_ <= 64),
+                "BLOCK_M: 128, 192 or 256 (64 with swapped operands, widths up to 64)");
+  static_assert(kBlockM != 192 || (!kGrouped && !kSwapAB_ && kClusterK_ == 1 && kEpilogue == kEpilogueStore),
+                "192-row tiles: plain GEMM, store epilogue, operands as given, no in-cluster split-K");
+  static_assert(kBlockM != 256 || (!kGrouped && kEpilogue == kEpilogueStore && kBlockN <= 192),
                 "256-row tiles: plain GEMM, store epilogue, at most 192 columns (accumulator registers)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the 227 KB a block may use");
   static_assert(!kGrouped || kEpilogue == kEpilogueStore, "grouped GEMM: store epilogue only");
@@ -242,12 +255,13 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const f
   const uint32_t swz = lane / 4;
 #pragma unroll
   for (int c = 0; c < T::kBlockN / 64; ++c) {
-    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
+    const uint32_t buf = base + (c % T::kEpiBufs) * T::kEpiChunkBytes;
     // The store that last used this buffer is done reading it: the one before the latest, except
     // for a tile's first chunk when a tile has an odd number of chunks (192 columns: buffers 0,
-    // 1, 0), where the latest store, the previous tile's last chunk, used this buffer too.
+    // 1, 0), where the latest store, the previous tile's last chunk, used this buffer too (and
+    // always the latest with one buffer).
     if (leader) {
-      if (c == 0 && (T::kBlockN / 64) % 2 == 1) {
+      if (T::kEpiBufs == 1 || (c == 0 && (T::kBlockN / 64) % 2 == 1)) {
         ptx::bulk_wait_group_read<0>();
       } else {
         ptx::bulk_wait_group_read<1>();
@@ -266,7 +280,7 @@ __device__ __forceinline__ void store_tile_tma(const CUtensorMap* tma_d, const f
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(bar_id, 128);
     if (leader) {
-      ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes, col0 + c * 64, row0);
+      ptx::tma_store_2d(tma_d, bufs + (c % T::kEpiBufs) * T::kEpiChunkBytes, col0 + c * 64, row0);
       ptx::bulk_commit_group();
     }
   }
@@ -826,8 +840,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   } else {
     // ---- consumers -------------------------------------------------------------------------------
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
-    const uint32_t cw = warpgroup - 1;            // which 64-row half of the tile
-    const uint32_t ctid = threadIdx.x - 128;      // 0..255 over both consumers
+    const uint32_t cw = warpgroup - 1;            // which 64-row slice of the tile
+    const uint32_t ctid = threadIdx.x - 128;      // 0..255 over both consumers (0..383 over three)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp_in_wg = (threadIdx.x / 32) % 4;
     const bool signals = (threadIdx.x % 128) == 0;
@@ -1000,7 +1014,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           detail::store_tile<T>(p, acc[s], row0, col0);
         }
       } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
-        uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
+        uint8_t* bufs = smem_epi + cw * T::kEpiBufs * T::kEpiChunkBytes;
         const uint32_t col0 = tc.n_block * T::kBlockN;
         if constexpr (T::kSwapAB) {
           // This consumer's 64 weight rows are output columns, the tile's width output rows.
@@ -1022,7 +1036,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               constexpr int kFull = T::kBlockN / 64;
               const uint32_t rows = row0 < p.m ? min(p.m - row0, 64u) : 0u;
               detail::store_chunk_masked<T, T::kBlockN % 64>(p, acc[s],
-                                                             ptx::smem_addr(bufs) + (kFull % 2) * T::kEpiChunkBytes,
+                                                             ptx::smem_addr(bufs) + (kFull % T::kEpiBufs) * T::kEpiChunkBytes,
                                                              kFull * 64, row0, rows, col0 + kFull * 64, warp_in_wg,
                                                              lane, signals, 3 + cw);
             }
@@ -1035,7 +1049,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         // before the barrier; the system-scope fence by the signalling thread makes them visible
         // (cumulatively) before the flag.
         if (T::kEpilogue != kEpilogueAtomicAdd && signals) ptx::bulk_wait_group_all();
-        ptx::named_barrier_sync(2, 256);
+        ptx::named_barrier_sync(2, T::kConsumerThreads);
         if (ctid == 0) {
           sync::fence_acq_rel_sys();
           sync::st_release_sys(p.tile_flags + tile_idx, detail::tile_flag_value(p));

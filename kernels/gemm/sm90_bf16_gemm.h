@@ -55,9 +55,10 @@ struct GemmResult {
 struct GemmConfig {
   int block_n = 0;          // tile width, one of kGemmBlockWidths: 128 to 256 in steps of 16
                             // (BLOCK_K is 64)
-  int block_m = 0;          // tile height: 0 or 128; 256 (opt-in, never chosen by the rule) for
-                            // plain GEMMs (no hooks, no role blocks, store epilogue) with a width
-                            // of kGemmTallWidths (128 to 192); 64 (opt-in, never chosen) with
+  int block_m = 0;          // tile height: 0 or 128; 192 (three consumer warpgroups; opt-in) or
+                            // 256 (opt-in, never chosen by the rule) for plain GEMMs (no hooks,
+                            // no role blocks, store epilogue) with a width of kGemmM192Widths or
+                            // kGemmTallWidths (128 to 192); 64 (opt-in, never chosen) with
                             // swap_ab = 1 and a width of kGemmSwap64Widths (16 to 64)
   int cluster_m = 0;        // 1, or 2 to share (multicast) each weight tile between two CTAs
   int num_splits = 0;       // uniform split-K: k splits per output tile; 1 = none (and no stream-K)

@@ -20,6 +20,9 @@ namespace mkernel::kernels::detail {
 constexpr int gemm_epi_bytes(int block_n, int cluster_k = 1) {
   return cluster_k > 1 && 128 * block_n * 4 > 32 * 1024 ? 128 * block_n * 4 : 32 * 1024;
 }
+// 192-row tiles (three consumers, one 8 KB epilogue buffer each): gemm_m192_epi_bytes; 5 stages
+// at 128 columns, 4 at 144-192, 3 at 208-256.
+constexpr int gemm_m192_epi_bytes() { return 3 * 8 * 1024; }
 constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128, int epi_bytes = 32 * 1024) {
   const int budget = 227 * 1024 - 1024 - epi_bytes - 256;
   const int stages = budget / (block_m * 64 * 2 + block_n * 64 * 2);
@@ -29,6 +32,9 @@ static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) 
               "the depths the 128- and 256-wide tiles were tuned with");
 static_assert(gemm_stages_for_block_n(128, 256) == 4 && gemm_stages_for_block_n(192, 256) == 3,
               "256-row tiles: at least 3 stages");
+static_assert(gemm_stages_for_block_n(192, 192, gemm_m192_epi_bytes()) == 4 &&
+                  gemm_stages_for_block_n(256, 192, gemm_m192_epi_bytes()) == 3,
+              "192-row tiles: 4 stages at 192 columns");
 static_assert(gemm_stages_for_block_n(128, 128, gemm_epi_bytes(128, 2)) == 5 &&
                   gemm_stages_for_block_n(80, 128, gemm_epi_bytes(80, 2)) == 7 &&
                   gemm_epi_bytes(64, 2) == 32 * 1024,
@@ -61,6 +67,10 @@ GemmResult launch_swapk_block_n(const GemmPlan& plan, cudaStream_t stream);
 
 template <int kBlockN>
 int max_resident_swapk_block_n(int cluster_k, int num_sms);
+
+// The 192-row instantiations (sm90_bf16_gemm_m192_n*.cu, store epilogue only; kGemmM192Widths).
+template <int kBlockN>
+GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream);
 
 // The grouped instantiations (sm90_bf16_grouped_gemm_n*.cu, generated like the above).
 template <int kBlockN>

@@ -30,7 +30,7 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
                : "memory");
 }
 
-// Run by the 256 consumer threads of a CTA after the main loop of their part of a split tile, in
+// Run by the 256 consumer threads (384 with 192-row tiles) of a CTA after the main loop of their part of a split tile, in
 // three steps:
 //   1. leave the fp32 partial in the workspace: added into the tile's one accumulator (atomic
 //      fix-up), or stored into this work item's own slot (deterministic, GemmParams::split_slots;
@@ -51,7 +51,8 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
                                              float (&acc)[T::kMSub][T::kConsumerN / 2], uint32_t ctid,
                                              volatile uint32_t* words) {
   constexpr uint32_t kTileFloats = T::kBlockM * T::kBlockN;
-  constexpr uint32_t kSubFloats = 128 * T::kBlockN;  // both consumers' sub-tile s
+  constexpr uint32_t kThreads = T::kConsumerThreads;  // 256, or 384 with 192-row tiles
+  constexpr uint32_t kSubFloats = kThreads / 2 * T::kBlockN;  // every consumer's sub-tile s
   const bool slots = p.split_slots != 0;
   const uint32_t parts = sched.participants(item.tile);
   const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
@@ -77,7 +78,7 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     if (!live(s)) continue;
 #pragma unroll
     for (int i = 0; i < T::kConsumerN / 8; ++i) {
-      float* dst = mine + s * kSubFloats + (i * 256 + ctid) * 4;
+      float* dst = mine + s * kSubFloats + (i * kThreads + ctid) * 4;
       const float* a = acc[s];
       if (slots) {
         ptx::st_global_v4_f32(dst, a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]);
@@ -87,14 +88,14 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     }
   }
   // 2. the ticket
-  ptx::named_barrier_sync(1, 256);
+  ptx::named_barrier_sync(1, kThreads);
   if (ctid == 0) {
     uint32_t* counter = p.split_counters + index;
     const bool last = atom_add_acq_rel_gpu(counter, 1u) == parts - 1;
     if (last) *counter = 0;  // every participant has arrived: zero for the next launch
     words[0] = last ? 1u : 0u;
   }
-  ptx::named_barrier_sync(1, 256);
+  ptx::named_barrier_sync(1, kThreads);
   if (words[0] == 0) return kFixupStored;
   // 3. collect: the accumulator (then zeroed) or the first slot, then the other slots in order
   const uint32_t first = sched.first_unit(item.tile);
@@ -104,7 +105,7 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     float* src = (slots ? slot(first) : accumulator) + s * kSubFloats + ctid * 4;
 #pragma unroll
     for (int i = 0; i < T::kConsumerN / 8; ++i) {
-      const float4 x = ptx::ld_global_cg_v4_f32(src + i * 1024);
+      const float4 x = ptx::ld_global_cg_v4_f32(src + i * kThreads * 4);
       acc[s][4 * i] = x.x;
       acc[s][4 * i + 1] = x.y;
       acc[s][4 * i + 2] = x.z;
@@ -112,14 +113,14 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
     }
     if (!slots) {
 #pragma unroll
-      for (int i = 0; i < T::kConsumerN / 8; ++i) ptx::st_global_v4_f32(src + i * 1024, 0.f, 0.f, 0.f, 0.f);
+      for (int i = 0; i < T::kConsumerN / 8; ++i) ptx::st_global_v4_f32(src + i * kThreads * 4, 0.f, 0.f, 0.f, 0.f);
       continue;
     }
     for (uint32_t u = 1; u < parts; ++u) {
       const float* part = slot(first + u) + s * kSubFloats + ctid * 4;
 #pragma unroll
       for (int i = 0; i < T::kConsumerN / 8; ++i) {
-        const float4 x = ptx::ld_global_cg_v4_f32(part + i * 1024);
+        const float4 x = ptx::ld_global_cg_v4_f32(part + i * kThreads * 4);
         acc[s][4 * i] += x.x;
         acc[s][4 * i + 1] += x.y;
         acc[s][4 * i + 2] += x.z;

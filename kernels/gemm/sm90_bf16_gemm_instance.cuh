@@ -52,6 +52,16 @@ GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<Swap64Traits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
+template <int kBlockN, int kClusterM>
+using M192Traits = Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 192, gemm_m192_epi_bytes()), kClusterM,
+                                  kEpilogueStore, false, 192>;
+
+template <int kBlockN>
+GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<M192Traits<kBlockN, 2>, NoRole>(plan, stream)
+                                    : launch_sm90_bf16_gemm<M192Traits<kBlockN, 1>, NoRole>(plan, stream);
+}
+
 template <int kBlockN, int kClusterK>
 using SwapKTraits =
     Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 128, gemm_epi_bytes(kBlockN, kClusterK)), 1,

@@ -110,6 +110,17 @@ inline constexpr bool gemm_tall_width_built(int block_n) {
   return false;
 }
 
+// The widths built with 192-row tiles (three consumer warpgroups, plain GEMMs): at most 192
+// columns, since the 512 threads of such a block compile with 128 registers each (an m64n192
+// accumulator is 96 of them).
+inline constexpr int kGemmM192Widths[] = {192, 176, 160, 144, 128};
+
+inline constexpr bool gemm_m192_width_built(int block_n) {
+  for (int w : kGemmM192Widths)
+    if (w == block_n) return true;
+  return false;
+}
+
 // Costs of the model, in microseconds and bytes per microsecond, one set for m <= 64 (the weight
 // stream; one consumer warpgroup holds every row and the other issues no MMA) and one for larger
 // m. Only their ratios matter for the choice; the absolute prediction is for reports.
@@ -222,6 +233,9 @@ struct GemmCostModel {
   // A narrow (swapped, < 128 columns) tile's k block costs at least this fraction of the
   // 128-wide clusters-of-1 one: it still pulls the 128-row weight tile.
   double narrow_iter_floor = 0.5;
+  // A 192-row tile's k block and finished tile cost 1.5 times the 128-row tile's of the same
+  // width and cluster size, times this (fewer bytes per flop pulled into the SM; not fitted yet).
+  double m192_cost_factor = 0.9;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
   int clusterk_max_width = 128;
@@ -238,9 +252,10 @@ struct GemmScheduleRequest {
   // (swapped operands with a width of kGemmSwapClusterKWidths, whole tiles).
   int cluster_k = 0;
   int block_n = 0;          // a width of kGemmBlockWidths, 0 = choose
-  int block_m = 0;          // 128, or 256 (a width of kGemmTallWidths); 0 = choose
+  int block_m = 0;          // 128, 192 (kGemmM192Widths) or 256 (kGemmTallWidths); 0 = choose
   bool allow_tall = false;  // block_m = 0 may choose 256 (plain GEMMs only; the library's
                             // launcher leaves this off: measured, not a predictable win)
+  bool allow_m192 = false;  // block_m = 0 may choose 192 (plain GEMMs, operands as given)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only
   int cluster_m = 0;        // 1 or 2, 0 = choose
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
@@ -357,12 +372,16 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
+    if (s->block_m == 192) {
+      it *= 1.5 * model.m192_cost_factor;
+      tile *= 1.5 * model.m192_cost_factor;
+    }
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
   const double busy_with_roles =
       std::min(1.0, static_cast<double>(active * cluster_ctas + role_sms) / std::max(1, num_sms));
-  if (s->cluster_m == 2 && s->block_m == 128 && busy_with_roles < model.cluster_full_busy) {
-    const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+  if (s->cluster_m == 2 && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
+    const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1) * (s->block_m == 192 ? 1.5 * model.m192_cost_factor : 1.0);
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
     const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
                                     (model.cluster_full_busy - model.cluster_fade_busy), 0.0, 1.0);
@@ -487,8 +506,10 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   int num_cluster_k_candidates = 0;
   // Heights: 128 first (ties go to it); 256 when asked for, or allowed and m fills more than
   // one 128-row block (a single block is never better served by a taller tile).
-  for (int bm : {128, 256, 64}) {
+  for (int bm : {128, 256, 64, 192}) {
     if (r.block_m != 0 && r.block_m != bm) continue;
+    // 192-row tiles: operands as given, when asked for or allowed with more than 128 rows.
+    if (bm == 192 && (r.swapped || (r.block_m == 0 && (!r.allow_m192 || r.widths_128_256 || r.m <= 128)))) continue;
     // 64-row tiles: swapped operands only, and only when asked for (measured slower than the
     // 128-row swapped tiles on every shape but one, docs/kernels.md section 7).
     if (bm == 64 && (!r.swapped || r.block_m != 64)) continue;
@@ -504,6 +525,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (r.block_n != 0 && r.block_n != bn) continue;
         if (r.block_n == 0 && r.widths_128_256 && bn != 128 && bn != 256) continue;
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
+        if (bm == 192 && !gemm_m192_width_built(bn)) continue;
         if (bm == 64 && !gemm_swap64_width_built(bn)) continue;
         if (r.swapped && r.block_n == 0 && bn < 128) {
           // A narrow swapped width is never better than a narrower one with as many tiles (it

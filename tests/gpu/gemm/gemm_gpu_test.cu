@@ -811,6 +811,56 @@ int main() {
     check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 200") != std::string::npos,
           "block_m = 200 refused, naming it (got: " + r.message + ")");
   }
+  // 192-row tiles (block_m = 192, three consumer warpgroups, widths 128 to 192): every width with
+  // clusters of 1 and 2, data-parallel, split-K and stream-K (the fix-up over 384 consumer
+  // threads), on m that ends inside the last tile's first, second and third 64 rows, m below one
+  // tile, odd n and k, the rule's width; then the refusals.
+  for (int bn : mk::kGemmM192Widths) {
+    for (const auto& c : decompositions(bn, 192)) {
+      run_case(1000, 1000, 1096, c, "192 rows");  // last tile: rows 960..999 (first slice only)
+      run_case(1100, 712, 520, c, "192 rows");    // last tile: rows 960..1099 (into the third)
+    }
+    mk::GemmConfig one;
+    one.block_m = 192;
+    one.block_n = bn;
+    run_case(150, 1000, 2000, one, "192 rows, m < 192");
+    run_case(6083, 552, 2056, one, "192 rows, odd m, narrow n");
+  }
+  {
+    mk::GemmConfig r192;
+    r192.block_m = 192;
+    run_case(3389, 4208, 4200, r192, "192 rows, rule's width");
+    run_case(1282, 1240, 2424, r192, "192 rows, rule's width");
+    run_case(2058, 920, 11712, r192, "192 rows, rule's width");
+    r192.deterministic = true;
+    r192.stream_k = 1;
+    r192.block_n = 192;
+    r192.sk_units = 100;
+    run_bitwise_case(1300, 1000, 3000, r192, "192 rows, deterministic stream-K");
+    Buffers b(64, 64, 64);
+    mk::GemmConfig c;
+    c.block_m = 192;
+    c.block_n = 256;
+    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+    mk::GemmPlan plan;
+    mk::GemmResult r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 256") != std::string::npos &&
+              r.message.find("block_m = 192") != std::string::npos,
+          "block_m = 192 with block_n = 256 refused, naming both (got: " + r.message + ")");
+    c.block_n = 0;
+    args = make_args(b, 64, 64, 64, c);
+    args.epilogue = mk::kEpilogueAtomicAdd;
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("atomic-add") != std::string::npos &&
+              r.message.find("block_m = 192") != std::string::npos,
+          "block_m = 192 with the atomic-add epilogue refused (got: " + r.message + ")");
+    c.swap_ab = 1;
+    args = make_args(b, 64, 64, 64, c);
+    r = mk::gemm_plan(args, &plan);
+    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 192") != std::string::npos &&
+              r.message.find("swap_ab = 1") != std::string::npos,
+          "block_m = 192 with swap_ab = 1 refused, naming both (got: " + r.message + ")");
+  }
   // Deterministic fix-up: stream-K units shorter than a tile (3+ parts a tile), split-K into
   // 5 and 8, a decode-like m, clusters of 1 and 2; first correct, then bitwise equal over
   // launches; the same schedules without it are timed for their spread only.

@@ -230,8 +230,11 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants))
     fail(shape_str(r, s) + ": a tile split among more units than max_participants");
   if (r.block_m && s.block_m != r.block_m) fail(shape_str(r, s) + ": block_m not honoured");
-  if (s.block_m != 128 && s.block_m != 256 && !(s.swap_ab && s.block_m == 64))
+  if (s.block_m != 128 && s.block_m != 256 && !(s.swap_ab && s.block_m == 64) && !(!s.swap_ab && s.block_m == 192))
     fail(shape_str(r, s) + ": a tile height no translation unit builds");
+  if (s.block_m == 192 && !mk::gemm_m192_width_built(s.block_n)) fail(shape_str(r, s) + ": a width not built 192 rows tall");
+  if (!r.block_m && s.block_m == 192 && (!r.allow_m192 || r.widths_128_256 || r.m <= 128))
+    fail(shape_str(r, s) + ": a 192-row tile where the request does not allow one");
   if (s.block_m == 256 && !mk::gemm_tall_width_built(s.block_n)) fail(shape_str(r, s) + ": a width not built 256 rows tall");
   if (!r.block_m && s.block_m == 256 && (!r.allow_tall || r.widths_128_256 || r.m <= 128))
     fail(shape_str(r, s) + ": a 256-row tile where the request does not allow one");
@@ -460,7 +463,11 @@ int main(int argc, char** argv) {
     if (pick(rng) < 60) r.allow_tall = true;
     if (pick(rng) < 50) r.deterministic = true;
     if (pick(rng) < 10) r.max_participants = 1 + pick(rng) % 3;
-    if (pick(rng) < 10 && (!r.block_n || mk::gemm_tall_width_built(r.block_n))) r.block_m = pick(rng) < 50 ? 128 : 256;
+    if (pick(rng) < 10 && (!r.block_n || mk::gemm_tall_width_built(r.block_n))) {
+      const int heights[] = {128, 256, 192};
+      r.block_m = heights[pick(rng) % 3];  // the tall widths are also the 192-row ones
+    }
+    if (pick(rng) < 30) r.allow_m192 = true;
     if (pick(rng) < 20 && r.blocks_cluster2 >= 2) r.cluster_m = pick(rng) < 50 ? 1 : 2;
     const int mode = pick(rng);
     if (mode < 15) r.num_splits = 1 + pick(rng) % 8;
@@ -470,7 +477,7 @@ int main(int argc, char** argv) {
     if (pick(rng) < 5) r.dp_tiles = pick(rng) * 3;
     // Swapped operands as the launcher allows them: 128-row tiles, not with widths_128_256; a
     // fixed width of the operands as given is also a swapped width.
-    if (r.block_m != 256 && !r.widths_128_256 && pick(rng) < 50) r.swap_ab = pick(rng) < 80 ? -1 : 1;
+    if (r.block_m != 256 && r.block_m != 192 && !r.widths_128_256 && pick(rng) < 50) r.swap_ab = pick(rng) < 80 ? -1 : 1;
     if (r.swap_ab == 1 && pick(rng) < 30) {  // 64-row swapped tiles (opt-in): their widths only
       r.block_m = 64;
       if (r.block_n != 0) r.block_n = mk::kGemmSwap64Widths[pick(rng) % std::size(mk::kGemmSwap64Widths)];
