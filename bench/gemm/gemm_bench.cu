@@ -18,8 +18,9 @@
 // that calibrates the cost model. With it (or alone with --cluster-k): the rule without split-K
 // inside clusters ("nok") and, for m <= 256, with each cluster size forced ("k2", "k4", "k8");
 // where the rule takes it at a width above 64, also the rule limited to widths up to 64 ("k64w").
-// --m192 (alone or with --cluster-k) times, for m > 128, the rule held to 192-row tiles ("m192")
-// and to 192-row tiles in clusters of 1 ("m192c1") beside its own choice.
+// --m192 (alone or with --cluster-k) times, for m > 128, the rule held to 192-row tiles ("m192"),
+// to 192-row tiles in clusters of 1 ("m192c1"), to 128-row tiles ("m128") and to 128-row tiles in
+// clusters of 1 ("m128c1") beside its own choice.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -804,6 +805,10 @@ int main(int argc, char** argv) {
       add_variant("m192", c);
       c.cluster_m = 1;  // and to clusters of 1 with them
       add_variant("m192c1", c);
+      c.block_m = 128;  // the rule held to 128-row tiles, and to those in clusters of 1
+      add_variant("m128c1", c);
+      c.cluster_m = 0;
+      add_variant("m128", c);
     }
     if (o.cluster_k && !o.variants && def_runner) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;

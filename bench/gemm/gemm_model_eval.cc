@@ -39,6 +39,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
   f["half_rows_cost_factor"] = &m.half_rows_cost_factor;
   f["narrow_iter_floor"] = &m.narrow_iter_floor;
   f["m192_cost_factor"] = &m.m192_cost_factor;
+  f["m192_tile_factor"] = &m.m192_tile_factor;
   for (auto [prefix, r] : {std::pair<const char*, mk::GemmCostRegime*>{"small_m.", &m.small_m},
                            std::pair<const char*, mk::GemmCostRegime*>{"general.", &m.general}}) {
     const std::string p = prefix;

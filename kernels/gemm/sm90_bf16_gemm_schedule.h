@@ -233,9 +233,11 @@ struct GemmCostModel {
   // A narrow (swapped, < 128 columns) tile's k block costs at least this fraction of the
   // 128-wide clusters-of-1 one: it still pulls the 128-row weight tile.
   double narrow_iter_floor = 0.5;
-  // A 192-row tile's k block and finished tile cost 1.5 times the 128-row tile's of the same
-  // width and cluster size, times this (fewer bytes per flop pulled into the SM; not fitted yet).
+  // A 192-row tile's k block costs 1.5 times the 128-row tile's of the same width and cluster
+  // size times m192_cost_factor (fewer bytes per flop pulled into the SM), its finished tile the
+  // 128-row tile's times m192_tile_factor (three consumers store their 64-row slices at once).
   double m192_cost_factor = 0.9;
+  double m192_tile_factor = 1.5;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
   int clusterk_max_width = 128;
@@ -374,7 +376,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
     if (s->block_m == 192) {
       it *= 1.5 * model.m192_cost_factor;
-      tile *= 1.5 * model.m192_cost_factor;
+      tile *= model.m192_tile_factor;
     }
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
