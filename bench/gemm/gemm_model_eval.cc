@@ -40,6 +40,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
   f["narrow_iter_floor"] = &m.narrow_iter_floor;
   f["m192_cost_factor"] = &m.m192_cost_factor;
   f["m192_tile_factor"] = &m.m192_tile_factor;
+  f["m192_c2_factor"] = &m.m192_c2_factor;
   for (auto [prefix, r] : {std::pair<const char*, mk::GemmCostRegime*>{"small_m.", &m.small_m},
                            std::pair<const char*, mk::GemmCostRegime*>{"general.", &m.general}}) {
     const std::string p = prefix;

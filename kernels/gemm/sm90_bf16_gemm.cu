@@ -256,6 +256,9 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   // shapes (6-8%) and lost up to 1.5x on others, and the cost model could not tell which
   // (docs/kernels.md section 7).
   req.allow_tall = false;
+  // 192-row tiles: plain GEMMs with more than 128 rows, weighed by the model (fitted: they ran
+  // faster than the 128-row rule's choice on a quarter of 672 shapes, up to 1.33x).
+  req.allow_m192 = plain && !c->widths_128_256;
   req.widths_128_256 = c->widths_128_256;
   req.deterministic = c->deterministic;
   req.cluster_m = c->cluster_m;

@@ -234,10 +234,14 @@ struct GemmCostModel {
   // 128-wide clusters-of-1 one: it still pulls the 128-row weight tile.
   double narrow_iter_floor = 0.5;
   // A 192-row tile's k block costs 1.5 times the 128-row tile's of the same width and cluster
-  // size times m192_cost_factor (fewer bytes per flop pulled into the SM), its finished tile the
-  // 128-row tile's times m192_tile_factor (three consumers store their 64-row slices at once).
-  double m192_cost_factor = 0.9;
-  double m192_tile_factor = 1.5;
+  // size times m192_cost_factor (fewer bytes per flop pulled into the SM), in a cluster of 2 times
+  // m192_c2_factor more, its finished tile the 128-row tile's times m192_tile_factor. Fitted to
+  // 5b97000's records (672 shapes, m > 128, each timed with the rule and held to 192-row tiles
+  // in either cluster size; docs/kernels.md section 7, "192-row tiles"); fitted on either half
+  // of the shapes, the other half's picks ran 1.004x and 1.006x the rule without them.
+  double m192_cost_factor = 0.8785;
+  double m192_tile_factor = 1.402;
+  double m192_c2_factor = 1.108;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
   int clusterk_max_width = 128;
@@ -375,7 +379,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
     if (s->block_m == 192) {
-      it *= 1.5 * model.m192_cost_factor;
+      it *= 1.5 * model.m192_cost_factor * (s->cluster_m == 2 ? model.m192_c2_factor : 1.0);
       tile *= model.m192_tile_factor;
     }
   }
