@@ -645,6 +645,7 @@ int main() {
           c.raster = ra;
           c.group = 3;
           c.swap_ab = 0;
+          c.block_m = 128;
           run_case(1100, 1280, 1096, c, "config");  // 9 m blocks: a padding tile with clusters of 2
         }
   // The other tile widths (multiples of 16 between 128 and 256; one that is not a multiple of 64
@@ -867,7 +868,8 @@ int main() {
   for (bool det : {true, false}) {
     mk::GemmConfig c;
     c.deterministic = det;
-    c.swap_ab = 0;  // the tile counts below are those of the operands as given
+    c.swap_ab = 0;  // the tile counts below are those of the operands as given, 128-row tiles
+    c.block_m = 128;
     c.stream_k = 1;
     c.sk_units = 120;  // 45 tiles of 18 k blocks: units of 6 or 7 k blocks, 3 or 4 parts a tile
     c.cluster_m = 1;
@@ -943,6 +945,7 @@ int main() {
   {
     mk::GemmConfig st;
     st.swap_ab = 0;
+    st.block_m = 128;  // the tile counts below are those of 128-row tiles
     st.block_n = 224;
     st.cluster_m = 2;
     st.num_splits = 3;
