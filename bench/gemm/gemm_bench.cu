@@ -765,8 +765,8 @@ int main(int argc, char** argv) {
       continue;
     }
     std::vector<std::unique_ptr<MkRunner>> variant_runners;
-    if (o.prev_model && def_runner) {
-      // The previous costs' choice for this shape, on all SMs with either cluster size.
+    // The request the library makes for this shape on all SMs, with either cluster size.
+    auto full_gpu_request = [&] {
       mk::GemmScheduleRequest req;
       req.m = s.m;
       req.n = s.n;
@@ -775,6 +775,11 @@ int main(int argc, char** argv) {
       req.blocks_cluster1 = prop.multiProcessorCount;
       req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
       req.swap_ab = -1;
+      return req;
+    };
+    if (o.prev_model && def_runner) {
+      // The previous costs' choice for this shape.
+      mk::GemmScheduleRequest req = full_gpu_request();
       req.allow_split_last_wave = false;
       const mk::GemmSchedule prev = mk::choose_gemm_schedule(req, previous_cost_model());
       const mk::GemmSchedule nost = mk::choose_gemm_schedule(req);
@@ -818,14 +823,8 @@ int main(int argc, char** argv) {
       // those widths ("k64w": its choice before they were built), in the same rounds.
       const mk::GemmSchedule& ds = def_runner->plans[0].schedule;
       if (ds.cluster_k > 1 && ds.block_n > 64) {
-        mk::GemmScheduleRequest req;
-        req.m = s.m;
-        req.n = s.n;
-        req.k = s.k;
-        req.num_sms = prop.multiProcessorCount;
-        req.blocks_cluster1 = prop.multiProcessorCount;
-        req.blocks_cluster2 = prop.multiProcessorCount / 2 * 2;
-        req.swap_ab = -1;
+        mk::GemmScheduleRequest req = full_gpu_request();
+        req.allow_m192 = true;
         const std::array<int, 3> res = resident_cluster_k_blocks(ops);
         req.blocks_cluster_k2 = res[0];
         req.blocks_cluster_k4 = res[1];

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -166,30 +167,20 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
     return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
                                                " is built with swapped operands only, which this call cannot use");
   }
-  if (c->block_m == 192) {
+  if (c->block_m == 192 || c->block_m == 256) {
+    // 192- and 256-row tiles: plain GEMMs, and the widths built for each height (the same list).
+    const std::string height = "block_m = " + std::to_string(c->block_m);
     if (!plain) {
       return fail(GemmError::kInvalidConfig,
-                  "block_m = 192 needs a plain GEMM (store epilogue, no hooks, no role blocks); this call has " +
+                  height + " needs a plain GEMM (store epilogue, no hooks, no role blocks); this call has " +
                       std::string(a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
     }
-    if (c->block_n != 0 && !gemm_m192_width_built(c->block_n)) {
+    static_assert(std::size(kGemmM192Widths) == std::size(kGemmTallWidths));
+    if (c->block_n != 0 && !(c->block_m == 192 ? gemm_m192_width_built(c->block_n) : gemm_tall_width_built(c->block_n))) {
       std::string widths;
-      for (int w : kGemmM192Widths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
-      return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
-                                                 " is not built with block_m = 192 (expected 0 or one of " + widths + ")");
-    }
-  }
-  if (c->block_m == 256) {
-    if (!plain) {
-      return fail(GemmError::kInvalidConfig,
-                  "block_m = 256 needs a plain GEMM (store epilogue, no hooks, no role blocks); this call has " +
-                      std::string(a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks"));
-    }
-    if (c->block_n != 0 && !gemm_tall_width_built(c->block_n)) {
-      std::string widths;
-      for (int w : kGemmTallWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
-      return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) +
-                                                 " is not built with block_m = 256 (expected 0 or one of " + widths + ")");
+      for (int w : c->block_m == 192 ? kGemmM192Widths : kGemmTallWidths) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+      return fail(GemmError::kInvalidConfig, "block_n = " + std::to_string(c->block_n) + " is not built with " + height +
+                                                 " (expected 0 or one of " + widths + ")");
     }
   }
   // In-cluster split-K: plain GEMMs with swapped operands, 128-row tiles of a width up to 64,

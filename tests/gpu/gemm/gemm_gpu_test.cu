@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,20 @@ mk::GemmArgs make_args(Buffers& b, int m, int n, int k, const mk::GemmConfig& cf
   args.workspace = b.ws;
   args.workspace_bytes = b.ws_bytes;
   return args;
+}
+
+// Checks that planning a 64 x 64 x 64 GEMM with `c` and `epilogue` is refused as an invalid
+// configuration with a message containing every one of `words` (the fields and values it names).
+void expect_refused(const mk::GemmConfig& c, mk::GemmEpilogue epilogue, std::initializer_list<const char*> words,
+                    const std::string& what) {
+  Buffers b(64, 64, 64);
+  mk::GemmArgs args = make_args(b, 64, 64, 64, c);
+  args.epilogue = epilogue;
+  mk::GemmPlan plan;
+  const mk::GemmResult r = mk::gemm_plan(args, &plan);
+  bool ok = r.code == mk::GemmError::kInvalidConfig;
+  for (const char* w : words) ok = ok && r.message.find(w) != std::string::npos;
+  check(ok, what + " (got: " + r.message + ")");
 }
 
 // The six decompositions every tile shape is checked in: clusters of 1 and 2, each whole tiles,
@@ -720,17 +735,7 @@ int main() {
   {
     // Refusals: swapped operands need a plain GEMM; a width or height built only swapped needs
     // them. Each names the field (and the value) in its message.
-    Buffers b(64, 64, 64);
-    auto refused = [&](mk::GemmConfig c, mk::GemmEpilogue epilogue, std::initializer_list<const char*> words,
-                       const std::string& what) {
-      mk::GemmArgs args = make_args(b, 64, 64, 64, c);
-      args.epilogue = epilogue;
-      mk::GemmPlan plan;
-      const mk::GemmResult r = mk::gemm_plan(args, &plan);
-      bool ok = r.code == mk::GemmError::kInvalidConfig;
-      for (const char* w : words) ok = ok && r.message.find(w) != std::string::npos;
-      check(ok, what + " (got: " + r.message + ")");
-    };
+    const auto refused = expect_refused;
     mk::GemmConfig c;
     c.swap_ab = 1;
     refused(c, mk::kEpilogueAtomicAdd, {"swap_ab = 1", "atomic-add"},
@@ -790,27 +795,16 @@ int main() {
     run_case(2058, 920, 11712, tall, "tall, rule's width");
   }
   {
-    Buffers b(64, 64, 64);
     mk::GemmConfig c;
     c.block_m = 256;
     c.block_n = 256;
-    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
-    mk::GemmPlan plan;
-    mk::GemmResult r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 256") != std::string::npos &&
-              r.message.find("block_m = 256") != std::string::npos,
-          "block_m = 256 with block_n = 256 refused, naming both (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueStore, {"block_n = 256", "block_m = 256"},
+                   "block_m = 256 with block_n = 256 refused, naming both");
     c.block_n = 0;
-    args = make_args(b, 64, 64, 64, c);
-    args.epilogue = mk::kEpilogueAtomicAdd;
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("atomic-add") != std::string::npos,
-          "block_m = 256 with the atomic-add epilogue refused (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueAtomicAdd, {"atomic-add", "block_m = 256"},
+                   "block_m = 256 with the atomic-add epilogue refused");
     c.block_m = 200;
-    args = make_args(b, 64, 64, 64, c);
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 200") != std::string::npos,
-          "block_m = 200 refused, naming it (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueStore, {"block_m = 200"}, "block_m = 200 refused, naming it");
   }
   // 192-row tiles (block_m = 192, three consumer warpgroups, widths 128 to 192): every width with
   // clusters of 1 and 2, data-parallel, split-K and stream-K (the fix-up over 384 consumer
@@ -838,29 +832,17 @@ int main() {
     r192.block_n = 192;
     r192.sk_units = 100;
     run_bitwise_case(1300, 1000, 3000, r192, "192 rows, deterministic stream-K");
-    Buffers b(64, 64, 64);
     mk::GemmConfig c;
     c.block_m = 192;
     c.block_n = 256;
-    mk::GemmArgs args = make_args(b, 64, 64, 64, c);
-    mk::GemmPlan plan;
-    mk::GemmResult r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_n = 256") != std::string::npos &&
-              r.message.find("block_m = 192") != std::string::npos,
-          "block_m = 192 with block_n = 256 refused, naming both (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueStore, {"block_n = 256", "block_m = 192"},
+                   "block_m = 192 with block_n = 256 refused, naming both");
     c.block_n = 0;
-    args = make_args(b, 64, 64, 64, c);
-    args.epilogue = mk::kEpilogueAtomicAdd;
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("atomic-add") != std::string::npos &&
-              r.message.find("block_m = 192") != std::string::npos,
-          "block_m = 192 with the atomic-add epilogue refused (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueAtomicAdd, {"atomic-add", "block_m = 192"},
+                   "block_m = 192 with the atomic-add epilogue refused");
     c.swap_ab = 1;
-    args = make_args(b, 64, 64, 64, c);
-    r = mk::gemm_plan(args, &plan);
-    check(r.code == mk::GemmError::kInvalidConfig && r.message.find("block_m = 192") != std::string::npos &&
-              r.message.find("swap_ab = 1") != std::string::npos,
-          "block_m = 192 with swap_ab = 1 refused, naming both (got: " + r.message + ")");
+    expect_refused(c, mk::kEpilogueStore, {"block_m = 192", "swap_ab = 1"},
+                   "block_m = 192 with swap_ab = 1 refused, naming both");
   }
   // Deterministic fix-up: stream-K units shorter than a tile (3+ parts a tile), split-K into
   // 5 and 8, a decode-like m, clusters of 1 and 2; first correct, then bitwise equal over
