@@ -500,8 +500,15 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
   auto consider = [&](GemmSchedule s) {
     if (r.max_participants > 0 && s.max_participants() > static_cast<uint32_t>(r.max_participants)) return;
     schedule_detail::predict(cm, r.m, r.n, r.k, r.num_sms, &s, r.role_sms, r.regime_m);
-    // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters.
-    if (!have || s.predicted_us < best.predicted_us * 0.99) {
+    // Ties (within 1%) go to the earlier candidate: fewer split tiles, wider tiles, clusters;
+    // except that where both are bound by the operands' stream from DRAM, one without a fix-up
+    // through the workspace wins over one with it (the fix-up follows the stream: on
+    // 1x8192x8192 and 16x8192x8192 in-cluster split-K 2 ran 5% faster than split-K 2 in two
+    // runs, both predicted at the DRAM floor), unless it streams with fewer CTAs.
+    const bool dram_tie = have && s.predicted_us < best.predicted_us * 1.01 && s.dram_us >= s.busiest_us &&
+                          best.dram_us >= best.busiest_us && s.sk_units == 0 && best.sk_units > 0 &&
+                          s.num_clusters * s.cluster_m * s.cluster_k >= best.num_clusters * best.cluster_m * best.cluster_k;
+    if (!have || s.predicted_us < best.predicted_us * 0.99 || dram_tie) {
       best = s;
       have = true;
     }
