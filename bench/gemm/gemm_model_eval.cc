@@ -7,9 +7,10 @@
 // "T n160 c2 s1 rN g8 b132 sk66/78t"); each output line is the model's predicted time in
 // microseconds for that configuration on a 132-SM H200, or "nan" for a line it cannot read
 // (printed with the reason on stderr). With --choose, each input line is "M N K" and the output
-// is the configuration the rule chooses and its prediction (--allow-m192: 192-row tiles too). name=value overrides one cost of the
-// model (names as in GemmCostModel / GemmCostRegime, a regime's field prefixed with "small_m." or
-// "general."); an unknown name is refused.
+// is the configuration the rule chooses and its prediction (--allow-m192: 192-row tiles too, as
+// the library allows them for plain GEMMs). name=value overrides one cost of the model (names as
+// in GemmCostModel / GemmCostRegime, a regime's field prefixed with "small_m." or "general."); an
+// unknown name is refused.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

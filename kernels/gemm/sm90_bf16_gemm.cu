@@ -452,10 +452,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->args.ldd = ldd;
   plan->config = c;
   plan->schedule = sched;
-  plan->num_stages = c.block_m == 192   ? detail::gemm_stages_for_block_n(c.block_n, 192, detail::gemm_m192_epi_bytes())
-                     : c.cluster_k > 1 ? detail::gemm_stages_for_block_n(c.block_n, c.block_m,
-                                                                         detail::gemm_epi_bytes(c.block_n, c.cluster_k))
-                                       : detail::gemm_stages_for_block_n(c.block_n, c.block_m);
+  plan->num_stages = detail::gemm_stages(c.block_n, c.block_m, c.cluster_k);
   plan->epilogue = args.epilogue;
   return encode_maps(plan);
 }

@@ -14,15 +14,14 @@ namespace mkernel::kernels::detail {
 // 256-row tiles (block_m = 256): 4 stages for 128 columns, 3 for 144-192. Swapped operands,
 // narrow widths: 10 stages at 16 columns, 8 at 48-64, 6 at 96-112; with 64-row tiles 16 at 16
 // columns, 12 at 64.
-// Split-K inside clusters (cluster_k > 1) receives a whole 128 x BLOCK_N fp32 tile in the
-// epilogue's space, so widths above 64 take more of it (gemm_cluster_k_epi_bytes) and fewer
-// stages: 7 at 80 columns, 6 at 96-112, 5 at 128.
-constexpr int gemm_epi_bytes(int block_n, int cluster_k = 1) {
+// The epilogue's shared memory (Sm90GemmTraits::kEpiBytes): two 8 KB staging buffers per consumer
+// (32 KB); one per consumer with 192-row tiles (three consumers, 24 KB); split-K inside clusters
+// (cluster_k > 1) receives a whole 128 x BLOCK_N fp32 tile there, more than 32 KB above 64
+// columns.
+constexpr int gemm_epi_bytes(int block_n, int block_m = 128, int cluster_k = 1) {
+  if (block_m == 192) return 3 * 8 * 1024;
   return cluster_k > 1 && 128 * block_n * 4 > 32 * 1024 ? 128 * block_n * 4 : 32 * 1024;
 }
-// 192-row tiles (three consumers, one 8 KB epilogue buffer each): gemm_m192_epi_bytes; 5 stages
-// at 128 columns, 4 at 144-192, 3 at 208-256.
-constexpr int gemm_m192_epi_bytes() { return 3 * 8 * 1024; }
 constexpr int gemm_stages_for_block_n(int block_n, int block_m = 128, int epi_bytes = 32 * 1024) {
   const int budget = 227 * 1024 - 1024 - epi_bytes - 256;
   const int stages = budget / (block_m * 64 * 2 + block_n * 64 * 2);
@@ -32,13 +31,14 @@ static_assert(gemm_stages_for_block_n(128) == 6 && gemm_stages_for_block_n(256) 
               "the depths the 128- and 256-wide tiles were tuned with");
 static_assert(gemm_stages_for_block_n(128, 256) == 4 && gemm_stages_for_block_n(192, 256) == 3,
               "256-row tiles: at least 3 stages");
-static_assert(gemm_stages_for_block_n(192, 192, gemm_m192_epi_bytes()) == 4 &&
-                  gemm_stages_for_block_n(256, 192, gemm_m192_epi_bytes()) == 3,
-              "192-row tiles: 4 stages at 192 columns");
-static_assert(gemm_stages_for_block_n(128, 128, gemm_epi_bytes(128, 2)) == 5 &&
-                  gemm_stages_for_block_n(80, 128, gemm_epi_bytes(80, 2)) == 7 &&
-                  gemm_epi_bytes(64, 2) == 32 * 1024,
-              "in-cluster split-K: the receive buffer's room at widths above 64");
+// Every instantiation's depth: what fits beside its epilogue space (the plan reports it).
+constexpr int gemm_stages(int block_n, int block_m, int cluster_k) {
+  return gemm_stages_for_block_n(block_n, block_m, gemm_epi_bytes(block_n, block_m, cluster_k));
+}
+static_assert(gemm_stages(128, 192, 1) == 5 && gemm_stages(192, 192, 1) == 4,
+              "192-row tiles: 5 stages at 128 columns, 4 at 144-192");
+static_assert(gemm_stages(128, 128, 2) == 5 && gemm_stages(80, 128, 2) == 7 && gemm_epi_bytes(64, 128, 2) == 32 * 1024,
+              "in-cluster split-K: 7 stages at 80 columns, 6 at 96-112, 5 at 128; 64 and narrower unchanged");
 
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream);

@@ -53,8 +53,8 @@ GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
 }
 
 template <int kBlockN, int kClusterM>
-using M192Traits = Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 192, gemm_m192_epi_bytes()), kClusterM,
-                                  kEpilogueStore, false, 192>;
+using M192Traits = Sm90GemmTraits<kBlockN, gemm_stages(kBlockN, 192, 1), kClusterM, kEpilogueStore, false, 192>;
+static_assert(M192Traits<192, 1>::kEpiBytes == gemm_epi_bytes(192, 192, 1), "gemm_epi_bytes and the kernel's layout agree");
 
 template <int kBlockN>
 GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream) {
@@ -64,8 +64,10 @@ GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream) {
 
 template <int kBlockN, int kClusterK>
 using SwapKTraits =
-    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN, 128, gemm_epi_bytes(kBlockN, kClusterK)), 1,
-                   kEpilogueStore, false, 128, true, kClusterK>;
+    Sm90GemmTraits<kBlockN, gemm_stages(kBlockN, 128, kClusterK), 1, kEpilogueStore, false, 128, true, kClusterK>;
+static_assert(SwapKTraits<128, 2>::kEpiBytes == gemm_epi_bytes(128, 128, 2) &&
+                  SwapKTraits<64, 8>::kEpiBytes == gemm_epi_bytes(64, 128, 8),
+              "gemm_epi_bytes and the kernel's layout agree");
 
 template <int kBlockN>
 GemmResult launch_swapk_block_n(const GemmPlan& plan, cudaStream_t stream) {

@@ -368,6 +368,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double wide = (s->block_n - 128) / 128.0;
   auto between = [wide](double at128, double at256) { return at128 + wide * (at256 - at128); };
   double it, tile;
+  // A 192-row tile's k block against the 128-row one of its width and cluster size.
+  const double rows192 = s->block_m == 192 ? 1.5 * model.m192_cost_factor : 1.0;
   if (s->block_m == 256) {
     // Tall tile: the 128 x 256 tile's cost per flop, times the margin; two 64-row sub-tiles per
     // consumer, each with its masked columns.
@@ -379,7 +381,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
                            : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
     if (s->block_m == 192) {
-      it *= 1.5 * model.m192_cost_factor * (s->cluster_m == 2 ? model.m192_c2_factor : 1.0);
+      it *= rows192 * (s->cluster_m == 2 ? model.m192_c2_factor : 1.0);
       tile *= model.m192_tile_factor;
     }
   }
@@ -387,7 +389,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double busy_with_roles =
       std::min(1.0, static_cast<double>(active * cluster_ctas + role_sms) / std::max(1, num_sms));
   if (s->cluster_m == 2 && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
-    const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1) * (s->block_m == 192 ? 1.5 * model.m192_cost_factor : 1.0);
+    const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1) * rows192;
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
     const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
                                     (model.cluster_full_busy - model.cluster_fade_busy), 0.0, 1.0);
