@@ -10,7 +10,11 @@
 // skipped, merged in fp32) against attention over the whole sequence; repeated launches of one
 // plan; CUDA-graph replays on new inputs; a deliberately wrong V descriptor must fail; argument
 // errors and their messages. Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -434,6 +438,35 @@ int main() {
   // Peaked softmax: larger scores (q scaled by 4, then scale 1 instead of 1/sqrt(d)).
   run_case({1, 4, 4, 600, 600, 128, true, L::kBHSD}, def, "peaked", 4.0f);
   run_case({1, 4, 2, 600, 600, 64, false, L::kBHSD}, def, "scale 1", 1.0f, 1.0f);
+
+  // A random family from the printed seed (MKERNEL_TEST_RANDOM_CASES shapes, 8 by default): any
+  // query and key lengths in [1, 3000] (equal half the time), 1 or 2 sequences, 1 to 8 K/V heads
+  // with groups of 1 to 4, head dim 64 or 128, causal or not, either layout.
+  {
+    const char* e = std::getenv("MKERNEL_TEST_RANDOM_CASES");
+    const uint32_t count = e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10)) : 8;
+    uint64_t z = g_seed * 0x9E3779B97F4A7C15ull + 12345;
+    auto next = [&z]() {  // splitmix64
+      uint64_t x = (z += 0x9E3779B97F4A7C15ull);
+      x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+      x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+      return x ^ (x >> 31);
+    };
+    auto log_uniform = [&](int lo, int hi) {
+      const double u = static_cast<double>(next() >> 11) / 9007199254740992.0;
+      return std::min(hi, static_cast<int>(std::exp(std::log(double(lo)) + u * (std::log(hi + 1.0) - std::log(double(lo))))));
+    };
+    for (uint32_t i = 0; i < count; ++i) {
+      const int hkv = 1 + static_cast<int>(next() % 8), hq = hkv * (1 + static_cast<int>(next() % 4));
+      const int sq = log_uniform(1, 3000), skv = next() % 2 ? sq : log_uniform(1, 3000);
+      const int batch = 1 + static_cast<int>(next() % 2), d = next() % 2 ? 64 : 128;
+      const bool causal = next() % 2;
+      const L layout = next() % 2 ? L::kBHSD : L::kBSHD;
+      char label[64];
+      std::snprintf(label, sizeof(label), "random %u", i);
+      run_case({batch, hq, hkv, sq, skv, d, causal, layout}, def, label);
+    }
+  }
 
   // Every built configuration, and a persistent grid of few blocks (many units per block).
   for (int d : {64, 128}) {

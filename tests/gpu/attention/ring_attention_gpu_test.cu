@@ -26,6 +26,7 @@
 
 #include "attention/attention_test_util.cuh"
 #include "fused_harness.h"
+#include "random_cases.h"
 #include "mkernel/runtime/ops.h"
 #include "mkernel/runtime/runtime.h"
 
@@ -473,6 +474,31 @@ int main() {
       {{2, 1, "shm"}, 1, 4, 2, 200, 128, L::kBHSD, P::kCausalZigzag},         // two nodes through the proxies
       {{2, 2, "shm"}, 1, 4, 4, 150, 64, L::kBHSD, P::kCausalZigzag, 2},       // forwards over NVLink, slots reused
   };
+  // The random family (random_cases.h): 4 cases by default drawn from the printed seed: any
+  // s_local in [1, 600] (even for zigzag), 1 or 2 sequences, 1 to 8 K/V heads with a group of 1
+  // to 4 query heads each, head dim 64 or 128, either layout and placement, a random slot count
+  // and copy kind, on a random layout.
+  fused_test::ShapeDraw draw(g_seed);
+  const uint32_t random_cases = fused_test::random_case_count(4);
+  for (uint32_t i = 0; i < random_cases; ++i) {
+    Case cs;
+    cs.topo = fused_test::random_topology(draw);
+    cs.batch = 1 + draw.below(2);
+    cs.heads_kv = 1 + draw.below(8);
+    cs.heads_q = cs.heads_kv * (1 + draw.below(4));
+    cs.head_dim = draw.coin() ? 64 : 128;
+    cs.layout = draw.coin() ? L::kBHSD : L::kBSHD;
+    cs.placement = draw.pick(std::vector<P>{P::kNonCausal, P::kCausalContiguous, P::kCausalZigzag});
+    cs.s_local = draw.log_uniform(1, 600);
+    if (cs.placement == P::kCausalZigzag) cs.s_local = std::max(2u, cs.s_local & ~1u);
+    cs.slots = draw.below(3);  // 0: the op's choice
+    cs.bulk = draw.coin(0.75);
+    std::printf("random case %zu: %s B %u heads %u/%u s_local %u D %u %s %s slots %u %s\n", cases.size(),
+                cs.topo.name().c_str(), cs.batch, cs.heads_q, cs.heads_kv, cs.s_local, cs.head_dim,
+                cs.layout == L::kBHSD ? "BHSD" : "BSHD", placement_name(cs.placement), cs.slots,
+                cs.bulk ? "bulk copies" : "16-byte copies");
+    cases.push_back(cs);
+  }
   if (const char* only = std::getenv("MKERNEL_RING_CASES")) {  // e.g. "0,2": a subset, for quick runs
     std::vector<Case> some;
     for (const char* p = only; *p;) {

@@ -9,7 +9,10 @@
 // two ranks (rail peers through the proxies, then NVLink). On one GPU every rank shares it;
 // with two GPUs the one-node layouts of two ranks use both. Per layout: M/R not a multiple of
 // 128, odd chunk sizes, three launches in a row without resets, then a CUDA graph replayed with
-// new data; argument errors and ranks that disagree on the shape.
+// new data; argument errors and ranks that disagree on the shape. Then a random family
+// (random_cases.h): 4 cases by default drawn from the seed, any m_local in [1, 700], n_local and
+// k multiples of 8 in [8, 1024] and [16, 1536], 1 to 8 chunks per shard, clusters of 1 or 2, with
+// or without the gathered output, on a random layout.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "fused_harness.h"
+#include "random_cases.h"
 #include "gemm/gemm_test_util.cuh"
 #include "mkernel/runtime/ops.h"
 #include "mkernel/runtime/runtime.h"
@@ -348,8 +352,35 @@ int main() {
       {{2, 1, "tcp;ofi_rxm"}, 130, 128, 256, 64, 1, true},
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true},     // rail peers, then NVLink
   };
+  // The random family (random_cases.h): shapes nobody chose, from the printed seed.
+  std::vector<Case> all = cases;
+  fused_test::ShapeDraw draw(g_seed);
+  const uint32_t random_cases = fused_test::random_case_count(4);
+  for (uint32_t i = 0; i < random_cases; ++i) {
+    Case cs;
+    cs.topo = fused_test::random_topology(draw);
+    cs.m_local = draw.log_uniform(1, 700);
+    cs.n_local = draw.log_uniform_multiple(8, 1024, 8);
+    cs.k = draw.log_uniform_multiple(16, 1536, 8);
+    const uint32_t chunks = 1 + draw.below(8);
+    cs.chunk_rows = draw.coin() ? 0 : (cs.m_local + chunks - 1) / chunks;
+    cs.cluster_m = draw.coin() ? 2 : 1;
+    cs.gathered_out = draw.coin();
+    std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d\n", i,
+                cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out);
+    all.push_back(cs);
+  }
+  if (const char* only = std::getenv("MKERNEL_AG_CASES")) {  // e.g. "0,9": a subset, for quick runs
+    std::vector<Case> some;
+    for (const char* p = only; *p;) {
+      some.push_back(all[std::strtoul(p, nullptr, 10) % all.size()]);
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    all = some;
+  }
   int failures = 0;
-  for (const Case& cs : cases) failures += run_case(cs);
+  for (const Case& cs : all) failures += run_case(cs);
   failures += run_error_cases();
   failures += run_abort_case();
   if (failures == 0) std::printf("PASS ag_gemm_gpu_test\n");

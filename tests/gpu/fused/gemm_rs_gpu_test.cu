@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "fused_harness.h"
+#include "random_cases.h"
 #include "gemm/gemm_test_util.cuh"
 #include "mkernel/runtime/ops.h"
 #include "mkernel/runtime/runtime.h"
@@ -381,6 +382,29 @@ int main() {
       {{2, 2, "shm"}, 0, 256, 128, 1, 0, true, 3},     // fewer rows than ranks: an empty band
       {{2, 1, "shm"}, 0, 136, 264, 1, 128, true, 257}, // uneven bands through the proxies
   };
+  // The random family (random_cases.h): 4 cases by default drawn from the printed seed, half
+  // reduce-scatter (any m_local in [1, 500]) and half all-reduce (any M in [1, 2000], bands of
+  // uneven size), n and k multiples of 8 in [8, 1024] and [16, 1536], a random layout, tile
+  // width and cluster size.
+  fused_test::ShapeDraw draw(g_seed);
+  const uint32_t random_cases = fused_test::random_case_count(4);
+  for (uint32_t i = 0; i < random_cases; ++i) {
+    Case cs;
+    cs.topo = fused_test::random_topology(draw);
+    cs.all_reduce = i % 2 == 1;
+    if (cs.all_reduce)
+      cs.m_rows = draw.log_uniform(1, 2000), cs.m_local = 0;
+    else
+      cs.m_local = draw.log_uniform(1, 500);
+    cs.n = draw.log_uniform_multiple(8, 1024, 8);
+    cs.k = draw.log_uniform_multiple(16, 1536, 8);
+    cs.cluster_m = draw.coin() ? 2 : 1;
+    cs.block_n = draw.pick(std::vector<int>{0, 0, 128, 256});
+    std::printf("random case %zu: %s %s M %u n %u k %u cluster %d block_n %d\n", cases.size(), cs.topo.name().c_str(),
+                cs.all_reduce ? "all-reduce" : "reduce-scatter",
+                cs.all_reduce ? cs.m_rows : cs.m_local * cs.topo.world(), cs.n, cs.k, cs.cluster_m, cs.block_n);
+    cases.push_back(cs);
+  }
   if (const char* only = std::getenv("MKERNEL_RS_CASES")) {  // e.g. "0,2": a subset, for quick runs
     std::vector<Case> some;
     for (const char* p = only; *p;) {

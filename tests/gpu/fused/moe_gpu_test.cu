@@ -34,6 +34,7 @@
 
 #include "fused/moe/moe_plan.h"
 #include "fused_harness.h"
+#include "random_cases.h"
 #include "gemm/gemm_test_util.cuh"
 #include "mkernel/runtime/ops.h"
 #include "mkernel/runtime/runtime.h"
@@ -552,6 +553,25 @@ int main() {
       {{2, 1, "shm"}, 129, 256, 8, 4, 16, 128},
   };
   for (const Case& cs : cases) failed += run_case(cs);
+  // The random family (random_cases.h): 4 cases by default drawn from the printed seed: any token
+  // count in [1, 600], hidden a multiple of 8 in [8, 2048], 1 to 16 experts per rank, top-k up to
+  // 8, a random chunk size, half of them the fused kernel with out_hidden a multiple of 8 in
+  // [8, 1024]; every case runs the four routings (uniform, Zipf, all to one rank, no choices).
+  fused_test::ShapeDraw draw(g_seed);
+  const uint32_t random_cases = fused_test::random_case_count(4);
+  for (uint32_t i = 0; i < random_cases; ++i) {
+    Case cs;
+    cs.topo = fused_test::random_topology(draw);
+    cs.tokens = draw.log_uniform(1, 600);
+    cs.hidden = draw.log_uniform_multiple(8, 2048, 8);
+    cs.experts = (1 + draw.below(16)) * cs.topo.world();
+    cs.top_k = 1 + draw.below(std::min<uint32_t>(cs.experts, 8));
+    cs.chunk_tokens = draw.coin() ? 0 : draw.log_uniform(1, cs.tokens);
+    cs.fused_n = i % 2 == 1 ? draw.log_uniform_multiple(8, 1024, 8) : 0;
+    std::printf("random case %u: %s tokens %u hidden %u experts %u top_k %u chunk_tokens %u fused_n %u\n", i,
+                cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts, cs.top_k, cs.chunk_tokens, cs.fused_n);
+    failed += run_case(cs);
+  }
   failed += run_error_case({1, 2, "shm"}, "capacity", 40, false, "recv_tokens_per_source");
   failed += run_error_case({1, 2, "shm"}, "bad expert", 0, true, "bad expert");
   failed += run_error_case({2, 1, "shm"}, "capacity between nodes", 40, false, "recv_tokens_per_source");

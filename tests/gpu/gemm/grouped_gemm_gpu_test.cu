@@ -713,6 +713,39 @@ int main() {
     run_case("2 blocks", offsets_from_counts(c), 700, 1024, 512, few);
   }
 
+  // A random family from the printed seed (MKERNEL_TEST_RANDOM_CASES cases, 6 by default): 1 to
+  // 200 groups, 1 to 6000 routed rows (uniform or Zipf 0.5 to 1.5, some groups emptied), n and k
+  // multiples of 8 in [8, 2048] and [16, 2048], spare capacity, any tile width, cluster size
+  // and raster.
+  {
+    const char* e = std::getenv("MKERNEL_TEST_RANDOM_CASES");
+    const uint32_t count = e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10)) : 6;
+    auto log_uniform = [&](double lo, double hi) {
+      return std::exp(std::uniform_real_distribution<double>(std::log(lo), std::log(hi + 1))(rng));
+    };
+    for (uint32_t i = 0; i < count; ++i) {
+      const uint32_t groups = static_cast<uint32_t>(log_uniform(1, 200));
+      const uint32_t rows = static_cast<uint32_t>(log_uniform(1, 6000));
+      const double zipf = rng() % 2 ? 0.0 : 0.5 + (rng() % 11) / 10.0;
+      auto c = routed_counts(rng, groups, rows, zipf);
+      for (auto& x : c)
+        if (rng() % 8 == 0) x = 0;
+      uint32_t total = 0;
+      for (uint32_t x : c) total += x;
+      const int64_t n = static_cast<int64_t>(log_uniform(1, 256)) * 8, k = static_cast<int64_t>(log_uniform(2, 256)) * 8;
+      const int64_t capacity = std::max<int64_t>(1, total + rng() % 200);
+      mk::GroupedGemmConfig cfg;
+      cfg.block_n = std::vector<int>{0, 128, 256}[rng() % 3];
+      cfg.cluster_m = static_cast<int>(rng() % 3);
+      cfg.raster = static_cast<int>(rng() % 3) - 1;
+      char label[160];
+      std::snprintf(label, sizeof(label), "random %u: G %u rows %u zipf %.1f n %lld k %lld cap %lld bn %d cl %d ra %d", i,
+                    groups, total, zipf, static_cast<long long>(n), static_cast<long long>(k),
+                    static_cast<long long>(capacity), cfg.block_n, cfg.cluster_m, cfg.raster);
+      run_case(label, offsets_from_counts(c), capacity, n, k, cfg);
+    }
+  }
+
   run_tile_flag_case();
   run_role_cases();
   run_readiness_cases();
