@@ -185,10 +185,16 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
     return cuda_fail("cudaMalloc (counters)", e);
   if ((e = cudaMemset(p->counters_, 0, num_counters * sizeof(uint32_t))) != cudaSuccess)
     return cuda_fail("cudaMemset", e);
-  // The fp32 running state of each group: O [B, Hq, rows, D], then lse [B, Hq, rows].
+  // The fp32 running state of each group: O [B, Hq, rows, D], then lse [B, Hq, rows], each group's
+  // region rounded up to 16 bytes: the epilogue reads and writes O as float2 pairs, so the second
+  // group's O must start 8-byte aligned even when B x Hq x rows (its lse) is odd (zigzag halves of
+  // odd length; found by the ring test's random family, B 1, Hq 9, s_local 2).
+  auto group_floats = [&](uint32_t g) {
+    const size_t f = size_t{s.batch} * s.heads_q * geo.group_rows(g) * (s.head_dim + 1);
+    return (f + 3) / 4 * 4;
+  };
   size_t running = 0;
-  for (uint32_t g = 0; g < geo.groups(); ++g)
-    running += size_t{s.batch} * s.heads_q * geo.group_rows(g) * (s.head_dim + 1);
+  for (uint32_t g = 0; g < geo.groups(); ++g) running += group_floats(g);
   if ((e = cudaMalloc(&p->running_, running * sizeof(float))) != cudaSuccess)
     return cuda_fail("cudaMalloc (running state)", e);
 
@@ -236,7 +242,7 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
       const size_t o_elems = size_t{s.batch} * s.heads_q * rows * s.head_dim;
       ap.o_run = run;
       ap.lse_run = run + o_elems;
-      run += o_elems + size_t{s.batch} * s.heads_q * rows;
+      run += group_floats(g);
     }
   }
   // The slots' tensor maps: slot s holds K at s x 2 x kv_bytes, V kv_bytes later.

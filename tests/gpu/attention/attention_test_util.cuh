@@ -135,6 +135,10 @@ __global__ void reference_attention_kernel(const __nv_bfloat16* q, const __nv_bf
   const int64_t row = (static_cast<int64_t>(b) * hq + h) * sq + i;
   for (int t = threadIdx.x; t < d; t += blockDim.x) {
     float acc = 0.0f;
+    // Not unrolled. Unrolled (CUDA 13.0, -O3), this loop faulted with "misaligned address" at
+    // skv = 6, and compute-sanitizer named a 12-byte shared read on the line below: the source
+    // reads 4-byte floats, so the wide access is the compiler's merge of the unrolled loads.
+#pragma unroll 1
     for (int j = 0; j < skv; ++j) {
       if (scores[j] == 0.0f) continue;
       acc = fmaf(scores[j], __bfloat162float(v[b * vs.b + hk * vs.h + static_cast<int64_t>(j) * vs.s + t]), acc);
