@@ -181,6 +181,11 @@ inline StatusCode completion_code(int err) {
 
 // One operation context. FI_CONTEXT / FI_CONTEXT2 mode: the provider owns `context` while the
 // operation is outstanding, so it comes first and the slot is found from the pointer it returns.
+// That pointer is trusted only once it is known to be one of the endpoint's slots (slot_of): an
+// entry that names no operation of ours (a peer's write with remote CQ data, unless FI_RX_CQ_DATA
+// made it consume a posted receive) carries an op_context fi_cq(3) leaves undefined, and shm
+// (1.17 to 2.1 at least) fills it with a stale word of its shared command queue (1, the count of
+// an RMA descriptor that used the slot before, once the queue wrapped).
 struct OpSlot {
   fi_context2 context;
   // kTimedOut: a write already reported as kDeadlineExceeded whose context the provider still
@@ -261,6 +266,9 @@ class FabricTransport final : public Transport {
   // Reports writes the provider has not completed within completion_timeout_.
   void expire();
   uint32_t peer_of(fi_addr_t source) const;
+  // The slot whose context is `context`, found by address alone (nothing is read through it);
+  // nullptr when it is not one of this endpoint's slots (OpSlot).
+  OpSlot* slot_of(const void* context) const;
 
   // Declaration order is creation order; members are destroyed in reverse.
   InfoPtr info_;
@@ -298,6 +306,9 @@ class FabricTransport final : public Transport {
   // entry for a receive or with no context). Those that lose peers' signals break the endpoint.
   uint64_t receive_errors_ = 0;
   std::string receive_error_;
+  // Our own side's entries whose op_context is none of our slots (never expected; the write they
+  // would have finished is then reported by its completion timeout).
+  uint64_t stray_entries_ = 0;
   Status broken_;
   std::vector<uint8_t> scratch_;
 

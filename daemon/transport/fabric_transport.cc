@@ -203,8 +203,25 @@ uint32_t FabricTransport::peer_of(fi_addr_t source) const {
   return it == peer_by_addr_.end() ? kUnknownPeer : it->second;
 }
 
+OpSlot* FabricTransport::slot_of(const void* context) const {
+  const auto p = reinterpret_cast<uintptr_t>(context);
+  const auto base = reinterpret_cast<uintptr_t>(slots_.get());
+  if (context == nullptr || slots_ == nullptr || p < base || p - base >= num_slots_ * sizeof(OpSlot) ||
+      (p - base) % sizeof(OpSlot) != 0)
+    return nullptr;
+  return &slots_[(p - base) / sizeof(OpSlot)];
+}
+
 void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t source) {
-  auto* slot = static_cast<OpSlot*>(entry.op_context);
+  // A peer's write landing here (target side) names an operation of ours only when it consumed a
+  // posted receive (FI_RX_CQ_DATA); otherwise its op_context is not ours to read (OpSlot).
+  const bool target_side =
+      (entry.flags & (FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA)) != 0 && (entry.flags & FI_WRITE) == 0;
+  OpSlot* slot = target_side && !rx_cq_data_ ? nullptr : slot_of(entry.op_context);
+  if (slot == nullptr && !target_side) {
+    ++stray_entries_;
+    return;
+  }
   const bool is_write = slot != nullptr && slot->kind == OpSlot::Kind::kWrite;
   if ((entry.flags & FI_REMOTE_CQ_DATA) != 0 && !is_write) {
     uint32_t idx = 0;
@@ -258,7 +275,7 @@ void FabricTransport::handle_error() {
                                     sizeof(reason));
   std::string message = std::string(fi_strerror(err.err)) + " (provider: " +
                         (text != nullptr ? text : "no reason given") + ")";
-  auto* slot = static_cast<OpSlot*>(err.op_context);
+  OpSlot* slot = slot_of(err.op_context);  // nullptr for a context that is not ours (OpSlot)
   if (slot == nullptr || slot->kind == OpSlot::Kind::kFree) {
     ++receive_errors_;
     receive_error_ = message;
