@@ -53,6 +53,19 @@ inline constexpr uint32_t kFusedStateWords = 8;
 // differ in anything else still agree far enough to say so.
 inline constexpr uint32_t kAgreeWords = 12;
 inline constexpr uint32_t kAgreeBanks = 2;
+// The value a rank leaves in word `word` of its slot for the agreement with sequence number `seq`
+// (0, 1, 2, ... in the order every rank creates its ops; Communicator::next_agreement), and the
+// floor the readers wait for. A flag of the area is reused every kAgreeBanks-th agreement, so its
+// values grow by kAgreeBanks << 32 plus the change of the word: under 2^35, whatever ran in
+// between. Across nodes the fabric transport carries a signal's value in 8-byte CQ data as its
+// low 40 bits, rebuilt from the last value it saw for the flag (the first one as it is): steps
+// must stay under 2^40 and first values below it (daemon/transport/fabric_transport.h). The
+// launch number, which these values carried before, grows with every launch of the
+// communicator: an agreement after its 256th launch sent a first value of 2^40 or more (the
+// reader rebuilt the low bits and waited until its timeout, "rank q did not take part"), and two
+// agreements 256 launches apart were a step the sender refused.
+MK_KERNEL_HD constexpr uint64_t agree_flag_value(uint64_t seq, uint32_t word) { return ((seq + 1) << 32) | word; }
+MK_KERNEL_HD constexpr uint64_t agree_flag_floor(uint64_t seq) { return (seq + 1) << 32; }
 inline constexpr uint32_t kNoBuffer = 0xFFFFFFFFu;
 
 // Byte offsets inside an NVLink buffer (note 4); host and device.

@@ -18,20 +18,20 @@ Status cuda_status(const char* what, cudaError_t e) {
 }
 
 // One block. Thread 0 sends this rank's words to every other rank into the agreement's bank
-// (flag value: launch << 32 | word, so a later agreement's values are larger); every thread
+// (flag value: agree_flag_value(seq, word), so a later agreement's values are larger); every thread
 // then waits for its share of the other ranks' words and reads each once (the value that
 // satisfied the wait). table[q * W + i] gets rank q's word i; answered[q] = 1 when it came.
 // A rank can be at most one agreement ahead of another (it needs the other's words to finish
 // one), so two banks, alternating, keep a word from being overwritten before it was read.
-__global__ void agree_kernel(mk::DeviceComm c, uint32_t bank, const uint32_t* mine, uint32_t words, uint32_t* table,
+__global__ void agree_kernel(mk::DeviceComm c, uint64_t seq, const uint32_t* mine, uint32_t words, uint32_t* table,
                              uint32_t* answered, uint64_t timeout_ns, uint32_t* push_failed) {
-  const uint64_t launch = mk::launch_number(c);
+  const uint32_t bank = static_cast<uint32_t>(seq % mk::kAgreeBanks);
   if (threadIdx.x == 0) {
     for (uint32_t q = 0; q < c.world_size && *push_failed == 0; ++q) {
       if (q == c.rank) continue;
       for (uint32_t i = 0; i < words; ++i) {
         const uint32_t flag = mk::agree_flag_index(c, bank, c.rank, i);
-        const uint64_t value = (launch << 32) | mine[i];
+        const uint64_t value = mk::agree_flag_value(seq, mine[i]);
         if (protocol::ring_push(c.ring, protocol::make_signal(q, flag, value, i)) != protocol::kRingOk) {
           *push_failed = 1;
           break;
@@ -53,7 +53,7 @@ __global__ void agree_kernel(mk::DeviceComm c, uint32_t bank, const uint32_t* mi
         continue;
       }
       const uint64_t* f = c.flags + mk::agree_flag_index(c, bank, q, i);
-      ok = mk::wait_geq(f, launch << 32, w, 0, 0);
+      ok = mk::wait_geq(f, mk::agree_flag_floor(seq), w, 0, 0);
       if (ok) table[q * mk::kAgreeWords + i] = static_cast<uint32_t>(sync::ld_acquire_sys(f) & 0xFFFFFFFFu);
     }
     answered[q] = ok ? 1u : 0u;
@@ -78,7 +78,7 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
 
   const uint32_t R = c.world_size;
   // Every rank agrees in the same order (each op's create), so the sequence numbers match.
-  const uint32_t bank = static_cast<uint32_t>(comm.next_agreement() % mk::kAgreeBanks);
+  const uint64_t seq = comm.next_agreement();
   const size_t count = W + size_t{R} * mk::kAgreeWords + R + 1;  // mine, table, answered, push_failed
   std::vector<uint32_t> host(count, 0);
   std::copy(words.begin(), words.end(), host.begin());
@@ -91,7 +91,7 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
     if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
     MK_RETURN_IF_ERROR(comm.begin_launch(stream));
     const uint64_t timeout_ns = static_cast<uint64_t>(comm.rendezvous_timeout().count()) * 1000000ull;
-    agree_kernel<<<1, 128, 0, stream>>>(c, bank, dev, W, dev + W, dev + W + size_t{R} * mk::kAgreeWords, timeout_ns,
+    agree_kernel<<<1, 128, 0, stream>>>(c, seq, dev, W, dev + W, dev + W + size_t{R} * mk::kAgreeWords, timeout_ns,
                                         dev + count - 1);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_status("agreement kernel launch", e);
     e = cudaMemcpyAsync(host.data(), dev, count * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);

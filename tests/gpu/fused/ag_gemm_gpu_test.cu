@@ -52,6 +52,7 @@ struct Case {
   uint32_t chunk_rows = 0;
   int cluster_m = 1;
   bool gathered_out = true;
+  uint32_t launches_before = 0;  // launches of the communicator before the op is planned
 };
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
@@ -99,6 +100,13 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     const float alpha = 1.f, beta = 0.f;
     GT_CUBLAS(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, 8, 8, 8, &alpha, w, CUDA_R_16BF, 8, a_all, CUDA_R_16BF, 8,
                            &beta, c_ref_cublas, CUDA_R_16BF, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  // A communicator that has launched a while before the op is planned (the agreement's flag
+  // values must not depend on the launch number: comm.cuh, agree_flag_value).
+  for (uint32_t i = 0; i < cs.launches_before; ++i) {
+    const mkernel::Status b = comm.begin_launch(stream);
+    RANK_CHECK(b.ok(), "begin_launch %u: %s", i, b.to_string().c_str());
+    if (!b.ok()) return fails;
   }
   GT_CUDA(cudaStreamSynchronize(stream));
   sync();
@@ -214,8 +222,9 @@ rt::Options options_for(const Case& cs) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "ag");
   if (!cluster.start()) return 1;
-  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s\n",
+  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s%s\n",
               cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
+              cs.launches_before ? (" after " + std::to_string(cs.launches_before) + " launches").c_str() : "",
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   const auto t0 = std::chrono::steady_clock::now();
   const int failed = fused_test::run_ranks_in_threads(
@@ -351,6 +360,7 @@ int main() {
       {{2, 1, "shm"}, 257, 256, 512, 0, 1, true},     // two nodes through the proxies
       {{2, 1, "tcp;ofi_rxm"}, 130, 128, 256, 64, 1, true},
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true},     // rail peers, then NVLink
+      {{2, 1, "shm"}, 130, 128, 256, 0, 1, true, 300},  // planned after 300 launches, across nodes
   };
   // The random family (random_cases.h): shapes nobody chose, from the printed seed.
   std::vector<Case> all = cases;
