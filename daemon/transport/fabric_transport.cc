@@ -135,6 +135,17 @@ Status FabricTransport::post_write(const WriteOp& op) {
     MK_ASSIGN_OR_RETURN(data, encode_signal(encoding_, op.signal_idx, op.signal_value));
     if (encoding_.value_bits < 64) {
       auto last = last_sent_.find(signal_key);
+      // The receiver takes a flag's first value as its low bits: a larger one would arrive short
+      // and its waiter would never see it (a hang where an error belongs).
+      if (last == last_sent_.end() && (op.signal_value >> encoding_.value_bits) != 0) {
+        return Status(StatusCode::kInvalidArgument,
+                      "write " + std::to_string(op.cookie) + ": signal " + std::to_string(op.signal_idx) +
+                          " value " + std::to_string(op.signal_value) +
+                          " is the first to this peer's flag; expected below 2^" +
+                          std::to_string(encoding_.value_bits) + " (the " +
+                          std::to_string(encoding_.cq_data_bytes) +
+                          "-byte CQ data encoding carries the low bits, and the receiver starts from them)");
+      }
       if (last != last_sent_.end()) {
         const uint64_t step = op.signal_value - last->second;
         if (op.signal_value <= last->second || (step >> encoding_.value_bits) != 0) {

@@ -393,6 +393,20 @@ TEST_P(FabricTransportTest, SignalOnlyOpArrives) {
   op.signal_value = 40;
   Status s = a_->post_write(op);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  // A first value the encoding cannot carry whole (the receiver would start from its low bits
+  // and a waiter for it would wait forever): refused, naming the rule.
+  op.cookie = 12;
+  op.signal_idx = 4;
+  op.signal_value = uint64_t{1} << 40;
+  s = a_->post_write(op);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("is the first to this peer's flag"), std::string::npos) << s.to_string();
+  op.signal_value = (uint64_t{1} << 40) - 1;  // the largest first value that arrives whole
+  op.cookie = 13;
+  ASSERT_TRUE(post(op).ok());
+  ASSERT_TRUE(pump_until([&] { return completions_.size() == 3 && arrivals_.size() == 3; }, std::chrono::seconds(2)));
+  EXPECT_EQ(arrivals_[2].signal_idx, 4u);
+  EXPECT_EQ(arrivals_[2].signal_value, (uint64_t{1} << 40) - 1);
 }
 
 // A flood of small signalled writes into one endpoint from two writers, the second joining after
