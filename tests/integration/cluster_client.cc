@@ -45,6 +45,7 @@
 
 #include "mkernel/protocol/ring_host.h"
 #include "mkernel/protocol/session_client.h"
+#include "splitmix.h"
 
 namespace mp = mkernel::protocol;
 using namespace std::chrono_literals;
@@ -87,12 +88,7 @@ struct Report {
   std::string transport;
 };
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using mkernel_itest::mix;
 
 uint64_t message_key(uint64_t seed, uint32_t src, uint32_t dst, uint64_t iteration) {
   return mix(mix(mix(mix(seed) ^ src) ^ (uint64_t{dst} << 24)) ^ iteration);

@@ -28,6 +28,7 @@
 
 #include "daemon_harness.h"
 #include "mkernel/protocol/session_client.h"
+#include "splitmix.h"
 
 namespace mp = mkernel::protocol;
 namespace pb = mkernel::admin::v1;
@@ -54,12 +55,7 @@ std::string config_for(const std::string& provider) {
          "timeouts: {command_ms: 5000, rendezvous_ms: 30000}\n";
 }
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using mkernel_itest::mix;
 uint64_t key_of(uint32_t from, uint32_t to, uint64_t round, uint32_t chunk) {
   return mix(mix(mix(uint64_t{from} << 40 | uint64_t{to} << 32 | chunk) ^ round));
 }

@@ -505,15 +505,7 @@ int main() {
                 cs.bulk ? "bulk copies" : "16-byte copies");
     cases.push_back(cs);
   }
-  if (const char* only = std::getenv("MKERNEL_RING_CASES")) {  // e.g. "0,2": a subset, for quick runs
-    std::vector<Case> some;
-    for (const char* p = only; *p;) {
-      some.push_back(cases[std::strtoul(p, nullptr, 10) % cases.size()]);
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-    cases = some;
-  }
+  cases = fused_test::select_cases(cases, "MKERNEL_RING_CASES");  // e.g. "0,2": a subset, for quick runs
   int failures = 0;
   for (const Case& cs : cases) failures += run_case(cs);
   failures += run_error_cases();

@@ -380,15 +380,7 @@ int main() {
                 cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out);
     all.push_back(cs);
   }
-  if (const char* only = std::getenv("MKERNEL_AG_CASES")) {  // e.g. "0,9": a subset, for quick runs
-    std::vector<Case> some;
-    for (const char* p = only; *p;) {
-      some.push_back(all[std::strtoul(p, nullptr, 10) % all.size()]);
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-    all = some;
-  }
+  all = fused_test::select_cases(all, "MKERNEL_AG_CASES");  // e.g. "0,9": a subset, for quick runs
   int failures = 0;
   for (const Case& cs : all) failures += run_case(cs);
   failures += run_error_cases();

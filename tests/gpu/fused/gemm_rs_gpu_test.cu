@@ -405,15 +405,7 @@ int main() {
                 cs.all_reduce ? cs.m_rows : cs.m_local * cs.topo.world(), cs.n, cs.k, cs.cluster_m, cs.block_n);
     cases.push_back(cs);
   }
-  if (const char* only = std::getenv("MKERNEL_RS_CASES")) {  // e.g. "0,2": a subset, for quick runs
-    std::vector<Case> some;
-    for (const char* p = only; *p;) {
-      some.push_back(cases[std::strtoul(p, nullptr, 10) % cases.size()]);
-      while (*p && *p != ',') ++p;
-      if (*p == ',') ++p;
-    }
-    cases = some;
-  }
+  cases = fused_test::select_cases(cases, "MKERNEL_RS_CASES");  // e.g. "0,2": a subset, for quick runs
   int failures = 0;
   for (const Case& cs : cases) failures += run_case(cs);
   failures += run_error_cases();

@@ -60,4 +60,19 @@ inline Topology random_topology(ShapeDraw& d) {
   return d.pick(layouts);
 }
 
+// The cases a run keeps: all of them, or those an environment variable lists by index ("0,9"),
+// for quick reruns of one case.
+template <class Case>
+std::vector<Case> select_cases(const std::vector<Case>& all, const char* env_name) {
+  const char* only = std::getenv(env_name);
+  if (only == nullptr || all.empty()) return all;
+  std::vector<Case> some;
+  for (const char* p = only; *p;) {
+    some.push_back(all[std::strtoul(p, nullptr, 10) % all.size()]);
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return some;
+}
+
 }  // namespace fused_test
