@@ -271,9 +271,11 @@ int run_error_cases() {
         expect(rt::AllGatherGemm::create(comm, 1024, 128, 1024, {}, stream).status(), "nvlink_bytes",
                "workspace too small");
         // Disagreement: rank 1 plans k = 136, rank 0 k = 128.
+        sync();  // every rank done with the refused plan (its frees) before the next agreement
         expect(rt::AllGatherGemm::create(comm, 64, 128, rank == 0 ? 128 : 136, {}, stream).status(),
                "ranks disagree on k", "ranks disagree");
         // A good plan, then a misaligned and a host pointer.
+        sync();
         auto op = rt::AllGatherGemm::create(comm, 64, 128, 128, {}, stream);
         RANK_CHECK(op.ok(), "create: %s", op.status().to_string().c_str());
         if (op.ok()) {

@@ -334,13 +334,19 @@ int run_error_cases() {
         expect(rt::GemmReduceScatter::create(comm, 64, 128, 100, {}, stream).status(), "k = 100", "k not a multiple of 8");
         expect(rt::GemmReduceScatter::create(comm, 64, 12, 128, {}, stream).status(), "n = 12", "n");
         expect(rt::GemmReduceScatter::create(comm, 0, 128, 128, {}, stream).status(), "m_local = 0", "m_local");
+        // Creates that reach the agreement: every rank finishes one (a refused plan frees its
+        // allocations, and a cudaFree waits for the whole device) before any rank starts the next
+        // agreement kernel, which spins on the GPU they share (api.md, "Collective planning").
         expect(rt::GemmReduceScatter::create(comm, 4096, 4096, 128, {}, stream).status(), "nvlink_bytes",
                "workspace too small");
+        sync();
         expect(rt::GemmReduceScatter::create(comm, rank == 0 ? 64 : 72, 128, 128, {}, stream).status(),
                "ranks disagree on m_local", "ranks disagree");
+        sync();
         expect(rt::GemmAllReduce::create(comm, 2048, 4096, 128, {}, stream).status(), "gemm_all_reduce_nvlink_bytes",
                "all-reduce workspace too small");
         expect(rt::GemmAllReduce::create(comm, 0, 128, 128, {}, stream).status(), "m = 0", "all-reduce m");
+        sync();
         auto op = rt::GemmReduceScatter::create(comm, 64, 128, 128, {}, stream);
         RANK_CHECK(op.ok(), "create: %s", op.status().to_string().c_str());
         if (op.ok()) {
