@@ -334,9 +334,10 @@ int run_error_cases() {
         expect(rt::GemmReduceScatter::create(comm, 64, 128, 100, {}, stream).status(), "k = 100", "k not a multiple of 8");
         expect(rt::GemmReduceScatter::create(comm, 64, 12, 128, {}, stream).status(), "n = 12", "n");
         expect(rt::GemmReduceScatter::create(comm, 0, 128, 128, {}, stream).status(), "m_local = 0", "m_local");
-        // Creates that reach the agreement: every rank finishes one (a refused plan frees its
-        // allocations, and a cudaFree waits for the whole device) before any rank starts the next
-        // agreement kernel, which spins on the GPU they share (api.md, "Collective planning").
+        // Creates that reach the agreement: every rank finishes one before any rank starts the
+        // next agreement kernel, which spins on the GPU they share; a rank still in a call that
+        // waits for the whole device (a cudaFree) would hold it until its timeout (api.md,
+        // "Collective planning"; testing.md, an unexplained failure of this case).
         expect(rt::GemmReduceScatter::create(comm, 4096, 4096, 128, {}, stream).status(), "nvlink_bytes",
                "workspace too small");
         sync();
