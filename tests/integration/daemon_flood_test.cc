@@ -48,11 +48,7 @@ struct Shape {
 };
 
 std::string config_for(const std::string& provider) {
-  return "gpus: {select: host_slots, host_slots: 2}\n"
-         "proxy: {poll: {mode: spin}, cpu_affinity: none}\n"
-         "transport: {kind: fabric, provider: \"" + provider + "\"" +
-         (provider == "shm" ? std::string("") : std::string(", nic: lo")) + "}\n" +
-         "timeouts: {command_ms: 5000, rendezvous_ms: 30000}\n";
+  return mkt::fabric_daemon_yaml(provider, 2, 5000, 30000, "proxy: {poll: {mode: spin}, cpu_affinity: none}\n");
 }
 
 using mkernel_itest::mix;
@@ -133,13 +129,6 @@ std::string tail_of(const std::string& path, size_t lines) {
   return out.str();
 }
 
-pb::Stats stats_of(const DaemonProcess& d) {
-  auto stub = d.admin();
-  pb::Stats rep;
-  auto ctx = mkt::ctx();
-  EXPECT_TRUE(stub->GetStats(ctx.get(), pb::GetStatsRequest(), &rep).ok());
-  return rep;
-}
 
 // One rank's work for the whole run (a host thread playing its GPU). Returns "" or why not.
 std::string run_rank(Rank& r, const Shape& shape, std::barrier<>& launch, std::atomic<bool>& failed,
@@ -301,7 +290,7 @@ TEST_P(FloodTest, TinyWritesBothWaysBetweenTwoDaemonsOfTwoSessionsArriveExact) {
   }
   // Accounting: every command taken finished ok, nothing in flight, on both daemons.
   for (DaemonProcess& d : daemons) {
-    const pb::Stats st = stats_of(d);
+    const pb::Stats st = mkt::stats_of(d);
     for (const pb::ProxyStats& p : st.proxies()) {
       EXPECT_EQ(p.consumed(), p.commands().ok()) << d.log_path();
       EXPECT_EQ(p.commands().error() + p.commands().rejected(), 0u) << d.log_path();

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -183,6 +184,26 @@ inline int health_of(grpc::health::v1::Health::Stub& stub, const std::string& se
   auto c = ctx(2s);
   if (!stub.Check(c.get(), req, &resp).ok()) return -1;
   return static_cast<int>(resp.status());
+}
+
+// The daemon's counters over its admin service (empty when the call failed, which is a failure).
+inline mkernel::admin::v1::Stats stats_of(const DaemonProcess& d) {
+  auto stub = d.admin();
+  mkernel::admin::v1::Stats rep;
+  auto c = ctx();
+  const grpc::Status st = stub->GetStats(c.get(), mkernel::admin::v1::GetStatsRequest(), &rep);
+  if (!st.ok()) ADD_FAILURE() << "GetStats: " << st.error_message();
+  return rep;
+}
+
+// A daemon config whose communicators spanning daemons go over libfabric `provider` (shm, or
+// tcp;ofi_rxm on lo), with `host_slots` GPU slots and `extra` lines after.
+inline std::string fabric_daemon_yaml(const std::string& provider, uint32_t host_slots, uint32_t command_ms,
+                                      uint32_t rendezvous_ms, const std::string& extra = "") {
+  return "gpus: {select: host_slots, host_slots: " + std::to_string(host_slots) + "}\n" +
+         "transport: {kind: fabric, provider: \"" + provider + "\"" + (provider == "shm" ? "" : ", nic: lo") +
+         "}\n" + "timeouts: {command_ms: " + std::to_string(command_ms) +
+         ", rendezvous_ms: " + std::to_string(rendezvous_ms) + "}\n" + extra;
 }
 
 inline size_t count_dir_entries(const std::string& dir) {

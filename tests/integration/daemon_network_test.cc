@@ -24,12 +24,7 @@ constexpr uint64_t kRegionBytes = 8u << 20;
 const std::string kToken = "0123456789abcdef-network-test";
 
 std::string config_for(const std::string& provider, uint32_t command_timeout_ms) {
-  std::string t = "gpus: {select: host_slots, host_slots: 1}\n"
-                  "transport: {kind: fabric, provider: \"" + provider + "\"" +
-                  (provider == "shm" ? std::string("") : std::string(", nic: lo")) + "}\n" +
-                  "timeouts: {command_ms: " + std::to_string(command_timeout_ms) +
-                  ", rendezvous_ms: 20000}\n";
-  return t;
+  return mkt::fabric_daemon_yaml(provider, 1, command_timeout_ms, 20000);
 }
 
 struct Rank {
@@ -137,11 +132,8 @@ bool connect_pair(Rank& r0, Rank& r1) {
   return true;
 }
 
-pb::ProxyStats stats_of(const DaemonProcess& d) {
-  auto stub = d.admin();
-  pb::Stats rep;
-  auto ctx = mkt::ctx();
-  EXPECT_TRUE(stub->GetStats(ctx.get(), pb::GetStatsRequest(), &rep).ok());
+pb::ProxyStats proxy_stats_of(const DaemonProcess& d) {
+  const pb::Stats rep = mkt::stats_of(d);
   return rep.proxies_size() > 0 ? rep.proxies(0) : pb::ProxyStats{};
 }
 
@@ -186,7 +178,7 @@ TEST_P(NetworkTest, BytesAndFlagsCrossDaemonsExactly) {
   r0.pushed += 2;
   EXPECT_TRUE(wait_for([&] { return load_acquire(r1.flags->flags()[5]) == 77; }, r1, 10s));
   EXPECT_TRUE(wait_for([&] { return load_acquire(r0.ring->view.header->completed) >= r0.pushed; }, r0, 10s));
-  const pb::ProxyStats sa = stats_of(p.a);
+  const pb::ProxyStats sa = proxy_stats_of(p.a);
   EXPECT_EQ(sa.consumed(), outcome(sa, "ok") + outcome(sa, "error") + outcome(sa, "rejected"));
   EXPECT_EQ(outcome(sa, "error") + outcome(sa, "rejected"), 0u);
   EXPECT_EQ(sa.consumed(), r0.pushed);
@@ -232,7 +224,7 @@ TEST_P(NetworkTest, ForeignOrOutOfRangeDestinationsAreRejectedBeforePosting) {
     EXPECT_TRUE(wait_for([&] { return load_acquire(g0.ring->view.header->completed) >= 1; }, g0, 10s));
     EXPECT_TRUE(g0.client->ping().ok());
   }
-  const pb::ProxyStats sa = stats_of(p.a);
+  const pb::ProxyStats sa = proxy_stats_of(p.a);
   EXPECT_EQ(outcome(sa, "rejected"), 4u);
   EXPECT_EQ(outcome(sa, "error"), 0u);
 }
@@ -351,7 +343,7 @@ TEST_P(NetworkTest, APeerKilledMidTransferEndsTheWriterWithinTheBound) {
   const auto settle = std::chrono::steady_clock::now() + 3s;
   do {
     std::this_thread::sleep_for(100ms);
-    sa = stats_of(p.a);
+    sa = proxy_stats_of(p.a);
   } while (sa.consumed() != outcome(sa, "ok") + outcome(sa, "error") + outcome(sa, "rejected") &&
            std::chrono::steady_clock::now() < settle);
   if (GetParam() == "shm" && sa.in_flight() > 0 &&
