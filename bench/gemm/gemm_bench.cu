@@ -21,6 +21,9 @@
 // --m192 (alone or with --cluster-k) times, for m > 128, the rule held to 192-row tiles ("m192"),
 // to 192-row tiles in clusters of 1 ("m192c1"), to 128-row tiles ("m128") and to 128-row tiles in
 // clusters of 1 ("m128c1") beside its own choice.
+// --pairs times, beside the rule, the rule without pairs along n ("pn1": GemmConfig::cluster_n =
+// 1, its choice before they were built), held to them ("pn2"), held to them with 192-row tiles
+// ("pn2m192", m > 128) and with the operands as given ("pn2plain").
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -92,6 +95,7 @@ struct Options {
   bool profile = false;    // launch each implementation twice per shape, time nothing
   bool cluster_k = false;  // --cluster-k: time the in-cluster split-K variants only
   bool m192 = false;       // --m192: time the rule held to 192-row tiles beside it
+  bool pairs = false;      // --pairs: time the rule without and held to pairs along n beside it
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
 
@@ -570,8 +574,9 @@ mk::GemmConfig config_forcing(const mk::GemmSchedule& s) {
   c.block_m = s.block_m;
   c.block_n = s.block_n;
   c.cluster_m = s.cluster_m;
+  c.cluster_n = s.cluster_n;
   c.cluster_k = s.cluster_k;
-  c.num_gemm_blocks = s.num_clusters * s.cluster_m * s.cluster_k;
+  c.num_gemm_blocks = s.num_clusters * s.cluster_ctas();
   if (s.sk_units == 0) {
     c.stream_k = 0;
     c.num_splits = 1;
@@ -611,11 +616,12 @@ int main(int argc, char** argv) {
     else if (a == "--prev-model") o.prev_model = true;
     else if (a == "--cluster-k") o.cluster_k = true;
     else if (a == "--m192") o.m192 = true;
+    else if (a == "--pairs") o.pairs = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs]\n", argv[0]);
       return 2;
     }
   }
@@ -814,6 +820,23 @@ int main(int argc, char** argv) {
       add_variant("m128c1", c);
       c.cluster_m = 0;
       add_variant("m128", c);
+    }
+    if (o.pairs && !o.variants && def_runner) {
+      // Pairs along n (GemmConfig::cluster_n): the rule without them ("pn1", the rule before
+      // they were built), held to them ("pn2", the rest its choice), held to them with 192-row
+      // tiles ("pn2m192", m > 128) and held to them with the operands as given ("pn2plain").
+      mk::GemmConfig c;
+      c.cluster_n = 1;
+      add_variant("pn1", c);
+      c.cluster_n = 2;
+      add_variant("pn2", c);
+      if (s.m > 128) {
+        c.block_m = 192;
+        add_variant("pn2m192", c);
+        c.block_m = 0;
+      }
+      c.swap_ab = 0;
+      add_variant("pn2plain", c);
     }
     if (o.cluster_k && !o.variants && def_runner) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;

@@ -42,6 +42,7 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
   f["m192_cost_factor"] = &m.m192_cost_factor;
   f["m192_tile_factor"] = &m.m192_tile_factor;
   f["m192_c2_factor"] = &m.m192_c2_factor;
+  f["pair_n_factor"] = &m.pair_n_factor;
   for (auto [prefix, r] : {std::pair<const char*, mk::GemmCostRegime*>{"small_m.", &m.small_m},
                            std::pair<const char*, mk::GemmCostRegime*>{"general.", &m.general}}) {
     const std::string p = prefix;
@@ -92,6 +93,9 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
       s.block_n = std::atoi(tok.c_str() + 1);
     } else if (tok[0] == 'c' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
       s.cluster_m = std::atoi(tok.c_str() + 1);
+      // "c1x2": a pair along n
+      const auto x = tok.find('x');
+      if (x != std::string::npos) s.cluster_n = std::atoi(tok.c_str() + x + 1);
     } else if (tok[0] == 'k' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
       s.cluster_k = std::atoi(tok.c_str() + 1);
     } else if (tok[0] == 'b' && tok.size() > 1 && std::isdigit(static_cast<unsigned char>(tok[1]))) {
@@ -119,17 +123,18 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
     }
   }
   if (!have_decomp || blocks <= 0 || s.block_n <= 0 || (s.cluster_m != 1 && s.cluster_m != 2) ||
+      (s.cluster_n != 1 && s.cluster_n != 2) ||
       (s.cluster_k != 1 && s.cluster_k != 2 && s.cluster_k != 4 && s.cluster_k != 8)) {
     *why = "configuration '" + config + "' lacks a width, cluster, block count or decomposition";
     return false;
   }
   const int64_t pm = swap ? n : m, pn = swap ? m : n;
   s.swap_ab = swap;
-  s.num_clusters = blocks / (s.cluster_m * s.cluster_k);
+  s.num_clusters = blocks / s.cluster_ctas();
   s.m_blocks = static_cast<uint32_t>(ceil_div(pm, s.block_m));
   s.n_blocks = static_cast<uint32_t>(ceil_div(pn, s.block_n));
   s.k_blocks = static_cast<uint32_t>(ceil_div(k, 64));
-  s.tiles = static_cast<uint32_t>(ceil_div(s.m_blocks, s.cluster_m) * s.n_blocks);
+  s.tiles = static_cast<uint32_t>(ceil_div(s.m_blocks, s.cluster_m) * s.n_groups());
   if (s.sk_per_tile > 0) {
     const uint32_t split_tiles = s.dp_tiles == 0 ? s.tiles : s.dp_tiles;
     if (split_tiles > s.tiles) {
@@ -207,7 +212,7 @@ int main(int argc, char** argv) {
       const mk::GemmSchedule s = mk::choose_gemm_schedule(r, model);
       std::printf("%s%s n%d c%d%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : s.block_m == 192 ? "m192 " : "",
                   s.block_n, s.cluster_m, s.cluster_k > 1 ? (" k" + std::to_string(s.cluster_k)).c_str() : "",
-                  s.num_clusters * s.cluster_m * s.cluster_k, s.describe().c_str(), s.predicted_us);
+                  s.num_clusters * s.cluster_ctas(), s.describe().c_str(), s.predicted_us);
       continue;
     }
     std::string config;

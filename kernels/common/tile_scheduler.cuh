@@ -3,10 +3,13 @@
 // schedule test replays it).
 //
 // Design notes
-//  1. Tiles. A cluster tile is (m group, n block): an m group is kClusterM consecutive m blocks,
-//     one per CTA of a cluster, which share the same weight tile (loaded once, multicast).
+//  1. Tiles. A cluster tile is (m group, n group): an m group is kClusterM consecutive m blocks,
+//     an n group kClusterN consecutive n blocks, one tile per CTA of a cluster (CTA rank r takes
+//     m block m_group * kClusterM + r % kClusterM and n block n_group * kClusterN + r /
+//     kClusterM). CTAs of one n block share its weight tile, CTAs of one m block its A tile
+//     (loaded once, multicast). With kClusterN == 1 the n groups are the n blocks.
 //     Tiles are numbered in a grouped ("swizzled") raster: bands of `group` m groups
-//     (kRasterAlongN) or of `group` n blocks (kRasterAlongM) are completed before the next band
+//     (kRasterAlongN) or of `group` n groups (kRasterAlongM) are completed before the next band
 //     starts, so the tiles in flight at any time share rows of A and columns of the weight in L2;
 //     `m_group_offset` rotates the m groups so a fused kernel starts with the rows whose data is
 //     local (ordering by availability) and reaches remote rows last.
@@ -93,7 +96,7 @@ MKERNEL_HOST_DEVICE inline void cluster_k_share(WorkItem& item, uint32_t rank, u
   item.k_begin = b;
 }
 
-template <int kClusterM>
+template <int kClusterM, int kClusterN = 1>
 struct TileScheduler {
   uint32_t num_m_blocks;
   uint32_t num_n_blocks;
@@ -110,33 +113,35 @@ struct TileScheduler {
   MKERNEL_HOST_DEVICE static uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
   MKERNEL_HOST_DEVICE uint32_t num_m_groups() const { return (num_m_blocks + kClusterM - 1) / kClusterM; }
-  MKERNEL_HOST_DEVICE uint32_t num_tiles() const { return num_m_groups() * num_n_blocks; }
+  MKERNEL_HOST_DEVICE uint32_t num_n_groups() const { return (num_n_blocks + kClusterN - 1) / kClusterN; }
+  MKERNEL_HOST_DEVICE uint32_t num_tiles() const { return num_m_groups() * num_n_groups(); }
   MKERNEL_HOST_DEVICE uint32_t num_units() const { return num_tiles() * num_splits; }
 
-  // m block (of CTA cta_rank) and n block of cluster tile `tile`. The m block may reach past the
-  // last m block (odd block count with clusters of 2): its A loads are then all out of bounds,
-  // TMA fills zeros, and the epilogue writes nothing.
+  // m and n block (of CTA cta_rank) of cluster tile `tile`. Either may reach past the last block
+  // (an odd block count with clusters of 2): that CTA's loads of the padded operand are then all
+  // out of bounds, TMA fills zeros, and the epilogue writes nothing.
   MKERNEL_HOST_DEVICE TileCoord tile_coord(uint32_t tile, uint32_t cta_rank) const {
     const uint32_t groups = num_m_groups();
-    uint32_t mg, nb;
+    const uint32_t n_groups = num_n_groups();
+    uint32_t mg, ng;
     if (raster == kRasterAlongN) {
-      const uint32_t band = group * num_n_blocks;
+      const uint32_t band = group * n_groups;
       const uint32_t first = (tile / band) * group;
       const uint32_t width = umin(group, groups - first);
       const uint32_t in_band = tile % band;
       mg = first + in_band % width;
-      nb = in_band / width;
+      ng = in_band / width;
     } else {
       const uint32_t band = group * groups;
       const uint32_t first = (tile / band) * group;
-      const uint32_t width = umin(group, num_n_blocks - first);
+      const uint32_t width = umin(group, n_groups - first);
       const uint32_t in_band = tile % band;
-      nb = first + in_band % width;
+      ng = first + in_band % width;
       mg = in_band / width;
     }
     mg += m_group_offset;
     if (mg >= groups) mg -= groups;
-    return TileCoord{mg * kClusterM + cta_rank, nb, 0};
+    return TileCoord{mg * kClusterM + cta_rank % kClusterM, ng * kClusterN + cta_rank / kClusterM, 0};
   }
 
   // Note 5: unit = tile * num_splits + split.
@@ -221,7 +226,8 @@ struct TileScheduler {
     const uint32_t t0 = (tile - dp_tiles) * num_k_blocks;
     return unit_of(t0 + num_k_blocks - 1) - unit_of(t0) + 1;
   }
-  // Index of a split tile's counter and accumulator (per CTA of the cluster: * kClusterM + rank).
+  // Index of a split tile's counter and accumulator (per CTA of the cluster:
+  // * kClusterM * kClusterN + rank).
   MKERNEL_HOST_DEVICE uint32_t counter(uint32_t tile) const { return tile - dp_tiles; }
 };
 

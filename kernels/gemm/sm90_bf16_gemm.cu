@@ -211,6 +211,28 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
                                                  "of width 16 to 128 (a multiple of 16), cluster_m 1 and whole tiles; this call has " + why);
     }
   }
+  // Pairs along n: plain GEMMs with 128- or 192-row tiles, no pair along m, no in-cluster split-K.
+  if (c->cluster_n != 0 && c->cluster_n != 1 && c->cluster_n != 2) {
+    return fail(GemmError::kInvalidConfig, "cluster_n = " + std::to_string(c->cluster_n) + " is not supported (expected 0, 1 or 2)");
+  }
+  if (c->cluster_n == 2) {
+    std::string why;
+    if (!plain) {
+      why = a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks";
+    } else if (c->block_m == 64 || c->block_m == 256) {
+      why = "block_m = " + std::to_string(c->block_m);
+    } else if (c->cluster_m == 2) {
+      why = "cluster_m = 2";
+    } else if (c->cluster_k > 1) {
+      why = "cluster_k = " + std::to_string(c->cluster_k);
+    } else if (c->widths_128_256) {
+      why = "widths_128_256";
+    }
+    if (!why.empty()) {
+      return fail(GemmError::kInvalidConfig, "cluster_n = 2 needs a plain GEMM (store epilogue, no hooks, no role blocks) "
+                                             "with 128- or 192-row tiles, cluster_m 0 or 1 and cluster_k 0 or 1; this call has " + why);
+    }
+  }
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->group == 0) c->group = 8;
   if (c->raster != kRasterAlongN && c->raster != kRasterAlongM) return fail(GemmError::kInvalidConfig, "raster must be 0 or 1");
@@ -253,6 +275,9 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.widths_128_256 = c->widths_128_256;
   req.deterministic = c->deterministic;
   req.cluster_m = c->cluster_m;
+  // Pairs along n: the rule weighs them for plain GEMMs (the fused ops' roles and hooks count
+  // pairs along m), never beside in-cluster split-K.
+  req.cluster_n = (plain && !c->widths_128_256 && c->cluster_k <= 1 && c->cluster_m != 2) ? c->cluster_n : 1;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
   req.sk_units = c->sk_units;
@@ -282,12 +307,13 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   c->block_n = sched->block_n;
   c->block_m = sched->block_m;
   c->cluster_m = sched->cluster_m;
+  c->cluster_n = sched->cluster_n;
   c->num_splits = sched->sk_per_tile != 0 ? static_cast<int>(sched->sk_per_tile) : 1;
   c->stream_k = (sched->sk_units != 0 && sched->sk_per_tile == 0) ? 1 : 0;
   c->sk_units = c->stream_k ? static_cast<int>(sched->sk_units) : 0;
   c->dp_tiles = (c->stream_k || (sched->sk_per_tile != 0 && sched->dp_tiles > 0)) ? static_cast<int>(sched->dp_tiles) : -1;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
-  c->num_gemm_blocks = sched->num_clusters * c->cluster_m * c->cluster_k;
+  c->num_gemm_blocks = sched->num_clusters * sched->cluster_ctas();
   return {};
 }
 
@@ -299,8 +325,9 @@ GemmResult encode_maps(GemmPlan* plan) {
     // The kernel's A is the weight (boxes of the tile's 64 or 128 rows), its B the activations
     // (the width's rows, or half of them per CTA of a cluster), its output D stored transposed
     // in 16 x 64 boxes (8 x 64 with 64-row tiles, whose consumers own half of the width each).
-    GemmResult r =
-        make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_m), kBlockK, "w");
+    // (Pairs along n: each CTA loads half of the kernel's A tile, the weight's rows, for both.)
+    GemmResult r = make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_m / c.cluster_n),
+                                   kBlockK, "w");
     if (!r.ok()) return r;
     plan->tma_a_local = plan->tma_a;
     r = make_tensor_map(&plan->tma_b, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
@@ -308,7 +335,9 @@ GemmResult encode_maps(GemmPlan* plan) {
     if (!r.ok()) return r;
     return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, c.block_m == 64 ? 8 : 16, 64, "d");
   }
-  GemmResult r = make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m), kBlockK, "a");
+  // Pairs along n: each CTA loads half of the A tile for both.
+  GemmResult r =
+      make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m / c.cluster_n), kBlockK, "a");
   if (!r.ok()) return r;
   if (a.hooks.a_local != nullptr) {
     r = make_tensor_map(&plan->tma_a_local, a.hooks.a_local, a.hooks.local_rows_end - a.hooks.local_rows_begin, a.k,
@@ -520,6 +549,11 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.cluster_n == 2 && (plan.config.cluster_m != 1 || plan.config.cluster_k > 1 || plan.config.block_m == 64 ||
+                                     plan.config.block_m == 256 || plan.epilogue != kEpilogueStore)) {
+    return fail(GemmError::kInvalidConfig, "plan.config.cluster_n = 2 is built with cluster_m 1, cluster_k 1, 128- or "
+                                           "192-row tiles and the store epilogue only");
+  }
   if (plan.config.swap_ab == 1 && plan.config.cluster_k > 1) {
     switch (plan.config.block_n) {
       case 128: return detail::launch_swapk_block_n<128>(plan, stream);
@@ -638,7 +672,7 @@ GemmResult gemm_bf16_tn(const GemmArgs& args, cudaStream_t stream) {
 
 std::string gemm_config_string(const GemmPlan& plan) {
   const GemmConfig& c = plan.config;
-  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : c.block_m == 192 ? "m192 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) +
+  return (c.swap_ab == 1 ? (c.block_m == 64 ? "T m64 n" : "T n") : c.block_m == 256 ? "m256 n" : c.block_m == 192 ? "m192 n" : "n") + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) + (c.cluster_n == 2 ? "x2" : "") +
          (c.cluster_k > 1 ? " k" + std::to_string(c.cluster_k) : "") + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +

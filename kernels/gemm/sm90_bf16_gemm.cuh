@@ -15,7 +15,10 @@
 //                 owns two 64-row sub-tiles and issues two wgmma per k step.
 // With kClusterM == 2 the two CTAs of a cluster work on vertically adjacent tiles with the same
 // weight tile: each loads half of it and multicasts it to both, halving weight traffic into
-// shared memory; a stage is free again only when the consumers of both CTAs released it.
+// shared memory; a stage is free again only when the consumers of both CTAs released it. With
+// kClusterN == 2 (plain GEMMs) the pair works on horizontally adjacent tiles with the same A tile
+// and multicasts halves of that instead: fewer bytes where A's tile is the larger one (192-row
+// tiles, swapped narrow tiles) or where the m blocks are odd and the n blocks even.
 // Work: whole tiles in waves, then stream-K or split-K units over the k blocks of the remaining
 // tiles (common/tile_scheduler.cuh); a tile shared by several units is finished by the last of
 // them to arrive, through an fp32 accumulator in the workspace (detail::fixup). The choice of
@@ -87,7 +90,7 @@ struct NoRole {
 };
 
 template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false,
-          int kBlockM_ = 128, bool kSwapAB_ = false, int kClusterK_ = 1>
+          int kBlockM_ = 128, bool kSwapAB_ = false, int kClusterK_ = 1, int kClusterN_ = 1>
 struct Sm90GemmTraits {
   // Swapped operands (plain GEMMs, store epilogue): the kernel computes D^T = W A^T, so its "m"
   // is the caller's n (the weight's rows fill the 128-row side of the tile and the wgmma M) and
@@ -122,7 +125,12 @@ struct Sm90GemmTraits {
   // partials through distributed shared memory (detail::cluster_k_reduce): no round trip through
   // global memory, no workspace, and a fixed order of summation (bitwise reproducible).
   static constexpr int kClusterK = kClusterK_;
-  static constexpr int kClusterSize = kClusterM_ * kClusterK_;  // CTAs a cluster launch groups
+  // Pairs along n (plain GEMMs): the two CTAs of a cluster take n blocks 2j and 2j + 1 of the same
+  // m block and each loads half of the A tile (kBlockM / 2 rows) for both.
+  static constexpr int kClusterN = kClusterN_;
+  // CTAs that share operands through multicast (the ones whose consumers release each stage).
+  static constexpr int kPairSize = kClusterM_ * kClusterN_;
+  static constexpr int kClusterSize = kClusterM_ * kClusterN_ * kClusterK_;  // CTAs a cluster launch groups
   static constexpr uint32_t kEpilogue = kEpilogue_;
   static constexpr int kNumConsumers = kBlockM_ == 192 ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kNumConsumers);
@@ -166,6 +174,9 @@ struct Sm90GemmTraits {
                 "swapped operands: plain GEMM, store epilogue, 64- or 128-row tiles");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
+  static_assert(kClusterN == 1 || (kClusterN == 2 && kClusterM == 1 && kClusterK == 1 && !kGrouped_ &&
+                                   kEpilogue_ == kEpilogueStore && kBlockM_ != 256),
+                "pairs along N: plain GEMMs (store epilogue), 64-, 128- or 192-row tiles, no other cluster dimension");
   static_assert(kClusterK == 1 || kClusterK == 2 || kClusterK == 4 || kClusterK == 8, "clusters of 1, 2, 4 or 8 CTAs along K");
   // The partial tile (128 x BLOCK_N fp32) lives in the epilogue's staging buffers, which the
   // in-cluster reduction never uses for TMA stores.
@@ -233,11 +244,12 @@ __device__ __forceinline__ uint64_t tile_flag_value(const GemmParams& p) {
 
 template <class T>
 __device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
-  if constexpr (T::kClusterM == 1) {
+  if constexpr (T::kPairSize == 1) {
     ptx::mbar_arrive(empty_bar);
   } else {
+    // Both CTAs of a pair write into each other's stage (the multicast halves).
 #pragma unroll
-    for (uint32_t r = 0; r < T::kClusterM; ++r) ptx::mbar_arrive_cluster(empty_bar, r);
+    for (uint32_t r = 0; r < T::kPairSize; ++r) ptx::mbar_arrive_cluster(empty_bar, r);
   }
 }
 
@@ -647,7 +659,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   [[maybe_unused]] auto* red_bars = reinterpret_cast<uint64_t*>(smem_epi + T::kEpiBytes + T::kBarrierBytes - 32);
 
   const uint32_t warpgroup = threadIdx.x / 128;
-  const uint32_t cta_rank = T::kClusterM == 1 ? 0 : ptx::cluster_cta_rank();
+  const uint32_t cta_rank = T::kPairSize == 1 ? 0 : ptx::cluster_cta_rank();
   // In-cluster split-K: which share of every tile's k blocks this CTA takes (all CTAs of the
   // cluster walk the same tiles).
   const uint32_t krank = T::kClusterK == 1 ? 0 : ptx::cluster_cta_rank();
@@ -657,7 +669,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbar_init(&full_bar[s], 1);
-      ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kClusterM);
+      ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kPairSize);
     }
     for (int s = 0; s < T::kStages; ++s) stage_abort[s] = 0;
     if constexpr (T::kClusterK > 1) {
@@ -681,8 +693,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   ptx::griddep_wait();
   ptx::griddep_launch_dependents();
 
-  TileScheduler<T::kClusterM> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
-                                    p.raster,       p.group,        p.m_group_offset};
+  TileScheduler<T::kClusterM, T::kClusterN> sched{p.num_m_blocks, p.num_n_blocks, p.num_splits,
+                                                  p.raster,       p.group,        p.m_group_offset};
   sched.num_k_blocks = p.num_k_blocks;
   sched.dp_tiles = p.dp_tiles;
   sched.sk_units = p.sk_units;
@@ -793,7 +805,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint8_t* b_dst = smem_b + stage * T::kBBytes;
           const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
-          ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
+          if constexpr (T::kClusterN == 2) {
+            // Pairs along n: this CTA's half of the A tile (the map's box is kBlockM / 2 rows)
+            // for both CTAs of the pair, which share the m block.
+            constexpr int kHalfM = T::kBlockM / 2;
+            ptx::tma_load_2d_multicast(a_dst + cta_rank * (T::kABytes / 2), map_a, &full_bar[stage], k0,
+                                       a_row + static_cast<int32_t>(cta_rank * kHalfM), static_cast<uint16_t>(0x3));
+          } else {
+            ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
+          }
           if constexpr (T::kClusterM == 1) {
             ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
           } else if (own_weight_tile) {
@@ -992,9 +1012,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       //    and 4): the last participant to arrive takes the sum of all partials and runs the
       //    epilogue --
       const uint32_t tile_idx = tc.m_block * p.num_n_blocks + tc.n_block;
+      // A cluster's padding tile (past the last m block, or with pairs along n the last n block)
+      // has nothing to store.
+      const bool padding = tc.m_block >= p.num_m_blocks || (T::kClusterN > 1 && tc.n_block >= p.num_n_blocks);
       const uint32_t parts = sched.participants(item.tile);
       if (parts > 1) {
-        if (tc.m_block >= p.num_m_blocks) continue;  // padding tile of a cluster: nothing to do
+        if (padding) continue;  // nothing to do
         if (detail::fixup<T>(p, sched, item, tc.m_block, cta_rank, acc, ctid, split_last) == detail::kFixupStored) {
           continue;  // the last participant finishes the tile
         }
@@ -1013,7 +1036,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           const uint32_t row0 = tc.m_block * T::kBlockM + (2 * s + cw) * 64 + warp_in_wg * 16 + lane / 4;
           detail::store_tile<T>(p, acc[s], row0, col0);
         }
-      } else if (tc.m_block < p.num_m_blocks) {  // a cluster's padding tile stores nothing
+      } else if (!padding) {  // a cluster's padding tile stores nothing
         uint8_t* bufs = smem_epi + cw * T::kEpiBufs * T::kEpiChunkBytes;
         const uint32_t col0 = tc.n_block * T::kBlockN;
         if constexpr (T::kSwapAB) {
@@ -1044,7 +1067,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         }
       }
 
-      if (p.tile_flags != nullptr && tc.m_block < p.num_m_blocks) {
+      if (p.tile_flags != nullptr && !padding) {
         // Every consumer thread's stores (and each leader's TMA stores, once complete) happen
         // before the barrier; the system-scope fence by the signalling thread makes them visible
         // (cumulatively) before the flag.

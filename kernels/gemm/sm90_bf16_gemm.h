@@ -98,6 +98,13 @@ struct GemmConfig {
   // shared memory in rank order (bitwise reproducible, no workspace). 0: the rule chooses; 1:
   // never; 2, 4 or 8: always (implies swap_ab = 1; whole tiles, no num_splits or stream-K).
   int cluster_k = 0;
+  // Pairs along n (plain GEMMs: store epilogue, no hooks, no role blocks; 128- or 192-row tiles,
+  // operands as given or swapped): the two CTAs of a cluster take adjacent n blocks of one m
+  // block and share (multicast) its A tile instead of a weight tile. A k block then pulls
+  // BLOCK_M / 2 + BLOCK_N rows per CTA instead of BLOCK_M + BLOCK_N / 2, which is fewer where the
+  // tile is taller than wide, and an odd m block count pads nothing. 0: the rule chooses; 1:
+  // never; 2: always (with cluster_m 0 or 1 and cluster_k 0 or 1).
+  int cluster_n = 0;
 };
 
 struct GemmHooks {

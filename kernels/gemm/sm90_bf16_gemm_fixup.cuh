@@ -46,7 +46,7 @@ __device__ __forceinline__ void red_add_v4_f32(float* p, float a, float b, float
 // over the slots runs outside the unrolled fragment loop so the accumulator stays in registers
 // (indexed inside a runtime loop it was spilled to local memory in every instantiation).
 template <class T>
-__device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM>& sched,
+__device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileScheduler<T::kClusterM, T::kClusterN>& sched,
                                              const WorkItem& item, uint32_t m_block, uint32_t cta_rank,
                                              float (&acc)[T::kMSub][T::kConsumerN / 2], uint32_t ctid,
                                              volatile uint32_t* words) {
@@ -55,11 +55,11 @@ __device__ __forceinline__ FixupResult fixup(const GemmParams& p, const TileSche
   constexpr uint32_t kSubFloats = kThreads / 2 * T::kBlockN;  // every consumer's sub-tile s
   const bool slots = p.split_slots != 0;
   const uint32_t parts = sched.participants(item.tile);
-  const uint32_t index = sched.counter(item.tile) * T::kClusterM + cta_rank;
+  const uint32_t index = sched.counter(item.tile) * T::kPairSize + cta_rank;
   // Slot i of the workspace for this CTA of the cluster: the atomic fix-up's accumulator is slot
   // `counter(tile)`, the deterministic one's slots are `unit + counter(tile)`.
   auto tile_floats = [&](uint32_t i) {
-    return p.split_workspace + (static_cast<uint64_t>(i) * T::kClusterM + cta_rank) * kTileFloats;
+    return p.split_workspace + (static_cast<uint64_t>(i) * T::kPairSize + cta_rank) * kTileFloats;
   };
   auto slot = [&](uint32_t unit) { return tile_floats(unit + sched.counter(item.tile)); };
   float* const accumulator = tile_floats(sched.counter(item.tile));

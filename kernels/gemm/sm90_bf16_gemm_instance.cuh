@@ -1,5 +1,6 @@
 // sm90_bf16_gemm_instance.cuh: the library's instantiations of the persistent GEMM for one
-// BLOCK_N (cluster 1 and 2, store and atomic-add epilogues, no role function). Every BLOCK_N is
+// BLOCK_N (clusters of 1, pairs along m and, for the store epilogue, pairs along n; store and
+// atomic-add epilogues; no role function). Every BLOCK_N is
 // a translation unit of its own, generated from sm90_bf16_gemm_instance.cu.in by
 // kernels/CMakeLists.txt, so the instantiations compile in parallel and cannot drift apart.
 #pragma once
@@ -9,12 +10,16 @@
 
 namespace mkernel::kernels::detail {
 
-template <int kBlockN, int kClusterM, uint32_t kEpilogue>
-using LibraryTraits = Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogue>;
+template <int kBlockN, int kClusterM, uint32_t kEpilogue, int kClusterN = 1>
+using LibraryTraits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogue, false, 128, false, 1, kClusterN>;
 
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
   const bool add = plan.epilogue == kEpilogueAtomicAdd;
+  if (plan.config.cluster_n == 2 && !add) {
+    return launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueStore, 2>, NoRole>(plan, stream);
+  }
   if (plan.config.cluster_m == 2) {
     return add ? launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 2, kEpilogueAtomicAdd>, NoRole>(plan, stream)
                : launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 2, kEpilogueStore>, NoRole>(plan, stream);
@@ -32,12 +37,13 @@ GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<TallTraits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
-template <int kBlockN, int kClusterM>
+template <int kBlockN, int kClusterM, int kClusterN = 1>
 using SwapTraits =
-    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore, false, 128, true>;
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore, false, 128, true, 1, kClusterN>;
 
 template <int kBlockN>
 GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.cluster_n == 2) return launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1, 2>, NoRole>(plan, stream);
   return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<SwapTraits<kBlockN, 2>, NoRole>(plan, stream)
                                     : launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1>, NoRole>(plan, stream);
 }
@@ -52,12 +58,14 @@ GemmResult launch_swap64_block_n(const GemmPlan& plan, cudaStream_t stream) {
                                     : launch_sm90_bf16_gemm<Swap64Traits<kBlockN, 1>, NoRole>(plan, stream);
 }
 
-template <int kBlockN, int kClusterM>
-using M192Traits = Sm90GemmTraits<kBlockN, gemm_stages(kBlockN, 192, 1), kClusterM, kEpilogueStore, false, 192>;
+template <int kBlockN, int kClusterM, int kClusterN = 1>
+using M192Traits =
+    Sm90GemmTraits<kBlockN, gemm_stages(kBlockN, 192, 1), kClusterM, kEpilogueStore, false, 192, false, 1, kClusterN>;
 static_assert(M192Traits<192, 1>::kEpiBytes == gemm_epi_bytes(192, 192, 1), "gemm_epi_bytes and the kernel's layout agree");
 
 template <int kBlockN>
 GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.cluster_n == 2) return launch_sm90_bf16_gemm<M192Traits<kBlockN, 1, 2>, NoRole>(plan, stream);
   return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<M192Traits<kBlockN, 2>, NoRole>(plan, stream)
                                     : launch_sm90_bf16_gemm<M192Traits<kBlockN, 1>, NoRole>(plan, stream);
 }

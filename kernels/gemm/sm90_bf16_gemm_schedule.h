@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "common/tile_scheduler.cuh"
 
@@ -242,6 +243,9 @@ struct GemmCostModel {
   double m192_cost_factor = 0.8785;
   double m192_tile_factor = 1.402;
   double m192_c2_factor = 1.108;
+  // A pair along n's k block against the pair along m's of the same tile, beyond the ratio of
+  // their bytes (GemmSchedule::cluster_n; not fitted yet).
+  double pair_n_factor = 1.0;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
   int clusterk_max_width = 128;
@@ -264,6 +268,8 @@ struct GemmScheduleRequest {
   bool allow_m192 = false;  // block_m = 0 may choose 192 (plain GEMMs, operands as given)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only
   int cluster_m = 0;        // 1 or 2, 0 = choose
+  // Pairs along n (GemmConfig::cluster_n): 0 = choose where allowed, 1 = never, 2 = always.
+  int cluster_n = 1;
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
@@ -298,10 +304,16 @@ struct GemmSchedule {
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
+  int cluster_n = 1;         // 2: pairs along n (the A tile shared; cluster_m is then 1)
   int cluster_k = 1;         // CTAs of a cluster sharing each tile's k blocks (swapped operands)
-  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_m * cluster_k)
+  int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_ctas())
   uint32_t m_blocks = 0, n_blocks = 0, k_blocks = 0;
-  uint32_t tiles = 0;        // cluster tiles (m groups x n blocks)
+  uint32_t tiles = 0;        // cluster tiles (m groups x n groups)
+
+  int cluster_ctas() const { return cluster_m * cluster_n * cluster_k; }
+  // CTAs sharing operands (the workspace holds a split tile's partial per CTA of the pair).
+  int pair_ctas() const { return cluster_m * cluster_n; }
+  uint32_t n_groups() const { return (n_blocks + cluster_n - 1) / cluster_n; }
   uint32_t dp_tiles = 0;     // whole tiles, in waves
   uint32_t sk_units = 0;     // units over the k iterations of the other tiles
   uint32_t sk_per_tile = 0;  // 0: stream-K; s: split-K with s units per tile
@@ -314,7 +326,7 @@ struct GemmSchedule {
   uint32_t max_participants() const {
     if (sk_units == 0) return 1;
     if (sk_per_tile != 0) return sk_per_tile;
-    TileScheduler<1> ts{tiles / n_blocks, n_blocks, 1, kRasterAlongN, 8, 0};
+    TileScheduler<1> ts{tiles / n_groups(), n_groups(), 1, kRasterAlongN, 8, 0};
     ts.num_k_blocks = k_blocks;
     ts.dp_tiles = dp_tiles;
     ts.sk_units = sk_units;
@@ -325,14 +337,14 @@ struct GemmSchedule {
   // Workspace: one arrival counter per CTA of a stream-K tile (256-byte aligned), then one fp32
   // accumulator tile per CTA of a stream-K tile (tile_scheduler.cuh, notes 3 and 4).
   size_t counter_bytes() const {
-    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * cluster_m * sizeof(uint32_t);
+    const size_t b = static_cast<size_t>(sk_units ? sk_tiles() : 0) * pair_ctas() * sizeof(uint32_t);
     return (b + 255) / 256 * 256;
   }
   // Deterministic: one accumulator tile per work item instead (at most units + tiles of them).
   size_t workspace_bytes() const {
     if (sk_units == 0) return 0;
     const size_t slots = deterministic ? static_cast<size_t>(sk_units) + sk_tiles() : sk_tiles();
-    return counter_bytes() + slots * cluster_m * block_m * block_n * sizeof(float);
+    return counter_bytes() + slots * pair_ctas() * block_m * block_n * sizeof(float);
   }
   std::string describe() const {
     std::string s;
@@ -362,7 +374,10 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const GemmCostRegime& cm = (regime_m > 0 ? regime_m : m) <= 64 ? model.small_m : model.general;
   const uint32_t G = static_cast<uint32_t>(s->num_clusters);
   const int64_t active = std::min<int64_t>(G, std::max<int64_t>(s->dp_tiles, std::min<int64_t>(s->sk_units, G)));
-  const int cluster_ctas = s->cluster_m * s->cluster_k;
+  const int cluster_ctas = s->cluster_ctas();
+  // Pairs along m (the weight tile shared) or along n (the A tile shared): the same fitted costs,
+  // scaled below for the bytes of the pair along n.
+  const bool pair = s->pair_ctas() == 2;
   const double busy_fraction = std::min(1.0, static_cast<double>(active * cluster_ctas) / std::max(1, num_sms));
   // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated (floored below).
   const double wide = (s->block_n - 128) / 128.0;
@@ -374,21 +389,20 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     // Tall tile: the 128 x 256 tile's cost per flop, times the margin; two 64-row sub-tiles per
     // consumer, each with its masked columns.
     const double area = s->block_n / 128.0;  // (256 x block_n) / (128 x 256)
-    it = (s->cluster_m == 2 ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1) * area * model.tall_cost_factor;
+    it = (pair ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1) * area * model.tall_cost_factor;
     tile = cm.tile_us_n256 * area * model.tall_cost_factor + (s->block_n % 64 != 0 ? 2 * model.masked_tail_tile_us : 0.0);
   } else {
-    it = s->cluster_m == 2 ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2)
-                           : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+    it = pair ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2) : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
     if (s->block_m == 192) {
-      it *= rows192 * (s->cluster_m == 2 ? model.m192_c2_factor : 1.0);
+      it *= rows192 * (pair ? model.m192_c2_factor : 1.0);
       tile *= model.m192_tile_factor;
     }
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
   const double busy_with_roles =
       std::min(1.0, static_cast<double>(active * cluster_ctas + role_sms) / std::max(1, num_sms));
-  if (s->cluster_m == 2 && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
+  if (pair && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
     const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1) * rows192;
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
     const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
@@ -405,6 +419,13 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     tile = std::max(tile, cm.tile_us_n128);
     if (s->block_m == 64) it *= 0.5 * model.half_rows_cost_factor;
   }
+  if (s->cluster_n == 2) {
+    // A pair along n pulls half the A tile and the whole weight tile per CTA, where a pair along m
+    // (whose costs `it` holds) pulls the whole A tile and half the weight tile: scaled by the
+    // ratio of those bytes (the k block's cost follows the bytes into the SM), times a factor.
+    const double a = s->block_m, b = s->block_n;
+    it *= (a / 2 + b) / (a + b / 2) * model.pair_n_factor;
+  }
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
   const double add_partial = partial_bytes / cm.partial_bytes_per_us + cm.fixup_latency_us;
@@ -417,8 +438,8 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     }
     return 2 * partial_bytes / cm.partial_bytes_per_us + cm.sum_latency_us;
   };
-  const uint32_t groups = s->tiles / s->n_blocks;
-  TileScheduler<1> ts{groups, s->n_blocks, 1, kRasterAlongN, 8, 0};
+  const uint32_t groups = s->tiles / s->n_groups();
+  TileScheduler<1> ts{groups, s->n_groups(), 1, kRasterAlongN, 8, 0};
   ts.num_k_blocks = s->k_blocks;
   ts.dp_tiles = s->dp_tiles;
   ts.sk_units = s->sk_units;
@@ -462,7 +483,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * cluster_ctas) * cm.cta_bytes_per_us);
   s->busiest_us = busiest;
   s->dram_us = bytes / bw;
-  s->predicted_us = cm.launch_us + (s->cluster_m == 2 ? cm.cluster2_launch_us : 0.0) +
+  s->predicted_us = cm.launch_us + (pair ? cm.cluster2_launch_us : 0.0) +
                     (s->cluster_k > 1 ? cm.clusterk_launch_us : 0.0) + std::max(s->busiest_us, s->dram_us);
 }
 
@@ -509,7 +530,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     // runs, both predicted at the DRAM floor), unless it streams with fewer CTAs.
     const bool dram_tie = have && s.predicted_us < best.predicted_us * 1.01 && s.dram_us >= s.busiest_us &&
                           best.dram_us >= best.busiest_us && s.sk_units == 0 && best.sk_units > 0 &&
-                          s.num_clusters * s.cluster_m * s.cluster_k >= best.num_clusters * best.cluster_m * best.cluster_k;
+                          s.num_clusters * s.cluster_ctas() >= best.num_clusters * best.cluster_ctas();
     if (!have || s.predicted_us < best.predicted_us * 0.99 || dram_tie) {
       best = s;
       have = true;
@@ -530,10 +551,14 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     if (bm == 64 && (!r.swapped || r.block_m != 64)) continue;
     if (bm == 256 && r.block_m == 0 && (!r.allow_tall || r.widths_128_256 || r.m <= 128)) continue;
     const int64_t m_blocks = ceil_div(r.m, bm);
-    for (int cl : {2, 1}) {
+    // Cluster shapes: pairs along m (the weight tile shared), single CTAs, pairs along n (the A
+    // tile shared; last, so ties keep the others).
+    for (const auto& [cl, cn] : {std::pair{2, 1}, std::pair{1, 1}, std::pair{1, 2}}) {
       if (r.cluster_m != 0 && r.cluster_m != cl) continue;
-      const int blocks = cl == 2 ? r.blocks_cluster2 : r.blocks_cluster1;
-      if (blocks < cl) continue;
+      if (cn == 2 && (r.cluster_n == 1 || bm == 256 || bm == 64)) continue;
+      if (cn == 1 && r.cluster_n == 2) continue;
+      const int blocks = (cl == 2 || cn == 2) ? r.blocks_cluster2 : r.blocks_cluster1;
+      if (blocks < cl * cn) continue;
       if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
       for (int bn : kGemmSwapWidths) {
         if (!r.swapped && !gemm_block_width_built(bn)) continue;
@@ -556,11 +581,14 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         base.block_m = bm;
         base.block_n = bn;
         base.cluster_m = cl;
+        base.cluster_n = cn;
         base.m_blocks = static_cast<uint32_t>(m_blocks);
         base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
         base.k_blocks = static_cast<uint32_t>(k_blocks);
-        base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_blocks);
-        const int64_t G = blocks / cl;
+        // A pair along n with one n block is one real tile and padding.
+        if (cn == 2 && r.cluster_n == 0 && base.n_blocks < 2) continue;
+        base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_groups());
+        const int64_t G = blocks / (cl * cn);
         const int64_t T = base.tiles;
         // Clusters launched: never more than there is work for.
         auto with_clusters = [&](GemmSchedule s, int64_t wanted) {
@@ -570,7 +598,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         // Split-K inside a cluster: swapped operands, 128-row tiles, clusters of 1 along m, a
         // width of kGemmSwapClusterKWidths, whole tiles (no split-K or stream-K through the
         // workspace besides). Chosen freely only where every CTA gets two k blocks or more.
-        if (r.cluster_k != 1 && r.swapped && bm == 128 && cl == 1 && gemm_swap_cluster_k_width_built(bn) &&
+        if (r.cluster_k != 1 && r.swapped && bm == 128 && cl == 1 && cn == 1 && gemm_swap_cluster_k_width_built(bn) &&
             bn <= cm.clusterk_max_width &&
             r.num_splits <= 1 && r.stream_k != 1 && r.sk_units == 0 && r.dp_tiles < 0) {
           for (int ck : kGemmClusterKSizes) {

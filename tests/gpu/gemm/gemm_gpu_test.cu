@@ -130,6 +130,23 @@ std::vector<mk::GemmConfig> decompositions(int block_n, int block_m = 0, int swa
   return out;
 }
 
+// Pairs along n (GemmConfig::cluster_n = 2): whole tiles, 3 splits per tile and stream-K.
+std::vector<mk::GemmConfig> pair_decompositions(int block_n, int block_m, int swap_ab) {
+  std::vector<mk::GemmConfig> out;
+  for (int mode = 0; mode < 3; ++mode) {
+    mk::GemmConfig c;
+    c.swap_ab = swap_ab;
+    c.block_m = block_m;
+    c.block_n = block_n;
+    c.cluster_m = 1;
+    c.cluster_n = 2;
+    c.num_splits = mode == 0 ? 1 : mode == 1 ? 3 : 0;
+    c.stream_k = mode == 2 ? 1 : 0;
+    out.push_back(c);
+  }
+  return out;
+}
+
 // Fresh random inputs (from the test's seed and `seed_offset`), the fp32 reference and a plan;
 // false (with the failure recorded) when planning fails.
 bool prepare_case(Buffers& b, int m, int n, int k, const mk::GemmConfig& cfg, uint64_t seed_offset,
@@ -698,6 +715,50 @@ int main() {
     c.swap_ab = 1;
     run_case(m, 4104, 3000, c, "swapped, rule's width");
   }
+  // Pairs along n (the A tile multicast): every width with 128-row tiles, the 192-row widths and
+  // every swapped width, each whole, split 3 ways and stream-K; n ends 8 columns into an odd
+  // last n block (the pair's second CTA is padding: its weight loads are out of bounds and it
+  // stores nothing) or an even one, m ends inside the last m block (inside its second half, which
+  // the pair's second CTA loads, for the 128-row tiles).
+  for (int bn : mk::kGemmBlockWidths)
+    for (const auto& c : pair_decompositions(bn, 128, 0)) {
+      run_case(1100, 2 * bn + 8, 1096, c, "pair along n, odd n blocks");
+      run_case(1000, 3 * bn + 8, 520, c, "pair along n, even n blocks");
+    }
+  for (int bn : mk::kGemmM192Widths)
+    for (const auto& c : pair_decompositions(bn, 192, 0)) run_case(1100, 2 * bn + 8, 1096, c, "pair along n, 192 rows");
+  for (int bn : mk::kGemmSwapWidths)
+    for (const auto& c : pair_decompositions(bn, 128, 1)) run_case(2 * bn + 8, 1096, 1096, c, "pair along n, swapped");
+  {
+    // Deterministic split-K and stream-K with pairs along n: bitwise equal over launches.
+    mk::GemmConfig c;
+    c.swap_ab = 0;
+    c.block_m = 128;
+    c.block_n = 128;
+    c.cluster_n = 2;
+    c.deterministic = true;
+    c.stream_k = 1;
+    c.sk_units = 64;  // 9 x 5 = 45 pair tiles of 18 k blocks: units of 12 or 13, up to 3 parts
+    run_bitwise_case(1100, 1280, 1096, c, "deterministic, pairs along n, 64 units");
+    c.stream_k = 0;
+    c.sk_units = 0;
+    c.num_splits = 5;
+    run_bitwise_case(300, 1000, 4096, c, "deterministic, pairs along n, 5 splits");
+    // Refusals, naming the field and what the call has.
+    mk::GemmConfig bad;
+    bad.cluster_n = 3;
+    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 3"}, "cluster_n = 3 refused");
+    bad.cluster_n = 2;
+    expect_refused(bad, mk::kEpilogueAtomicAdd, {"cluster_n = 2", "atomic-add"}, "cluster_n = 2 with atomic add refused");
+    bad.cluster_m = 2;
+    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "cluster_m = 2"}, "cluster_n = 2 with cluster_m = 2 refused");
+    bad.cluster_m = 0;
+    bad.block_m = 256;
+    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "block_m = 256"}, "cluster_n = 2 with block_m = 256 refused");
+    bad.block_m = 0;
+    bad.cluster_k = 2;
+    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "cluster_k = 2"}, "cluster_n = 2 with cluster_k = 2 refused");
+  }
   // Split-K inside clusters (GemmConfig::cluster_k: the CTAs of a cluster share each tile's k
   // blocks and sum their partials through distributed shared memory): every width of
   // kGemmSwapClusterKWidths with clusters of 2, 4 and 8, on
@@ -959,6 +1020,10 @@ int main() {
     const auto family = gemm_test::random_family_capped(g_seed, 24, 0x1p38, 0x1p25);
     std::printf("random family: seed %llu, %zu shapes\n", static_cast<unsigned long long>(g_seed), family.size());
     for (const auto& sh : family) run_case(sh.m, sh.n, sh.k, def, "random");
+    // The same shapes held to pairs along n (the rest the rule's choice).
+    mk::GemmConfig pairs;
+    pairs.cluster_n = 2;
+    for (size_t i = 0; i < family.size(); i += 2) run_case(family[i].m, family[i].n, family[i].k, pairs, "random, pairs along n");
   }
   // Fewer blocks than SMs (SMs withheld) and a single block.
   for (int blocks : {116, 2}) {

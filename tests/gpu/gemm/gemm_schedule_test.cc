@@ -40,14 +40,15 @@ void fail(const std::string& what) {
 std::string shape_str(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s) {
   return std::string(s.swap_ab ? "T " : "") + std::to_string(r.m) + "x" + std::to_string(r.n) + "x" + std::to_string(r.k) + " [m" + std::to_string(s.block_m) +
          " n" + std::to_string(s.block_n) +
-         " c" + std::to_string(s.cluster_m) + (s.cluster_k > 1 ? " k" + std::to_string(s.cluster_k) : "") + " G" +
+         " c" + std::to_string(s.cluster_m) + (s.cluster_n == 2 ? "x2" : "") + (s.cluster_k > 1 ? " k" + std::to_string(s.cluster_k) : "") + " G" +
          std::to_string(s.num_clusters) + " " + s.describe() + "]";
 }
 
-template <int kClusterM>
+template <int kClusterM, int kClusterN>
 void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt19937_64& rng) {
   const std::string name = shape_str(r, s);
-  mk::TileScheduler<kClusterM> sched{s.m_blocks, s.n_blocks, std::max<uint32_t>(1, s.sk_per_tile), 0, 8, 0};
+  constexpr int kPair = kClusterM * kClusterN;
+  mk::TileScheduler<kClusterM, kClusterN> sched{s.m_blocks, s.n_blocks, std::max<uint32_t>(1, s.sk_per_tile), 0, 8, 0};
   sched.num_k_blocks = s.k_blocks;
   sched.dp_tiles = s.dp_tiles;
   sched.sk_units = s.sk_units;
@@ -57,9 +58,31 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   const int blocks = s.cluster_k == 2   ? r.blocks_cluster_k2
                      : s.cluster_k == 4 ? r.blocks_cluster_k4
                      : s.cluster_k == 8 ? r.blocks_cluster_k8
-                     : kClusterM == 1   ? r.blocks_cluster1
+                     : kPair == 1       ? r.blocks_cluster1
                                         : r.blocks_cluster2;
-  if (s.num_clusters < 1 || s.num_clusters * kClusterM * s.cluster_k > blocks) return fail(name + ": more clusters than blocks");
+  if (s.num_clusters < 1 || s.num_clusters * kPair * s.cluster_k > blocks) return fail(name + ": more clusters than blocks");
+  // The CTAs of every cluster tile cover each (m block, n block) exactly once; the others are a
+  // cluster's padding (past the last block along the pair's direction only), in both rasters.
+  for (uint32_t raster : {uint32_t{mk::kRasterAlongN}, uint32_t{mk::kRasterAlongM}}) {
+    mk::TileScheduler<kClusterM, kClusterN> order = sched;
+    order.raster = raster;
+    order.group = 1 + static_cast<uint32_t>(rng() % 9);
+    order.m_group_offset = static_cast<uint32_t>(rng() % order.num_m_groups());
+    std::vector<uint8_t> seen(static_cast<size_t>(s.m_blocks) * s.n_blocks, 0);
+    for (uint32_t t = 0; t < T; ++t) {
+      for (uint32_t rank = 0; rank < static_cast<uint32_t>(kPair); ++rank) {
+        const mk::TileCoord c = order.tile_coord(t, rank);
+        const bool pad_m = c.m_block >= s.m_blocks, pad_n = c.n_block >= s.n_blocks;
+        if ((pad_m && (kClusterM == 1 || c.m_block >= s.m_blocks + kClusterM - 1)) ||
+            (pad_n && (kClusterN == 1 || c.n_block >= s.n_blocks + kClusterN - 1)))
+          return fail(name + ": a cluster tile's CTA lies past the padding of its last group");
+        if (pad_m || pad_n) continue;
+        if (seen[static_cast<size_t>(c.m_block) * s.n_blocks + c.n_block]++ != 0)
+          return fail(name + ": m block " + std::to_string(c.m_block) + ", n block " + std::to_string(c.n_block) + " in two cluster tiles");
+      }
+    }
+    if (std::count(seen.begin(), seen.end(), 0) != 0) return fail(name + ": a tile no cluster computes");
+  }
   if (s.dp_tiles > T) return fail(name + ": dp_tiles > tiles");
   if (s.sk_units > 0 && s.sk_units > sched.sk_iters()) return fail(name + ": empty units");
   if (s.sk_units == 0 && s.dp_tiles != T) return fail(name + ": tiles left without units");
@@ -165,9 +188,9 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
   }
   const size_t ws = s.workspace_bytes();
   if (s.sk_units > 0) {
-    const size_t need = s.counter_bytes() + slots * kClusterM * s.block_m * s.block_n * sizeof(float);
+    const size_t need = s.counter_bytes() + slots * kPair * s.block_m * s.block_n * sizeof(float);
     if (ws < need) return fail(name + ": workspace too small");
-    if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kClusterM * sizeof(uint32_t))
+    if (s.counter_bytes() < static_cast<size_t>(s.sk_tiles()) * kPair * sizeof(uint32_t))
       return fail(name + ": counters too small");
   } else if (ws != 0) {
     return fail(name + ": workspace for a data-parallel schedule");
@@ -246,10 +269,23 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
     if ((want <= 1 && s.sk_units != 0) || (want > 1 && s.sk_per_tile != want)) fail(shape_str(r, s) + ": num_splits not honoured");
   }
   if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
-  if (s.cluster_m == 2) {
-    replay<2>(r, s, rng);
+  // Pairs along n: as built (128- or 192-row tiles, not with a pair along m or in-cluster split-K),
+  // never when switched off, always when asked for.
+  if (s.cluster_n == 2) {
+    if (s.cluster_m != 1 || s.cluster_k != 1 || (s.block_m != 128 && s.block_m != 192))
+      fail(shape_str(r, s) + ": a pair along n outside what is built");
+    if (r_in.cluster_n == 1) fail(shape_str(r, s) + ": a pair along n although cluster_n = 1");
+  } else if (s.cluster_n != 1) {
+    fail(shape_str(r, s) + ": a cluster_n not built");
+  } else if (r_in.cluster_n == 2 && r_in.cluster_k <= 1) {
+    fail(shape_str(r, s) + ": cluster_n = 2 asked for but not taken");
+  }
+  if (s.cluster_n == 2) {
+    replay<1, 2>(r, s, rng);
+  } else if (s.cluster_m == 2) {
+    replay<2, 1>(r, s, rng);
   } else {
-    replay<1>(r, s, rng);
+    replay<1, 1>(r, s, rng);
   }
   // Planning again with the resolved configuration (what a fused op does with a plan's config)
   // gives the same schedule, so the workspace sized by the first plan fits the second.
@@ -259,7 +295,8 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.k = r_in.k;
   again.swap_ab = s.swap_ab ? 1 : 0;
   if (s.swap_ab) again.block_m = s.block_m;
-  (s.cluster_m == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.cluster_m;
+  (s.pair_ctas() == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.pair_ctas();
+  again.cluster_n = s.cluster_n;
   again.cluster_k = s.cluster_k;
   if (s.cluster_k > 1) {
     (s.cluster_k == 2 ? again.blocks_cluster_k2 : s.cluster_k == 4 ? again.blocks_cluster_k4 : again.blocks_cluster_k8) =
@@ -277,7 +314,7 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.dp_tiles = (sk || (s.sk_per_tile != 0 && s.dp_tiles > 0)) ? static_cast<int>(s.dp_tiles) : -1;
   const mk::GemmSchedule s2 = mk::choose_gemm_schedule(again);
   if (s2.swap_ab != s.swap_ab || s2.block_n != s.block_n || s2.block_m != s.block_m || s2.deterministic != s.deterministic || s2.cluster_m != s.cluster_m || s2.num_clusters != s.num_clusters ||
-      s2.cluster_k != s.cluster_k ||
+      s2.cluster_k != s.cluster_k || s2.cluster_n != s.cluster_n ||
       s2.dp_tiles != s.dp_tiles || s2.sk_units != s.sk_units || s2.sk_per_tile != s.sk_per_tile ||
       s2.workspace_bytes() != s.workspace_bytes()) {
     fail(shape_str(r, s) + ": planning again with the resolved configuration gives " + shape_str(again, s2));
@@ -327,6 +364,12 @@ int model(uint64_t seed, int count) {
     r.k = sh.k;
     r.blocks_cluster1 = 132;
     r.blocks_cluster2 = 132;
+    // As the library asks for a plain GEMM on a full H200.
+    r.swap_ab = -1;
+    r.allow_m192 = true;
+    r.cluster_n = 0;
+    r.blocks_cluster_k2 = r.blocks_cluster_k4 = 132;
+    r.blocks_cluster_k8 = 128;
     const mk::GemmSchedule s = mk::choose_gemm_schedule(r, cm);
     const mk::GemmSchedule o = old_rule(sh.m, sh.n, sh.k);
     mk::GemmScheduleRequest det = r;  // GemmConfig::deterministic (off by default)
@@ -345,7 +388,7 @@ int model(uint64_t seed, int count) {
     eff_old.push_back(ideal / o.predicted_us);
     gain.push_back(o.predicted_us / s.predicted_us);
     const std::string kind = s.sk_units == 0 ? "dp" : (s.sk_per_tile ? "splitk" : (s.dp_tiles ? "dp+sk" : "sk"));
-    ++choices[(s.block_m == 256 ? "m256 n" : "n") + std::to_string(s.block_n) + " c" + std::to_string(s.cluster_m) + " " + kind];
+    ++choices[(s.swap_ab ? "T " : "") + std::string(s.block_m == 256 ? "m256 n" : s.block_m == 192 ? "m192 n" : "n") + std::to_string(s.block_n) + " c" + std::to_string(s.cluster_m) + (s.cluster_n == 2 ? "x2" : "") + " " + kind];
   }
   auto summary = [](const char* what, std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -496,6 +539,16 @@ int main(int argc, char** argv) {
         r.sk_units = 0;
         r.dp_tiles = -1;
       }
+    }
+    // Pairs along n: weighed (as the launcher asks for plain GEMMs), switched off or asked for
+    // (where the launcher accepts it: no pair along m, no in-cluster split-K, 128- or 192-row
+    // tiles).
+    const int pn = pick(rng);
+    if (pn < 40) {
+      r.cluster_n = 0;
+    } else if (pn < 55 && r.cluster_m != 2 && r.cluster_k <= 1 && r.block_m != 64 && r.block_m != 256 && r.blocks_cluster2 >= 2) {
+      r.cluster_n = 2;
+      if (r.swap_ab == 1 && r.block_n != 0 && !mk::gemm_swap_width_built(r.block_n)) r.block_n = 0;
     }
     if (i % 7 == 3) r.m = 1 + pick(rng) % 64;  // small m, where in-cluster split-K is a candidate
     check(r, rng);
