@@ -90,6 +90,7 @@ void write_transport(Writer& w, const TransportConfig& t) {
   w.line("kind", std::string(to_string(t.kind)));
   w.line("provider", quoted(t.provider));
   w.line("nic", quoted(t.nic));
+  w.line("signal_value", std::string(to_string(t.signal_value)));
   w.close();
 }
 
@@ -263,6 +264,7 @@ std::vector<std::string> restart_required_changes(const DaemonConfig& a, const D
   check(a.transport.kind != b.transport.kind, "transport.kind");
   check(a.transport.provider != b.transport.provider, "transport.provider");
   check(a.transport.nic != b.transport.nic, "transport.nic");
+  check(a.transport.signal_value != b.transport.signal_value, "transport.signal_value");
   for (const uint32_t gpu : override_gpus(a, b)) {
     const GpuOverride* oa = find_override(a, gpu);
     const GpuOverride* ob = find_override(b, gpu);

@@ -636,11 +636,20 @@ void read_transport(const Section& s, TransportConfig& out) {
               "\"auto\" or a device name like \"mlx5_0\" (letters, digits, \"_\", \"-\", \".\" "
               "and \":\"; at most 64)",
               is_nic, out.nic);
+  const bool signal_value_given =
+      read_enum(s, "signal_value", detail::signal_value_names(), out.signal_value);
   if (out.kind == TransportKind::kVerbs && out.provider != "auto") {
     if (provider_given && kind_ok) {
       s.ctx().invalid(*s.get("provider"), "\"auto\" when " + s.child("kind") + " is \"verbs\"");
     }
     out.provider = "auto";
+  }
+  // verbs writes the whole value into the peer's signal region: the choice is fabric's alone.
+  if (out.kind == TransportKind::kVerbs && out.signal_value != SignalValue::kAuto) {
+    if (signal_value_given && kind_ok) {
+      s.ctx().invalid(*s.get("signal_value"), "\"auto\" when " + s.child("kind") + " is \"verbs\"");
+    }
+    out.signal_value = SignalValue::kAuto;
   }
 }
 

@@ -18,7 +18,7 @@ constexpr std::array kGpusKeys{"select"sv, "ids"sv, "host_slots"sv, "fallback_ho
 constexpr std::array kProxyKeys{"cpu_affinity"sv, "poll"sv, "batch"sv};
 constexpr std::array kPollKeys{"mode"sv, "spin_us"sv, "sleep_us"sv};
 constexpr std::array kBatchKeys{"max_commands"sv};
-constexpr std::array kTransportKeys{"kind"sv, "provider"sv, "nic"sv};
+constexpr std::array kTransportKeys{"kind"sv, "provider"sv, "nic"sv, "signal_value"sv};
 constexpr std::array kOverrideKeys{"gpu"sv, "cpu_affinity"sv, "poll"sv, "batch"sv,
                                    "transport"sv};
 constexpr std::array kRingsKeys{"capacity"sv, "max_capacity"sv};
@@ -72,6 +72,8 @@ constexpr std::array<std::pair<std::string_view, PollMode>, 2> kPollMode{{
 constexpr std::array<std::pair<std::string_view, TransportKind>, 3> kTransportKind{{
     {"auto", TransportKind::kAuto}, {"verbs", TransportKind::kVerbs},
     {"fabric", TransportKind::kFabric}}};
+constexpr std::array<std::pair<std::string_view, SignalValue>, 3> kSignalValue{{
+    {"auto", SignalValue::kAuto}, {"cq_data", SignalValue::kCqData}, {"message", SignalValue::kMessage}}};
 constexpr std::array<std::pair<std::string_view, LogLevel>, 5> kLogLevel{{
     {"trace", LogLevel::kTrace}, {"debug", LogLevel::kDebug}, {"info", LogLevel::kInfo},
     {"warn", LogLevel::kWarn}, {"error", LogLevel::kError}}};
@@ -115,6 +117,7 @@ const SectionSchema* find_section(std::string_view pattern) {
 EnumNames<GpuSelect> gpu_select_names() { return kGpuSelect; }
 EnumNames<PollMode> poll_mode_names() { return kPollMode; }
 EnumNames<TransportKind> transport_kind_names() { return kTransportKind; }
+EnumNames<SignalValue> signal_value_names() { return kSignalValue; }
 EnumNames<LogLevel> log_level_names() { return kLogLevel; }
 EnumNames<LogFormat> log_format_names() { return kLogFormat; }
 
@@ -134,6 +137,7 @@ const std::vector<std::string>& known_keys() {
 std::string_view to_string(GpuSelect v) { return detail::name_of(detail::kGpuSelect, v); }
 std::string_view to_string(PollMode v) { return detail::name_of(detail::kPollMode, v); }
 std::string_view to_string(TransportKind v) { return detail::name_of(detail::kTransportKind, v); }
+std::string_view to_string(SignalValue v) { return detail::name_of(detail::kSignalValue, v); }
 std::string_view to_string(LogLevel v) { return detail::name_of(detail::kLogLevel, v); }
 std::string_view to_string(LogFormat v) { return detail::name_of(detail::kLogFormat, v); }
 

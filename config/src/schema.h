@@ -27,6 +27,7 @@ using EnumNames = std::span<const std::pair<std::string_view, E>>;
 EnumNames<GpuSelect> gpu_select_names();
 EnumNames<PollMode> poll_mode_names();
 EnumNames<TransportKind> transport_kind_names();
+EnumNames<SignalValue> signal_value_names();
 EnumNames<LogLevel> log_level_names();
 EnumNames<LogFormat> log_format_names();
 

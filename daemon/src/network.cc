@@ -115,6 +115,17 @@ StatusOr<std::unique_ptr<net::Transport>> open_transport(const TransportChoice& 
   fo.domain = choice.domain;
   fo.av_size = std::max<uint32_t>(16, options.world_size);
   fo.completion_timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, options.command_timeout.count()));
+  switch (choice.signal_value) {
+    case config::SignalValue::kCqData:
+      fo.signal_value = net::SignalValuePath::kCqData;
+      break;
+    case config::SignalValue::kMessage:
+      fo.signal_value = net::SignalValuePath::kMessage;
+      break;
+    case config::SignalValue::kAuto:
+      fo.signal_value = net::SignalValuePath::kAuto;
+      break;
+  }
   return net::open_fabric(fo);
 #else
   return Status(StatusCode::kFailedPrecondition,
@@ -146,6 +157,7 @@ TransportProbe probe_transport(const config::TransportConfig& cfg, const std::st
   }
   TransportChoice c;
   c.kind = config::TransportKind::kFabric;
+  c.signal_value = cfg.signal_value;
   std::vector<std::string> providers;
   if (cfg.provider != "auto") providers.push_back(cfg.provider);
   else providers = {"efa", "tcp;ofi_rxm"};

@@ -47,6 +47,7 @@ struct TransportChoice {
   config::TransportKind kind = config::TransportKind::kFabric;  // never kAuto
   std::string provider;  // fabric: "tcp;ofi_rxm", "shm", "efa"; verbs: ""
   std::string domain;    // fabric domain / verbs device; "" = the library's first
+  config::SignalValue signal_value = config::SignalValue::kAuto;  // fabric: how signal values travel
   std::string describe() const;  // "fabric tcp;ofi_rxm (domain lo)", "verbs mlx5_0"
 };
 

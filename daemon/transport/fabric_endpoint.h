@@ -143,7 +143,11 @@ inline bool dmabuf_native(const std::string& provider) {
 
 constexpr uint32_t kAddressMagic = 0x4d4b4641;  // "MKFA"
 constexpr uint32_t kRegionMagic = 0x4d4b4652;   // "MKFR"
-constexpr uint16_t kBlobVersion = 1;
+// Address blobs are version 2 since every endpoint keeps receives posted for signal messages
+// (SignalValuePath::kMessage): an older peer would leave them unexpected and its waiters would
+// time out, so the two refuse each other at add_peer instead. Region descriptors are unchanged.
+constexpr uint16_t kAddressVersion = 2;
+constexpr uint16_t kBlobVersion = 1;  // region descriptors
 constexpr uint16_t kRegionWritable = 1;
 constexpr size_t kMaxAddressBytes = 4096;
 constexpr int kEagainRetries = 4;
@@ -191,6 +195,14 @@ struct OpSlot {
   // kTimedOut: a write already reported as kDeadlineExceeded whose context the provider still
   // holds; the slot is reused only once the provider hands it back.
   enum class Kind : uint8_t { kFree, kWrite, kReceive, kTimedOut } kind;
+  // Where a write stands (design note 3 of fabric_transport.h). kOne: one operation (a write,
+  // or fi_writedata with the signal in CQ data). A signal by message (kMessage path): kData while
+  // the provider holds the data write, kSignalQueued once that completed and the message waits
+  // for room in the provider's queue (we hold the context: nothing to quarantine), kSignal while
+  // the provider holds the message. The Completion is reported once, at the end.
+  enum class Phase : uint8_t { kOne, kData, kSignalQueued, kSignal } phase;
+  uint32_t signal_idx;
+  uint64_t signal_value;
   uint64_t cookie;
   uint32_t peer;
   uint64_t generation;
@@ -229,6 +241,7 @@ class FabricTransport final : public Transport {
     // Registrations bound to the endpoint go first; then the members in reverse declaration
     // order: endpoint, address vector, completion queue, domain, fabric, info.
     regions_.clear();
+    messages_mr_.reset();
     scratch_mr_.reset();
   }
 
@@ -252,7 +265,22 @@ class FabricTransport final : public Transport {
   // Host memory at addr, or (dmabuf != nullptr) GPU memory given by a dmabuf descriptor.
   StatusOr<FidHandle<fid_mr>> register_range(void* addr, size_t length, uint64_t access,
                                               uint64_t* key, const RegisterRequest* dmabuf = nullptr);
-  Status post_receive(OpSlot* slot);
+  // Posts (or posts again) a receive into the slot's message buffer. kDeviceError with the
+  // provider's reason; the slot is then free again.
+  Status post_receive(OpSlot* slot, bool progress_on_eagain);
+  uint8_t* message_buffer(const OpSlot* slot) {
+    return messages_.data() + static_cast<size_t>(slot - slots_.get()) * kSignalMessageBytes;
+  }
+  // Sends a write's signal message (kMessage path); the provider's return value.
+  ssize_t send_signal_message(OpSlot* slot);
+  // Posts the signal messages waiting for room (signal_queue_) until the provider says it is
+  // full; never calls progress().
+  void post_queued_signals();
+  // Reports a write's Completion and gives its slot back.
+  void finish_write(OpSlot* slot, Status status);
+  // A receive completed with a signal message: an Arrival, never below the last one reported
+  // for the same (peer, flag).
+  void receive_signal_message(OpSlot* slot, size_t length, fi_addr_t source);
   OpSlot* take_slot(OpSlot::Kind kind);
   void free_slot(OpSlot* slot);
   // A write's slot comes back from the provider: its source registration is free again.
@@ -274,6 +302,7 @@ class FabricTransport final : public Transport {
   InfoPtr info_;
   Capabilities caps_;
   SignalEncoding encoding_;
+  SignalValuePath signal_path_ = SignalValuePath::kCqData;  // never kAuto once open
   uint64_t mr_mode_ = 0;
   bool have_source_ = false;
   bool hmem_ = false;  // the endpoint was opened with FI_HMEM
@@ -302,6 +331,16 @@ class FabricTransport final : public Transport {
   // (peer << 32 | signal_idx) -> last value: sent (checks the encoding's limit) and received.
   std::unordered_map<uint64_t, uint64_t> last_sent_;
   std::unordered_map<uint64_t, uint64_t> last_received_;
+  // (peer << 32 | signal_idx) -> last value reported from a signal message.
+  std::unordered_map<uint64_t, uint64_t> last_message_value_;
+  // Writes whose data completed and whose signal message the provider had no room for yet.
+  struct QueuedSignal {
+    OpSlot* slot;
+    uint64_t generation;
+  };
+  std::deque<QueuedSignal> signal_queue_;
+  // Receives of something that is not a signal message (wrong length or magic); dropped.
+  uint64_t foreign_messages_ = 0;
   // Errors with no write to report them on (a receive that could not be re-posted, an error
   // entry for a receive or with no context). Those that lose peers' signals break the endpoint.
   uint64_t receive_errors_ = 0;
@@ -311,6 +350,9 @@ class FabricTransport final : public Transport {
   uint64_t stray_entries_ = 0;
   Status broken_;
   std::vector<uint8_t> scratch_;
+  // One kSignalMessageBytes buffer per operation slot (slot i uses bytes [16 i, 16 i + 16)): a
+  // receive's landing place, or a write's outgoing signal message. Registered (messages_mr_).
+  std::vector<uint8_t> messages_;
 
   FidHandle<fid_fabric> fabric_;
   FidHandle<fid_domain> domain_;
@@ -319,6 +361,8 @@ class FabricTransport final : public Transport {
   FidHandle<fid_ep> ep_;
   FidHandle<fid_mr> scratch_mr_;
   uint64_t scratch_key_ = 0;
+  FidHandle<fid_mr> messages_mr_;
+  uint64_t messages_key_ = 0;
   std::unordered_map<uint64_t, LocalRegion> regions_;
   Blob name_;
 };

@@ -174,6 +174,12 @@ Status FabricTransport::open(const FabricOptions& options) {
     return Status(StatusCode::kInvalidArgument,
                   "completion_timeout_ms: 0; expected at least 1 (every wait is bounded)");
   }
+  if (options.signal_value != SignalValuePath::kAuto && options.signal_value != SignalValuePath::kCqData &&
+      options.signal_value != SignalValuePath::kMessage) {
+    return Status(StatusCode::kInvalidArgument,
+                  "signal_value: " + std::to_string(static_cast<unsigned>(options.signal_value)) +
+                      "; expected auto, cq_data or message");
+  }
   completion_timeout_ = std::chrono::milliseconds(options.completion_timeout_ms);
   MK_RETURN_IF_ERROR(find_info(options));
   mr_mode_ = info_->domain_attr->mr_mode;
@@ -183,6 +189,28 @@ Status FabricTransport::open(const FabricOptions& options) {
   }
   rx_cq_data_ = (info_->mode & FI_RX_CQ_DATA) != 0;
   encoding_ = signal_encoding_for(info_->domain_attr->cq_data_size);
+  // The message path sends the signal once the data's completion is in; only a delivery-complete
+  // completion says the data is in the target's memory (a transmit completion may come while it
+  // is still on its way, and the message could then overtake it on an unordered provider).
+  switch (options.signal_value) {
+    case SignalValuePath::kCqData:
+      signal_path_ = SignalValuePath::kCqData;
+      break;
+    case SignalValuePath::kMessage:
+      if (!delivery_complete_) {
+        return Status(StatusCode::kFailedPrecondition,
+                      "signal_value: message needs delivery-complete writes (so a signal cannot "
+                      "overtake its data), and provider " +
+                          std::string(info_->fabric_attr->prov_name != nullptr ? info_->fabric_attr->prov_name : "?") +
+                          " completes writes at transmit; expected cq_data or auto here");
+      }
+      signal_path_ = SignalValuePath::kMessage;
+      break;
+    default:  // kAuto
+      signal_path_ = encoding_.value_bits < 40 && delivery_complete_ ? SignalValuePath::kMessage
+                                                                     : SignalValuePath::kCqData;
+      break;
+  }
 
   int ret = fi_fabric(info_->fabric_attr, fabric_.out(), nullptr);
   if (ret != 0) return fi_status(StatusCode::kDeviceError, "fi_fabric", ret);
@@ -193,12 +221,12 @@ Status FabricTransport::open(const FabricOptions& options) {
   if (info_->tx_attr->size > 0 && info_->tx_attr->size < max_inflight) {
     max_inflight = static_cast<uint32_t>(info_->tx_attr->size);
   }
-  uint32_t receives = 0;
-  if (rx_cq_data_) {
-    receives = std::max<uint32_t>(1, options.posted_receives);
-    if (info_->rx_attr->size > 0 && info_->rx_attr->size < receives) {
-      receives = static_cast<uint32_t>(info_->rx_attr->size);
-    }
+  // Receives stay posted on every endpoint: peers' signal messages land in them (any peer may
+  // send them, whatever path this endpoint sends its own signals by), and with FI_RX_CQ_DATA
+  // remote CQ data consumes them too.
+  uint32_t receives = std::max<uint32_t>(1, options.posted_receives);
+  if (info_->rx_attr->size > 0 && info_->rx_attr->size < receives) {
+    receives = static_cast<uint32_t>(info_->rx_attr->size);
   }
 
   fi_cq_attr cq_attr{};
@@ -231,16 +259,21 @@ Status FabricTransport::open(const FabricOptions& options) {
     slots_[i - 1].generation = 0;
     free_slots_.push_back(&slots_[i - 1]);
   }
-  for (uint32_t i = 0; i < receives; ++i) {
-    MK_RETURN_IF_ERROR(post_receive(take_slot(OpSlot::Kind::kReceive)));
-  }
 
-  // Scratch region: the target of signal-only writes.
+  // Scratch region: the target of signal-only writes (kCqData path).
   scratch_.assign(kScratchBytes, 0);
   auto scratch = register_range(scratch_.data(), scratch_.size(), FI_WRITE | FI_REMOTE_WRITE,
                                 &scratch_key_);
   if (!scratch.ok()) return scratch.status().with_context("scratch region");
   scratch_mr_ = std::move(scratch).value();
+  // Signal message buffers, one per slot: receives land in them, signal messages leave from them.
+  messages_.assign(num_slots_ * kSignalMessageBytes, 0);
+  auto messages = register_range(messages_.data(), messages_.size(), FI_SEND | FI_RECV, &messages_key_);
+  if (!messages.ok()) return messages.status().with_context("signal message buffers");
+  messages_mr_ = std::move(messages).value();
+  for (uint32_t i = 0; i < receives; ++i) {
+    MK_RETURN_IF_ERROR(post_receive(take_slot(OpSlot::Kind::kReceive), /*progress_on_eagain=*/true));
+  }
 
   std::array<uint8_t, kMaxAddressBytes> name{};
   size_t name_len = name.size();
@@ -255,10 +288,16 @@ Status FabricTransport::open(const FabricOptions& options) {
                   (info_->domain_attr->name != nullptr ? info_->domain_attr->name : "?") +
                   ", mr_mode " + mr_mode_string(mr_mode_) + ", FI_HMEM " +
                   (hmem ? "offered" : "absent") + ", FI_SOURCE " + (have_source_ ? "yes" : "no") +
-                  ", completion " + (delivery_complete_ ? "delivery" : "transmit");
+                  ", completion " + (delivery_complete_ ? "delivery" : "transmit") +
+                  ", signal values " +
+                  (signal_path_ == SignalValuePath::kMessage
+                       ? std::string("by message after the data (64 bits)")
+                       : "in CQ data (" + std::to_string(encoding_.value_bits) + " bits)");
   caps_.remote_write = true;
   caps_.addressing = Addressing::kEndpoints;
-  caps_.signals = encoding_.cq_data_bytes > 0 ? SignalDelivery::kArrivals : SignalDelivery::kNone;
+  caps_.signals = encoding_.cq_data_bytes > 0 || signal_path_ == SignalValuePath::kMessage
+                     ? SignalDelivery::kArrivals
+                     : SignalDelivery::kNone;
   caps_.ordered_writes = false;
   caps_.self_peer = true;  // an RDM endpoint can address itself
   // GPU memory through dmabuf: fi_mr_regattr with FI_MR_DMABUF (libfabric 1.20 and newer), on a
@@ -342,7 +381,7 @@ StatusOr<FidHandle<fid_mr>> FabricTransport::register_range(void* addr, size_t l
 StatusOr<Blob> FabricTransport::local_address() {
   Blob out;
   put_u32(&out, kAddressMagic);
-  put_u16(&out, kBlobVersion);
+  put_u16(&out, kAddressVersion);
   put_u16(&out, static_cast<uint16_t>(encoding_.cq_data_bytes));
   put_u32(&out, static_cast<uint32_t>(name_.size()));
   out.insert(out.end(), name_.begin(), name_.end());
@@ -360,8 +399,16 @@ StatusOr<uint32_t> FabricTransport::add_peer(std::span<const uint8_t> address) {
   uint32_t name_len = 0;
   std::span<const uint8_t> name;
   Peer peer;
+  if (in.u32(&magic) && magic == kAddressMagic && in.u16(&version) && version != kAddressVersion) {
+    return Status(StatusCode::kProtocolError,
+                  "peer address: version " + std::to_string(version) + "; expected " +
+                      std::to_string(kAddressVersion) +
+                      " (a peer mkerneld of another release: every endpoint of this one takes "
+                      "signal messages, see transports.md)");
+  }
+  in = Reader(address);
   if (!in.u32(&magic) || magic != kAddressMagic || !in.u16(&version) ||
-      version != kBlobVersion || !in.u16(&cq_bytes) || !in.u32(&name_len) ||
+      version != kAddressVersion || !in.u16(&cq_bytes) || !in.u32(&name_len) ||
       name_len > kMaxAddressBytes || !in.bytes(name_len, &name) ||
       !in.u64(&peer.scratch_key) || !in.u64(&peer.scratch_base) || !in.done()) {
     return Status(StatusCode::kProtocolError,
@@ -488,6 +535,36 @@ StatusOr<std::unique_ptr<Transport>> open_fabric(const FabricOptions& options) {
   Status status = transport->open(options);
   if (!status.ok()) return status.with_context("open_fabric");
   return std::unique_ptr<Transport>(std::move(transport));
+}
+
+std::string_view to_string(SignalValuePath path) {
+  switch (path) {
+    case SignalValuePath::kAuto:
+      return "auto";
+    case SignalValuePath::kCqData:
+      return "cq_data";
+    case SignalValuePath::kMessage:
+      return "message";
+  }
+  return "?";
+}
+
+void pack_signal_message(uint32_t signal_idx, uint64_t value, uint8_t* out) {
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(kSignalMessageMagic >> (8 * i));
+  for (int i = 0; i < 4; ++i) out[4 + i] = static_cast<uint8_t>(signal_idx >> (8 * i));
+  for (int i = 0; i < 8; ++i) out[8 + i] = static_cast<uint8_t>(value >> (8 * i));
+}
+
+bool unpack_signal_message(const uint8_t* bytes, size_t length, uint32_t* signal_idx,
+                           uint64_t* value) {
+  if (length != kSignalMessageBytes) return false;
+  fabric::Reader in(std::span<const uint8_t>(bytes, length));
+  uint32_t magic = 0, idx = 0;
+  uint64_t v = 0;
+  if (!in.u32(&magic) || magic != kSignalMessageMagic || !in.u32(&idx) || !in.u64(&v)) return false;
+  *signal_idx = idx;
+  *value = v;
+  return true;
 }
 
 SignalEncoding signal_encoding_for(size_t cq_data_size) {

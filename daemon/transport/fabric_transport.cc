@@ -1,5 +1,6 @@
 // fabric_transport.cc: the data path of the libfabric transport: posting writes (fi_write,
-// fi_writedata with the signal in remote CQ data), reading the completion queue into
+// fi_writedata with the signal in remote CQ data, or fi_write then a signal message by fi_send
+// once the data's completion is in), reading the completion queue into
 // Completions and Arrivals, errors and the completion timeout. Opening and registrations are in
 // fabric_open.cc; the class is in fabric_endpoint.h; the contract in net_transport.h.
 #include "fabric_endpoint.h"
@@ -12,6 +13,9 @@ OpSlot* FabricTransport::take_slot(OpSlot::Kind kind) {
   free_slots_.pop_back();
   std::memset(&slot->context, 0, sizeof(slot->context));
   slot->kind = kind;
+  slot->phase = OpSlot::Phase::kOne;
+  slot->signal_idx = 0;
+  slot->signal_value = 0;
   slot->cookie = 0;
   slot->peer = 0;
   slot->local_region = 0;
@@ -36,12 +40,14 @@ void FabricTransport::break_endpoint(const std::string& why) {
   broken_ = Status(StatusCode::kDeviceError, "the endpoint can no longer receive peers' signals: " + why);
 }
 
-Status FabricTransport::post_receive(OpSlot* slot) {
+Status FabricTransport::post_receive(OpSlot* slot, bool progress_on_eagain) {
   if (slot == nullptr) return Status(StatusCode::kInternal, "no operation slot for a receive");
   int ret = 0;
   for (int attempt = 0; attempt <= kEagainRetries; ++attempt) {
-    ret = static_cast<int>(fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &slot->context));
-    if (ret != -FI_EAGAIN) break;
+    std::memset(&slot->context, 0, sizeof(slot->context));
+    ret = static_cast<int>(fi_recv(ep_.get(), message_buffer(slot), kSignalMessageBytes,
+                                   fi_mr_desc(messages_mr_.get()), FI_ADDR_UNSPEC, &slot->context));
+    if (ret != -FI_EAGAIN || !progress_on_eagain) break;
     progress();
   }
   if (ret != 0) {
@@ -126,7 +132,9 @@ Status FabricTransport::post_write(const WriteOp& op) {
 
   uint64_t data = 0;
   const uint64_t signal_key = (static_cast<uint64_t>(op.peer) << 32) | op.signal_idx;
-  if (op.has_signal) {
+  // The message path carries the whole value: nothing to check (design note 3).
+  const bool by_message = op.has_signal && signal_path_ == SignalValuePath::kMessage;
+  if (op.has_signal && !by_message) {
     if (encoding_.cq_data_bytes == 0) {
       return Status(StatusCode::kFailedPrecondition,
                     "write " + std::to_string(op.cookie) +
@@ -173,10 +181,22 @@ Status FabricTransport::post_write(const WriteOp& op) {
   }
   slot->cookie = op.cookie;
   slot->peer = op.peer;
+  if (by_message) {
+    // The data first (no CQ data), the message once its completion is in; a signal-only op is the
+    // message alone.
+    slot->phase = op.length > 0 ? OpSlot::Phase::kData : OpSlot::Phase::kSignal;
+    slot->signal_idx = op.signal_idx;
+    slot->signal_value = op.signal_value;
+  }
 
   ssize_t ret = 0;
   for (int attempt = 0; attempt <= kEagainRetries; ++attempt) {
-    if (op.has_signal) {
+    if (by_message && op.length == 0) {
+      ret = send_signal_message(slot);
+    } else if (by_message) {
+      ret = fi_write(ep_.get(), local_buf, length, local_desc, peer.addr, remote_addr,
+                     remote_key, &slot->context);
+    } else if (op.has_signal) {
       ret = fi_writedata(ep_.get(), local_buf, length, local_desc, data, peer.addr,
                          remote_addr, remote_key, &slot->context);
     } else {
@@ -193,8 +213,9 @@ Status FabricTransport::post_write(const WriteOp& op) {
                     "write " + std::to_string(op.cookie) +
                         ": provider queue full (-FI_EAGAIN); poll and retry");
     }
-    return fi_status(StatusCode::kDeviceError,
-                     op.has_signal ? "fi_writedata" : "fi_write", static_cast<int>(ret))
+    const char* call = by_message ? (op.length == 0 ? "fi_send (signal message)" : "fi_write")
+                                  : op.has_signal ? "fi_writedata" : "fi_write";
+    return fi_status(StatusCode::kDeviceError, call, static_cast<int>(ret))
         .with_context("write " + std::to_string(op.cookie));
   }
   ++inflight_;
@@ -204,8 +225,65 @@ Status FabricTransport::post_write(const WriteOp& op) {
   }
   deadlines_.push_back(
       Deadline{std::chrono::steady_clock::now() + completion_timeout_, slot, slot->generation});
-  if (op.has_signal) last_sent_[signal_key] = op.signal_value;
+  if (op.has_signal && !by_message) last_sent_[signal_key] = op.signal_value;
   return Status::Ok();
+}
+
+ssize_t FabricTransport::send_signal_message(OpSlot* slot) {
+  std::memset(&slot->context, 0, sizeof(slot->context));
+  uint8_t* buf = message_buffer(slot);
+  pack_signal_message(slot->signal_idx, slot->signal_value, buf);
+  return fi_send(ep_.get(), buf, kSignalMessageBytes, fi_mr_desc(messages_mr_.get()),
+                 peers_[slot->peer].addr, &slot->context);
+}
+
+void FabricTransport::post_queued_signals() {
+  while (!signal_queue_.empty()) {
+    const QueuedSignal q = signal_queue_.front();
+    OpSlot* slot = q.slot;
+    if (slot->generation != q.generation || slot->kind != OpSlot::Kind::kWrite ||
+        slot->phase != OpSlot::Phase::kSignalQueued) {
+      signal_queue_.pop_front();  // reported timed out meanwhile
+      continue;
+    }
+    const ssize_t ret = send_signal_message(slot);
+    if (ret == -FI_EAGAIN) return;  // still no room: the next progress() tries again
+    signal_queue_.pop_front();
+    if (ret == 0) {
+      slot->phase = OpSlot::Phase::kSignal;
+      continue;
+    }
+    finish_write(slot, fi_status(StatusCode::kDeviceError, "fi_send", static_cast<int>(ret))
+                           .with_context("write " + std::to_string(slot->cookie) + " to peer " +
+                                         std::to_string(slot->peer) +
+                                         ": the data arrived but its signal message could not be sent"));
+  }
+}
+
+void FabricTransport::finish_write(OpSlot* slot, Status status) {
+  pending_completions_.push_back(Completion{slot->cookie, std::move(status)});
+  --inflight_;
+  release_source(slot);
+  free_slot(slot);
+}
+
+void FabricTransport::receive_signal_message(OpSlot* slot, size_t length, fi_addr_t source) {
+  uint32_t idx = 0;
+  uint64_t value = 0;
+  if (!unpack_signal_message(message_buffer(slot), length, &idx, &value)) {
+    ++foreign_messages_;
+    return;
+  }
+  Arrival arrival;
+  arrival.peer = peer_of(source);
+  arrival.signal_idx = idx;
+  // Two signals of one flag in flight may land in either order: never report a value below one
+  // reported before (flags are monotonic; waiters wait for >=).
+  const uint64_t key = (static_cast<uint64_t>(arrival.peer) << 32) | idx;
+  auto [it, first] = last_message_value_.try_emplace(key, value);
+  if (!first) it->second = std::max(it->second, value);
+  arrival.signal_value = it->second;
+  pending_arrivals_.push_back(arrival);
 }
 
 uint32_t FabricTransport::peer_of(fi_addr_t source) const {
@@ -248,17 +326,18 @@ void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t sour
         unwrap_signal_value(has_last, has_last ? last->second : 0, low, encoding_.value_bits);
     last_received_[key] = arrival.signal_value;
     pending_arrivals_.push_back(arrival);
+  } else if (slot != nullptr && slot->kind == OpSlot::Kind::kReceive) {
+    // A peer's signal message (SignalValuePath::kMessage): the whole value is in the buffer.
+    receive_signal_message(slot, entry.len, source);
   }
   if (slot == nullptr) return;
   if (slot->kind == OpSlot::Kind::kReceive) {
-    // A receive consumed by remote CQ data (FI_RX_CQ_DATA) or by a stray message: post it again.
-    std::memset(&slot->context, 0, sizeof(slot->context));
-    int ret = static_cast<int>(
-        fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &slot->context));
-    if (ret != 0) {
+    // A receive consumed by a signal message, by remote CQ data (FI_RX_CQ_DATA) or by a stray
+    // message: post it again.
+    const Status posted = post_receive(slot, /*progress_on_eagain=*/false);
+    if (!posted.ok()) {
       ++receive_errors_;
-      receive_error_ = "fi_recv: " + fi_error_text(ret);
-      free_slot(slot);
+      receive_error_ = posted.message();
       break_endpoint("a receive could not be posted again (" + receive_error_ + ")");
     }
     return;
@@ -270,10 +349,15 @@ void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t sour
     return;
   }
   if (slot->kind == OpSlot::Kind::kWrite) {
-    pending_completions_.push_back(Completion{slot->cookie, Status::Ok()});
-    --inflight_;
-    release_source(slot);
-    free_slot(slot);
+    if (slot->phase == OpSlot::Phase::kData) {
+      // The data is in the peer's memory (delivery complete): now its signal. Posted at the end
+      // of this progress() pass (post_queued_signals), in completion order.
+      release_source(slot);
+      slot->phase = OpSlot::Phase::kSignalQueued;
+      signal_queue_.push_back(QueuedSignal{slot, slot->generation});
+      return;
+    }
+    finish_write(slot, Status::Ok());
   }
 }
 
@@ -308,19 +392,16 @@ void FabricTransport::handle_error() {
     // A receive that failed may have carried a peer's signal: it is gone, and a flag that
     // never rises would leave a kernel waiting until its own bound.
     break_endpoint("a receive failed: " + message);
-    std::memset(&slot->context, 0, sizeof(slot->context));
-    if (fi_recv(ep_.get(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, &slot->context) != 0) {
-      free_slot(slot);
-    }
+    (void)post_receive(slot, /*progress_on_eagain=*/false);  // frees the slot when it fails
     return;
   }
-  pending_completions_.push_back(Completion{
-      slot->cookie, Status(completion_code(err.err),
-                           "write " + std::to_string(slot->cookie) + " to peer " +
-                               std::to_string(slot->peer) + " failed: " + message)});
-  --inflight_;
-  release_source(slot);
-  free_slot(slot);
+  finish_write(slot, Status(completion_code(err.err),
+                            "write " + std::to_string(slot->cookie) + " to peer " +
+                                std::to_string(slot->peer) +
+                                (slot->phase == OpSlot::Phase::kSignal
+                                     ? " failed at its signal message (after any data had arrived): "
+                                     : " failed: ") +
+                                message));
 }
 
 void FabricTransport::progress() {
@@ -346,6 +427,7 @@ void FabricTransport::progress() {
     }
     handled += static_cast<size_t>(got);
   }
+  post_queued_signals();
 }
 
 void FabricTransport::expire() {
@@ -357,6 +439,18 @@ void FabricTransport::expire() {
       continue;
     }
     if (d.at > now) break;
+    if (d.slot->phase == OpSlot::Phase::kSignalQueued) {
+      // The data arrived but the provider never had room for its signal message: we hold the
+      // context, so the slot is free at once (its queue entry is skipped).
+      OpSlot* slot = d.slot;
+      deadlines_.pop_front();
+      finish_write(slot, Status(StatusCode::kDeadlineExceeded,
+                                "write " + std::to_string(slot->cookie) + " to peer " +
+                                    std::to_string(slot->peer) +
+                                    ": the data arrived but the provider took no signal message within " +
+                                    std::to_string(completion_timeout_.count()) + " ms"));
+      continue;
+    }
     // The provider lost this write (shm 1.17 does, for a write the target refuses): report it
     // once, keep the context quarantined until the provider returns it.
     pending_completions_.push_back(Completion{
@@ -364,7 +458,8 @@ void FabricTransport::expire() {
         Status(StatusCode::kDeadlineExceeded,
                "write " + std::to_string(d.slot->cookie) + " to peer " +
                    std::to_string(d.slot->peer) + ": no completion from the provider within " +
-                   std::to_string(completion_timeout_.count()) + " ms")});
+                   std::to_string(completion_timeout_.count()) + " ms" +
+                   (d.slot->phase == OpSlot::Phase::kSignal ? " (for its signal message)" : ""))});
     d.slot->kind = OpSlot::Kind::kTimedOut;
     --inflight_;
     deadlines_.pop_front();

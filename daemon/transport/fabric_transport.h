@@ -9,12 +9,23 @@
 //     virtual address (FI_MR_VIRT_ADDR) or 0 (offset addressing), a key the provider chose
 //     (FI_MR_PROV_KEY) or one we chose, and registrations are bound to the endpoint and enabled
 //     when FI_MR_ENDPOINT is set. Every local buffer is registered, so FI_MR_LOCAL costs nothing.
-//  3. Signals: a write with a signal is fi_writedata; the 64-bit signal is packed into the
-//     provider's remote CQ data (see SignalEncoding) and the receiving transport reports an
-//     Arrival when the completion with that data comes out of its completion queue. A signal
-//     with no data (length 0; WriteOp's regions are then ignored) is a 1-byte write with data
-//     from our scratch region to the peer's, whose key and address travel in the endpoint
-//     blob. Providers whose mode has FI_RX_CQ_DATA get receives kept posted.
+//  3. Signals travel one of two ways (SignalValuePath, chosen at open; FabricOptions::signal_value):
+//     - kCqData: a write with a signal is fi_writedata; the signal is packed into the provider's
+//       remote CQ data (see SignalEncoding) and the receiving transport reports an Arrival when
+//       the completion with that data comes out of its completion queue. One operation, but the
+//       value keeps only its low 40 bits (8-byte CQ data) or 12 bits (4-byte, EFA) and the
+//       receiver rebuilds the rest, which limits the values a flag may take. A signal with no
+//       data (length 0; WriteOp's regions are then ignored) is a 1-byte write with data from our
+//       scratch region to the peer's, whose key and address travel in the endpoint blob.
+//     - kMessage: the whole 64-bit value travels in a 16-byte message (SignalMessage) that is
+//       sent only once the data write's delivery-complete completion came back, so on an
+//       unordered provider (EFA SRD) the signal cannot overtake the data; the receiver reports
+//       the Arrival when the message's receive completes. Any value, any step, any first value.
+//       Two operations and one round trip more per signalled write.
+//     Every endpoint keeps 16-byte receives posted and accepts both kinds from any peer, so the
+//     path is the sender's choice alone. Arrivals of one (peer, flag) never go backwards: two
+//     signals of one flag in flight may land in either order, and the later one to land reports
+//     the larger of its value and the last reported.
 //  5. Writes are delivery-complete where the provider offers it (tcp;ofi_rxm, shm, efa): a
 //     successful Completion means the data reached the target's memory, and a write the target
 //     refuses (withdrawn registration) comes back as an error. Capabilities::version says which.
@@ -25,11 +36,22 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "mkernel/common/status.h"
 #include "net_transport.h"
 
 namespace mkernel::daemon::net {
+
+// How a signal's 64-bit value reaches the peer (design note 3).
+enum class SignalValuePath : uint8_t {
+  kAuto = 0,     // kCqData with 8-byte CQ data; kMessage with less (EFA's 4 bytes), where the
+                 // provider completes writes at delivery, else kCqData with its limits
+  kCqData = 1,   // packed into the write's remote CQ data (one operation, 40 or 12 value bits)
+  kMessage = 2,  // the whole value in a message after the data's delivery-complete completion
+};
+// "auto", "cq_data", "message" (the names the daemon's config uses); "?" for anything else.
+std::string_view to_string(SignalValuePath path);
 
 struct FabricOptions {
   // libfabric provider: "tcp;ofi_rxm", "shm", "efa", or "" for the first the library offers.
@@ -47,6 +69,10 @@ struct FabricOptions {
   // (some providers lose writes the target refuses); its context stays quarantined until the
   // provider returns it, so a late answer is dropped, never reported twice.
   uint32_t completion_timeout_ms = 30000;
+  // How signal values travel (design note 3). kMessage needs delivery-complete writes; open
+  // refuses it (kFailedPrecondition, naming the field) where the provider does not offer them.
+  // kMessage forced on a provider with 8-byte CQ data is how that path is tested without EFA.
+  SignalValuePath signal_value = SignalValuePath::kAuto;
 };
 
 // Opens a transport. Fails with kNotFound (and libfabric's reason) when no provider matches, or
@@ -63,7 +89,8 @@ StatusOr<std::unique_ptr<Transport>> open_fabric(const FabricOptions& options);
 // its low bits). Limit: for each (peer, flag) the values the receiver observes must increase and
 // each step must be smaller than 2^value_bits (4096 with 4-byte data). The sender checks both
 // against the values it has posted; a provider that delivers out of order (EFA SRD) must
-// therefore not have two signals of one flag in flight when their order matters.
+// therefore not have two signals of one flag in flight when their order matters. None of this
+// applies to SignalValuePath::kMessage, which carries the whole value.
 struct SignalEncoding {
   uint32_t cq_data_bytes = 0;  // 0: no signals
   unsigned index_bits = 0;
@@ -83,6 +110,17 @@ void decode_signal(const SignalEncoding& encoding, uint64_t data, uint32_t* sign
 // `has_last` is false, `low_value` itself. value_bits == 64 returns low_value.
 uint64_t unwrap_signal_value(bool has_last, uint64_t last, uint64_t low_value,
                              unsigned value_bits);
+
+// ---- the signal message (SignalValuePath::kMessage; pure, tested directly) ------------------------
+//
+// 16 bytes, little-endian: magic "MKSV" (u32), flag index (u32), value (u64). The receiver
+// takes a receive of any other length or magic as foreign and drops it (counted).
+inline constexpr size_t kSignalMessageBytes = 16;
+inline constexpr uint32_t kSignalMessageMagic = 0x4d4b5356;  // "MKSV"
+void pack_signal_message(uint32_t signal_idx, uint64_t value, uint8_t* out);
+// False (nothing written) for a length or magic that is not ours.
+bool unpack_signal_message(const uint8_t* bytes, size_t length, uint32_t* signal_idx,
+                           uint64_t* value);
 
 // "[FI_MR_LOCAL, FI_MR_VIRT_ADDR]" for logs and Capabilities::version.
 std::string mr_mode_string(uint64_t mr_mode);

@@ -34,8 +34,11 @@
 //     the data. How it reaches the peer is Capabilities::signals:
 //       kArrivals      the receiving transport reports an Arrival from poll(); the receiving
 //                      proxy raises the flag (the only place daemon code raises a flag). fabric
-//                      sends it as remote CQ data (EFA's SRD does not order writes); the
-//                      loopback hands it to the destination session's endpoint.
+//                      sends it as remote CQ data, or as a message after the data's completion
+//                      where the CQ data is too small for the value (EFA's SRD does not order
+//                      writes; fabric_transport.h note 3); the loopback hands it to the
+//                      destination session's endpoint. Arrivals of one flag may come out of
+//                      order; the receiver never lowers a flag.
 //       kSignalRegion  the writer's NIC writes the value into the receiver's signal region
 //                      after the data (verbs: RC orders the two writes). The receiver names its
 //                      flag array with set_signal_region before it publishes its address.

@@ -23,8 +23,14 @@ namespace {
 constexpr uint64_t kRegionBytes = 8u << 20;
 const std::string kToken = "0123456789abcdef-network-test";
 
-std::string config_for(const std::string& provider, uint32_t command_timeout_ms) {
-  return mkt::fabric_daemon_yaml(provider, 1, command_timeout_ms, 20000);
+// signal_value: transport.signal_value ("" leaves it out: auto, the CQ data path on tcp and shm).
+std::string config_for(const std::string& provider, uint32_t command_timeout_ms, const std::string& signal_value = "") {
+  std::string yaml = mkt::fabric_daemon_yaml(provider, 1, command_timeout_ms, 20000);
+  if (!signal_value.empty()) {
+    const std::string key = "provider: \"" + provider + "\"";
+    yaml.replace(yaml.find(key), key.size(), key + ", signal_value: " + signal_value);
+  }
+  return yaml;
 }
 
 struct Rank {
@@ -96,10 +102,10 @@ uint64_t wrong_bytes(const Rank& r, uint32_t from, uint64_t iter, uint64_t bytes
 struct Pair {
   DaemonProcess a{mkt::temp_dir("net-a")};
   DaemonProcess b{mkt::temp_dir("net-b")};
-  bool start(const std::string& provider, uint32_t command_timeout_ms = 5000) {
+  bool start(const std::string& provider, uint32_t command_timeout_ms = 5000, const std::string& signal_value = "") {
     for (DaemonProcess* d : {&a, &b}) {
       std::filesystem::create_directories(d->dir());
-      std::ofstream(d->dir() + "/mkerneld.yaml") << config_for(provider, command_timeout_ms);
+      std::ofstream(d->dir() + "/mkerneld.yaml") << config_for(provider, command_timeout_ms, signal_value);
       if (!d->start({"--config", d->dir() + "/mkerneld.yaml"})) return false;
     }
     return true;
@@ -183,6 +189,51 @@ TEST_P(NetworkTest, BytesAndFlagsCrossDaemonsExactly) {
   EXPECT_EQ(outcome(sa, "error") + outcome(sa, "rejected"), 0u);
   EXPECT_EQ(sa.consumed(), r0.pushed);
   EXPECT_NE(sa.transport().find("fabric:"), std::string::npos) << sa.transport();
+}
+
+// transport.signal_value: message (what auto picks on EFA's 4-byte CQ data; forced here): flag
+// values no CQ data encoding carries, agreement words ((seq + 1) << 32 | word) with first values
+// past 2^40 and steps of 2^32 and more, cross the daemons whole, after their data.
+TEST_P(NetworkTest, WholeSignalValuesCrossDaemonsByMessage) {
+  Pair p;
+  ASSERT_TRUE(p.start(GetParam(), 5000, "message")) << "daemons did not start; logs in " << p.a.dir() << ", " << p.b.dir();
+  Rank r0 = open_rank(p.a, "wholevalue", 0, 2), r1 = open_rank(p.b, "wholevalue", 1, 2);
+  ASSERT_TRUE(r0.producer && r1.producer);
+  ASSERT_TRUE(connect_pair(r0, r1));
+  std::mt19937_64 rng(43);
+  Rank* ranks[2] = {&r0, &r1};
+  uint64_t total_wrong = 0;
+  for (uint64_t iter = 1; iter <= 12; ++iter) {
+    const uint64_t bytes = std::max<uint64_t>(4, uint64_t{1} << (rng() % 23)) + rng() % 7;
+    const uint64_t value = ((iter + (uint64_t{1} << 32)) << 32) | static_cast<uint32_t>(rng());
+    for (uint32_t from = 0; from < 2; ++from) {
+      Rank& s = *ranks[from];
+      Rank& d = *ranks[1 - from];
+      fill(s, from, iter, bytes);
+      ASSERT_EQ(s.producer->push(mp::make_write_signal(1 - from, 0, 0, 1, 0, bytes, from, value), 1s), mp::kRingOk);
+      ++s.pushed;
+      ASSERT_TRUE(wait_for([&] { return load_acquire(d.flags->flags()[from]) >= value; }, d, 10s))
+          << "flag " << from << " never reached " << value << " (" << bytes << " bytes); it holds "
+          << load_acquire(d.flags->flags()[from]);
+      EXPECT_EQ(load_acquire(d.flags->flags()[from]), value);
+      total_wrong += wrong_bytes(d, from, iter, bytes);
+      ASSERT_TRUE(wait_for([&] { return load_acquire(s.ring->view.header->completed) >= s.pushed; }, s, 10s));
+    }
+  }
+  EXPECT_EQ(total_wrong, 0u);
+  const uint64_t big = ((((uint64_t{1} << 32) + 1) << 32) | 0xdeadbeefULL);
+  ASSERT_EQ(r0.producer->push(mp::make_signal(1, 5, big), 1s), mp::kRingOk);
+  ++r0.pushed;
+  EXPECT_TRUE(wait_for([&] { return load_acquire(r1.flags->flags()[5]) == big; }, r1, 10s))
+      << "flag 5 holds " << load_acquire(r1.flags->flags()[5]);
+  EXPECT_TRUE(wait_for([&] { return load_acquire(r0.ring->view.header->completed) >= r0.pushed; }, r0, 10s));
+  const pb::ProxyStats sa = proxy_stats_of(p.a);
+  EXPECT_EQ(outcome(sa, "error") + outcome(sa, "rejected"), 0u);
+  EXPECT_EQ(sa.consumed(), r0.pushed);
+  // The start-up log's transport line says which path the endpoints use.
+  for (const DaemonProcess* d : {&p.a, &p.b})
+    EXPECT_GE(mkt::count_matching_lines(d->log_path(), "signal values by message after the data (64 bits)"), 1u)
+        << d->log_path();
 }
 
 // A destination out of the rendezvous table's range is refused before anything is posted; the

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,38 @@ TEST(FabricSignalEncoding, UnwrapTakesSmallestLaterValue) {
   }
 }
 
+TEST(FabricSignalMessage, RoundTripAndForeignBytes) {
+  uint8_t buf[kSignalMessageBytes];
+  const uint64_t values[] = {0, 1, (uint64_t{1} << 40), (((uint64_t{1} << 32) + 1) << 32) | 0xdeadbeef,
+                             ~uint64_t{0}};
+  for (const uint64_t v : values) {
+    pack_signal_message(0xfffffffeu, v, buf);
+    uint32_t idx = 0;
+    uint64_t got = 0;
+    ASSERT_TRUE(unpack_signal_message(buf, sizeof buf, &idx, &got));
+    EXPECT_EQ(idx, 0xfffffffeu);
+    EXPECT_EQ(got, v);
+  }
+  // Little-endian on the wire, magic first.
+  pack_signal_message(0x01020304u, 0x1122334455667788ULL, buf);
+  EXPECT_EQ(buf[0], 0x56);  // "MKSV" = 0x4d4b5356
+  EXPECT_EQ(buf[4], 0x04);
+  EXPECT_EQ(buf[8], 0x88);
+  EXPECT_EQ(buf[15], 0x11);
+  uint32_t idx = 7;
+  uint64_t got = 9;
+  EXPECT_FALSE(unpack_signal_message(buf, sizeof buf - 1, &idx, &got));
+  EXPECT_FALSE(unpack_signal_message(buf, 0, &idx, &got));
+  buf[0] ^= 1;
+  EXPECT_FALSE(unpack_signal_message(buf, sizeof buf, &idx, &got));
+  EXPECT_EQ(idx, 7u);
+  EXPECT_EQ(got, 9u);
+  EXPECT_EQ(to_string(SignalValuePath::kAuto), "auto");
+  EXPECT_EQ(to_string(SignalValuePath::kCqData), "cq_data");
+  EXPECT_EQ(to_string(SignalValuePath::kMessage), "message");
+  EXPECT_EQ(to_string(static_cast<SignalValuePath>(9)), "?");
+}
+
 TEST(FabricMrMode, Names) {
   EXPECT_EQ(mr_mode_string(0), "[]");
   const std::string s = mr_mode_string(~uint64_t{0});
@@ -149,6 +182,7 @@ class FabricTransportTest : public ::testing::TestWithParam<ProviderCase> {
     options.provider = GetParam().provider;
     options.domain = GetParam().domain;
     options.max_inflight = max_inflight;
+    options.signal_value = signal_value_;
     return open_fabric(options);
   }
 
@@ -215,6 +249,9 @@ class FabricTransportTest : public ::testing::TestWithParam<ProviderCase> {
     }
   }
 
+  // How the endpoints opened by open() send signal values; tests of the message path set kMessage
+  // before connect().
+  SignalValuePath signal_value_ = SignalValuePath::kAuto;
   std::unique_ptr<Transport> a_;
   std::unique_ptr<Transport> b_;
   uint32_t b_at_a_ = 0;
@@ -740,6 +777,322 @@ TEST_P(FabricTransportTest, FaultWrapperOverProvider) {
       EXPECT_EQ(c.status.code(), StatusCode::kDeviceError);
     }
   }
+}
+
+// ---- signal values by message (SignalValuePath::kMessage, forced here: EFA's 4-byte CQ data is
+// where auto picks it, and no EFA device exists on the machines these tests run on) ------------
+
+// Values no CQ data encoding carries: first values of 2^40 and more, agreement words
+// ((seq + 1) << 32 | word), steps of 2^60, the largest value.
+constexpr uint64_t kAgreeLike = (((uint64_t{1} << 32) + 1) << 32) | 0xdeadbeefULL;
+
+TEST_P(FabricTransportTest, SignalValueOptionPicksThePathAndRefusesUnknownValues) {
+  signal_value_ = SignalValuePath::kMessage;
+  auto forced = open();
+  if (!forced.ok() && forced.status().code() == StatusCode::kNotFound) GTEST_SKIP() << forced.status().to_string();
+  ASSERT_TRUE(forced.ok()) << forced.status().to_string();
+  const std::string& v = forced.value()->capabilities().version;
+  EXPECT_NE(v.find("completion delivery"), std::string::npos) << v;
+  EXPECT_NE(v.find("signal values by message after the data (64 bits)"), std::string::npos) << v;
+  EXPECT_EQ(forced.value()->capabilities().signals, SignalDelivery::kArrivals);
+  // auto keeps the one-operation path where the CQ data has 8 bytes (tcp and shm here).
+  signal_value_ = SignalValuePath::kAuto;
+  auto automatic = open();
+  ASSERT_TRUE(automatic.ok()) << automatic.status().to_string();
+  ASSERT_EQ(automatic.value()->capabilities().cq_data_bytes, 8u);
+  EXPECT_NE(automatic.value()->capabilities().version.find("signal values in CQ data (40 bits)"), std::string::npos)
+      << automatic.value()->capabilities().version;
+  signal_value_ = SignalValuePath::kCqData;
+  auto cq = open();
+  ASSERT_TRUE(cq.ok()) << cq.status().to_string();
+  EXPECT_NE(cq.value()->capabilities().version.find("signal values in CQ data (40 bits)"), std::string::npos);
+  // A value outside the enum: refused at open, naming the field, the value and what it takes.
+  signal_value_ = static_cast<SignalValuePath>(7);
+  auto bad = open();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("signal_value: 7; expected auto, cq_data or message"), std::string::npos)
+      << bad.status().to_string();
+}
+
+// Writes with data and a signal, several in flight on different flags, each carrying a fresh
+// pattern: when a flag's arrival shows up, its bytes must already be in the destination (the
+// message goes only after the data's delivery-complete completion), and the value must be whole.
+TEST_P(FabricTransportTest, MessageSignalsArriveWholeAndAfterTheirData) {
+  signal_value_ = SignalValuePath::kMessage;
+  connect();
+  if (IsSkipped() || HasFatalFailure()) return;
+  constexpr uint32_t kFlags = 4;
+  constexpr uint64_t kSlice = 2u << 20;  // large enough that a signal sent with the data would overtake it
+  std::vector<uint8_t> src(kFlags * kSlice), dst(kFlags * kSlice, 0);
+  const Registration src_reg = reg(*a_, src, false), dst_reg = reg(*b_, dst, true);
+  auto remote = a_->import_region(b_at_a_, dst_reg.descriptor);
+  ASSERT_TRUE(remote.ok()) << remote.status().to_string();
+  std::mt19937_64 rng(20261204);
+  // Per flag: a first value of 2^40 or more, then steps from 1 to 2^60 (agreement words, laps).
+  std::vector<uint64_t> value(kFlags);
+  const uint64_t firsts[kFlags] = {uint64_t{1} << 40, kAgreeLike, (uint64_t{1} << 63) + 5, 0xfffff};
+  uint64_t cookie = 0, wrong_bytes = 0, arrivals_seen = 0;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<uint64_t> len(kFlags);
+    for (uint32_t f = 0; f < kFlags; ++f) {
+      len[f] = round == 0 ? kSlice : 1 + rng() % kSlice;
+      for (uint64_t i = 0; i < len[f]; ++i) src[f * kSlice + i] = static_cast<uint8_t>(rng());
+      if (round == 0) {
+        value[f] = firsts[f];
+      } else {
+        const uint64_t step = f == 1 ? (uint64_t{1} << 32) + (rng() & 0xffffffffULL)  // next agreement word
+                                     : 1 + (rng() >> (4 + rng() % 60));
+        value[f] = value[f] + step < value[f] ? ~uint64_t{0} : value[f] + step;
+      }
+      WriteOp op{++cookie, b_at_a_, src_reg.local_id, f * kSlice, remote.value(), f * kSlice, len[f], true,
+                 100 + f * 1000, value[f]};
+      ASSERT_TRUE(post(op).ok());
+    }
+    std::vector<bool> seen(kFlags, false);
+    const auto deadline = Clock::now() + kWait;
+    size_t checked = 0;
+    while (checked < kFlags && Clock::now() < deadline) {
+      pump();
+      for (; arrivals_seen < arrivals_.size(); ++arrivals_seen) {
+        const Arrival& a = arrivals_[arrivals_seen];
+        ASSERT_EQ((a.signal_idx - 100) % 1000, 0u) << a.signal_idx;
+        const uint32_t f = (a.signal_idx - 100) / 1000;
+        ASSERT_LT(f, kFlags);
+        EXPECT_FALSE(seen[f]) << "flag " << a.signal_idx << " arrived twice in round " << round;
+        seen[f] = true;
+        expect_sender(a, a_at_b_);
+        EXPECT_EQ(a.signal_value, value[f]) << "flag " << a.signal_idx << " round " << round;
+        // The data must be there now, before anything else is polled.
+        for (uint64_t i = 0; i < len[f]; ++i) wrong_bytes += dst[f * kSlice + i] != src[f * kSlice + i];
+        ++checked;
+      }
+    }
+    ASSERT_EQ(checked, kFlags) << "round " << round << ": " << checked << " of " << kFlags << " signals arrived";
+    ASSERT_TRUE(pump_until([&] { return completions_.size() == cookie; }));
+  }
+  for (const Completion& c : completions_) EXPECT_TRUE(c.status.ok()) << c.status.to_string();
+  EXPECT_EQ(wrong_bytes, 0u) << "bytes not yet in place when their signal arrived";
+  EXPECT_TRUE(a_->async_error().ok());
+  EXPECT_TRUE(b_->async_error().ok());
+}
+
+// Signal-only ops (length 0) carry whole values too; a lower value after a higher one on the same
+// flag (two signals of one flag in flight, landing in the other order) never lowers what arrives.
+TEST_P(FabricTransportTest, MessageSignalOnlyOpsCarryAnyValueAndNeverGoBack) {
+  signal_value_ = SignalValuePath::kMessage;
+  connect();
+  if (IsSkipped() || HasFatalFailure()) return;
+  const uint64_t sent[] = {kAgreeLike, kAgreeLike + (uint64_t{1} << 50), 3, ~uint64_t{0} - 1, 0};
+  const uint64_t expect[] = {kAgreeLike, kAgreeLike + (uint64_t{1} << 50), kAgreeLike + (uint64_t{1} << 50),
+                             ~uint64_t{0} - 1, ~uint64_t{0} - 1};
+  for (size_t i = 0; i < std::size(sent); ++i) {
+    WriteOp op;
+    op.cookie = i + 1;
+    op.peer = b_at_a_;
+    op.length = 0;
+    op.has_signal = true;
+    op.signal_idx = 0xffff0000u;  // past both CQ data encodings' index bits
+    op.signal_value = sent[i];
+    ASSERT_TRUE(post(op).ok()) << i;
+    ASSERT_TRUE(pump_until([&] { return completions_.size() == i + 1 && arrivals_.size() == i + 1; },
+                           std::chrono::seconds(5)))
+        << "signal " << i << ": " << completions_.size() << " completions, " << arrivals_.size() << " arrivals";
+    EXPECT_TRUE(completions_[i].status.ok()) << completions_[i].status.to_string();
+    EXPECT_EQ(arrivals_[i].signal_idx, 0xffff0000u);
+    EXPECT_EQ(arrivals_[i].signal_value, expect[i]) << "signal " << i << " sent " << sent[i];
+    expect_sender(arrivals_[i], a_at_b_);
+  }
+  // A first value on a fresh flag far above the 8-byte encoding's 2^40 (refused on the CQ data
+  // path, SignalOnlyOpArrives) arrives whole.
+  WriteOp op;
+  op.cookie = 99;
+  op.peer = b_at_a_;
+  op.has_signal = true;
+  op.signal_idx = 4;
+  op.signal_value = uint64_t{1} << 40;
+  ASSERT_TRUE(post(op).ok());
+  ASSERT_TRUE(pump_until([&] { return arrivals_.size() == std::size(sent) + 1; }, std::chrono::seconds(5)));
+  EXPECT_EQ(arrivals_.back().signal_idx, 4u);
+  EXPECT_EQ(arrivals_.back().signal_value, uint64_t{1} << 40);
+}
+
+// Two writers into one endpoint, past every queue's wrap: writer a raises flags of its own many
+// times each (and, between them, one flag many times without waiting), writer c likewise, both
+// with agreement-style values and big steps; and both raise one shared flag. Every completion ok;
+// every arrival is a value its writer sent on that flag (a shared flag: one of the writers'), never
+// below the one reported before for that flag (per writer); every flag ends at its largest value.
+TEST_P(FabricTransportTest, MessageSignalsFromTwoWritersPastQueueWrapEndExact) {
+  signal_value_ = SignalValuePath::kMessage;
+  connect(/*max_inflight=*/256);
+  if (IsSkipped() || HasFatalFailure()) return;
+  auto c_open = open(256);
+  ASSERT_TRUE(c_open.ok()) << c_open.status().to_string();
+  std::unique_ptr<Transport> c = std::move(c_open).value();
+  auto addr_b = b_->local_address();
+  auto addr_c = c->local_address();
+  ASSERT_TRUE(addr_b.ok() && addr_c.ok());
+  auto b_at_c = c->add_peer(addr_b.value());
+  auto c_at_b = b_->add_peer(addr_c.value());
+  ASSERT_TRUE(b_at_c.ok() && c_at_b.ok());
+  constexpr uint64_t kRow = 96;
+  constexpr uint32_t kOwnFlags = 48;  // per writer
+  constexpr uint32_t kShared = 5000;
+  constexpr uint32_t kPerWriter = 2500;
+  std::vector<uint8_t> src_a(kRow * 64), src_c(kRow * 64), dst(2 * kRow * 64, 0);
+  for (size_t i = 0; i < src_a.size(); ++i) {
+    src_a[i] = static_cast<uint8_t>(i * 7 + 1);
+    src_c[i] = static_cast<uint8_t>(i * 13 + 5);
+  }
+  const Registration ra = reg(*a_, src_a, false), rc = reg(*c, src_c, false), rb = reg(*b_, dst, true);
+  auto at_a = a_->import_region(b_at_a_, rb.descriptor);
+  auto at_c = c->import_region(b_at_c.value(), rb.descriptor);
+  ASSERT_TRUE(at_a.ok() && at_c.ok());
+  struct Writer {
+    Transport* t = nullptr;
+    uint32_t peer = 0, flag_base = 0;
+    uint64_t local = 0, remote = 0, base = 0;
+    uint32_t posted = 0, completed = 0;
+    std::vector<Completion> done;
+  };
+  Writer w[2];
+  w[0].t = a_.get(), w[0].peer = b_at_a_, w[0].local = ra.local_id, w[0].remote = at_a.value();
+  w[1].t = c.get(), w[1].peer = b_at_c.value(), w[1].local = rc.local_id, w[1].remote = at_c.value();
+  w[1].base = kRow * 64;
+  w[1].flag_base = kOwnFlags;
+  std::mt19937_64 rng(20261205);
+  // What was sent per flag, and the largest; what arrived per flag, the last per (writer, flag).
+  std::map<uint32_t, std::set<uint64_t>> sent;
+  std::map<uint32_t, uint64_t> largest, flag;
+  std::map<uint32_t, uint64_t> last_value[2];
+  std::map<uint32_t, uint64_t> next_value[2];
+  uint64_t arrived = 0, not_sent = 0, backwards = 0;
+  auto pump_all = [&] {
+    for (Writer& x : w) {
+      x.done.clear();
+      (void)x.t->poll(&x.done, nullptr);
+      for (const Completion& k : x.done) {
+        EXPECT_TRUE(k.status.ok()) << k.status.to_string();
+        ++x.completed;
+      }
+    }
+    arrivals_.clear();
+    (void)b_->poll(nullptr, &arrivals_);
+    for (const Arrival& a : arrivals_) {
+      ++arrived;
+      not_sent += sent[a.signal_idx].count(a.signal_value) == 0;
+      flag[a.signal_idx] = std::max(flag[a.signal_idx], a.signal_value);
+      // Per writer (shm names the sender; tcp;ofi_rxm 1.17 may name the wrong one, 2.1 none).
+      if (std::string(GetParam().provider) == "shm" && a.signal_idx != kShared) {
+        const int x = a.signal_idx < kOwnFlags ? 0 : 1;
+        EXPECT_EQ(a.peer, x == 0 ? a_at_b_ : c_at_b.value());
+      }
+      if (a.signal_idx != kShared) {
+        const int x = a.signal_idx < kOwnFlags ? 0 : 1;
+        backwards += a.signal_value < last_value[x][a.signal_idx];
+        last_value[x][a.signal_idx] = a.signal_value;
+      }
+    }
+  };
+  auto post_one = [&](int xi) {
+    Writer& x = w[xi];
+    const uint32_t i = x.posted;
+    // Every 8th signal to the shared flag; otherwise a run of 16 on one own flag, then a random one.
+    const uint32_t own = (i / 16) % 2 == 0 ? (i / 16 / 2) % kOwnFlags : static_cast<uint32_t>(rng() % kOwnFlags);
+    const uint32_t f = i % 8 == 7 ? kShared : x.flag_base + own;
+    uint64_t& v = next_value[xi][f];
+    v = v == 0 ? (uint64_t{1} << 40) + rng() % 4096 + (f == kShared ? xi : 0)
+               : v + (rng() % 3 == 0 ? (uint64_t{1} << 32) | (rng() & 0xffffffffULL) : 1 + rng() % (uint64_t{1} << 45));
+    sent[f].insert(v);
+    largest[f] = std::max(largest[f], v);
+    const WriteOp op{i + 1, x.peer, x.local, (i % 64) * kRow, x.remote, x.base + (i % 64) * kRow,
+                     i % 5 == 4 ? 0 : kRow, true, f, v};
+    const auto deadline = Clock::now() + kWait;
+    for (Status s = x.t->post_write(op); !s.ok(); s = x.t->post_write(op)) {
+      ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+      ASSERT_LT(Clock::now(), deadline) << "write " << i << " never accepted";
+      pump_all();
+    }
+    ++x.posted;
+  };
+  for (uint32_t i = 0; i < kPerWriter && !HasFatalFailure(); ++i) {
+    post_one(1);
+    post_one(0);
+  }
+  if (HasFatalFailure()) return;
+  const uint64_t total = w[0].posted + w[1].posted;
+  const auto deadline = Clock::now() + kWait;
+  while ((w[0].completed + w[1].completed < total || arrived < total) && Clock::now() < deadline) pump_all();
+  EXPECT_EQ(w[0].completed, w[0].posted);
+  EXPECT_EQ(w[1].completed, w[1].posted);
+  EXPECT_EQ(arrived, total);
+  EXPECT_EQ(not_sent, 0u) << "arrivals with a value never sent on their flag";
+  EXPECT_EQ(backwards, 0u) << "arrivals below the one before for their writer and flag";
+  EXPECT_EQ(largest.size(), 2 * kOwnFlags + 1);
+  uint64_t wrong_final = 0;
+  for (const auto& [f, v] : largest) wrong_final += flag[f] != v;
+  EXPECT_EQ(wrong_final, 0u) << "flags that did not end at their largest value";
+  EXPECT_EQ(std::memcmp(dst.data(), src_a.data(), src_a.size()), 0);
+  EXPECT_EQ(std::memcmp(dst.data() + src_a.size(), src_c.data(), src_c.size()), 0);
+}
+
+// Refusals on the message path come before anything moves: a destination that is not writable,
+// out of bounds, an unknown peer or region, length 0 without a signal; nothing completes, no
+// signal arrives. A write whose data fails at the target sends no signal: its Completion carries
+// the error (tcp: the provider's; shm 1.17 loses such a write: the completion timeout) and no
+// Arrival ever comes for it.
+TEST_P(FabricTransportTest, MessageSignalRefusalsAndAFailedWriteRaiseNoFlag) {
+  signal_value_ = SignalValuePath::kMessage;
+  connect(64, /*completion_timeout_ms=*/1500);
+  if (IsSkipped() || HasFatalFailure()) return;
+  std::vector<uint8_t> src(1 << 16, 0xab), ro(4096, 0), dst(1 << 16, 0);
+  const Registration src_reg = reg(*a_, src, false), ro_reg = reg(*b_, ro, false), dst_reg = reg(*b_, dst, true);
+  auto ro_remote = a_->import_region(b_at_a_, ro_reg.descriptor);
+  auto remote = a_->import_region(b_at_a_, dst_reg.descriptor);
+  ASSERT_TRUE(ro_remote.ok() && remote.ok());
+  const WriteOp bad[] = {
+      {1, b_at_a_, src_reg.local_id, 0, ro_remote.value(), 0, 64, true, 1, kAgreeLike},
+      {2, b_at_a_, src_reg.local_id, 0, remote.value(), dst.size() - 8, 64, true, 1, kAgreeLike},
+      {3, b_at_a_, src_reg.local_id, src.size() - 8, remote.value(), 0, 64, true, 1, kAgreeLike},
+      {4, 77, src_reg.local_id, 0, remote.value(), 0, 64, true, 1, kAgreeLike},
+      {5, 77, 0, 0, 0, 0, 0, true, 1, kAgreeLike},
+      {6, b_at_a_, src_reg.local_id, 0, 999, 0, 64, true, 1, kAgreeLike},
+      {7, b_at_a_, 999, 0, remote.value(), 0, 64, true, 1, kAgreeLike},
+      {8, b_at_a_, 0, 0, 0, 0, 0, false, 0, 0},
+  };
+  const StatusCode codes[] = {StatusCode::kPermissionDenied, StatusCode::kInvalidArgument,
+                              StatusCode::kInvalidArgument,  StatusCode::kNotFound,
+                              StatusCode::kNotFound,         StatusCode::kNotFound,
+                              StatusCode::kNotFound,         StatusCode::kInvalidArgument};
+  for (size_t i = 0; i < std::size(bad); ++i) {
+    const Status r = a_->post_write(bad[i]);
+    EXPECT_EQ(r.code(), codes[i]) << "write " << bad[i].cookie << ": " << r.to_string();
+    EXPECT_NE(r.message().find("write " + std::to_string(bad[i].cookie)), std::string::npos) << r.to_string();
+    expect_no_address(r.message(), dst.data());
+    expect_no_descriptor_words(r.message(), dst_reg.descriptor);
+  }
+  for (int i = 0; i < 100; ++i) pump();
+  EXPECT_TRUE(completions_.empty());
+  EXPECT_TRUE(arrivals_.empty());
+  // One good write, then one into a withdrawn registration: an error, and its flag never rises.
+  ASSERT_TRUE(post(WriteOp{10, b_at_a_, src_reg.local_id, 0, remote.value(), 0, 4096, true, 2, kAgreeLike}).ok());
+  ASSERT_TRUE(pump_until([&] { return completions_.size() == 1 && arrivals_.size() == 1; }));
+  EXPECT_TRUE(completions_[0].status.ok()) << completions_[0].status.to_string();
+  EXPECT_EQ(arrivals_[0].signal_value, kAgreeLike);
+  ASSERT_TRUE(b_->deregister_memory(dst_reg.local_id).ok());
+  std::fill(dst.begin(), dst.end(), 0);
+  const Status posted = post(WriteOp{11, b_at_a_, src_reg.local_id, 0, remote.value(), 0, 4096, true, 2,
+                                     kAgreeLike + 1});
+  if (posted.ok()) {
+    ASSERT_TRUE(pump_until([&] { return completions_.size() == 2; }));
+    EXPECT_FALSE(completions_[1].status.ok()) << "a write to a withdrawn registration succeeded";
+    std::printf("[fabric] %s, signal by message: withdrawn registration: %s\n", GetParam().provider,
+                completions_[1].status.to_string().c_str());
+  }
+  // Long enough for a signal sent anyway to have come; none may.
+  pump_until([] { return false; }, std::chrono::milliseconds(300));
+  EXPECT_EQ(arrivals_.size(), 1u) << "a flag rose for a write that failed";
+  EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [](uint8_t v) { return v == 0; }));
 }
 
 const ProviderCase kProviders[] = {

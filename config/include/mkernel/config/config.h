@@ -47,6 +47,14 @@ enum class TransportKind : uint8_t {
   kFabric,  // libfabric RDM endpoints (efa, tcp;ofi_rxm, shm, ...)
 };
 
+// How a fabric transport carries a signal's 64-bit value (daemon/transport/fabric_transport.h,
+// SignalValuePath; docs/transports.md "Signals and CQ data").
+enum class SignalValue : uint8_t {
+  kAuto,     // cq_data where the provider's CQ data has 8 bytes, message where less (EFA)
+  kCqData,   // packed into the write's remote CQ data: one operation, 40 or 12 value bits
+  kMessage,  // the whole value in a message after the data's delivery-complete completion
+};
+
 enum class CpuAffinityMode : uint8_t {
   kAuto,  // the CPUs of the NUMA node nearest the GPU (and its NIC)
   kNone,  // no pinning: the scheduler decides
@@ -107,6 +115,7 @@ struct TransportConfig {
   std::string provider = "auto";  // libfabric provider ("efa", "tcp;ofi_rxm", "shm") or "auto";
                                   // always "auto" when kind is kVerbs
   std::string nic = "auto";       // device name ("mlx5_0", "rdmap79s0", "eth0") or "auto"
+  SignalValue signal_value = SignalValue::kAuto;  // fabric only; always kAuto when kind is kVerbs
   bool operator==(const TransportConfig&) const = default;
 };
 
@@ -358,6 +367,7 @@ std::string to_string(const ListenAddress& address);
 std::string_view to_string(GpuSelect v);
 std::string_view to_string(PollMode v);
 std::string_view to_string(TransportKind v);
+std::string_view to_string(SignalValue v);
 std::string_view to_string(LogLevel v);
 std::string_view to_string(LogFormat v);
 
