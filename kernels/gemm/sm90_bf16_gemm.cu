@@ -252,7 +252,9 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.num_sms = dev.num_sms;
   req.role_sms = std::min(c->num_role_blocks, dev.num_sms);
   for (int cl : {1, 2}) {
-    if (c->cluster_m != 0 && c->cluster_m != cl) continue;
+    // Clusters of 2 serve pairs along m and pairs along n; clusters of 1 neither.
+    if (cl == 1 ? (c->cluster_m == 2 || c->cluster_n == 2) : (c->cluster_m == 1 && c->cluster_n != 0 && c->cluster_n != 2))
+      continue;
     const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);
     int blocks = c->num_gemm_blocks;
     if (blocks == 0 || blocks > dev.resident[cl] - roles) blocks = dev.resident[cl] - roles;
@@ -297,6 +299,12 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
     req.blocks_cluster_k8 = std::min(dev.resident_k[3], c->num_gemm_blocks - c->num_gemm_blocks % 8);
   }
   *sched = choose_gemm_schedule(req);
+  if (sched->tiles == 0 || sched->num_clusters < 1) {
+    return fail(GemmError::kInvalidConfig, "no schedule fits the configuration (block_n " + std::to_string(c->block_n) +
+                                               ", block_m " + std::to_string(c->block_m) + ", cluster_m " +
+                                               std::to_string(c->cluster_m) + ", cluster_n " + std::to_string(c->cluster_n) +
+                                               ", " + std::to_string(c->num_gemm_blocks) + " GEMM blocks asked for, 0 = all)");
+  }
   if (c->cluster_k > 1 && sched->cluster_k != c->cluster_k) {
     return fail(GemmError::kInvalidConfig, "cluster_k = " + std::to_string(c->cluster_k) +
                                                ": no cluster of that size fits in the GEMM blocks available (" +
