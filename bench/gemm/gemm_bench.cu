@@ -21,9 +21,10 @@
 // --m192 (alone or with --cluster-k) times, for m > 128, the rule held to 192-row tiles ("m192"),
 // to 192-row tiles in clusters of 1 ("m192c1"), to 128-row tiles ("m128") and to 128-row tiles in
 // clusters of 1 ("m128c1") beside its own choice.
-// --pairs times, beside the rule, the rule without pairs along n ("pn1": GemmConfig::cluster_n =
-// 1, its choice before they were built), held to them ("pn2"), held to them with 192-row tiles
-// ("pn2m192", m > 128) and with the operands as given ("pn2plain").
+// --pairs times, beside the rule, the rule told never to use pairs along n ("pn1":
+// GemmConfig::cluster_n = 1), the rule weighing them itself ("pnrule": GemmScheduleRequest::
+// cluster_n = 0), held to them ("pn2"), held to them with 192-row tiles ("pn2m192", m > 128) and
+// with the operands as given ("pn2plain").
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -828,6 +829,18 @@ int main(int argc, char** argv) {
       mk::GemmConfig c;
       c.cluster_n = 1;
       add_variant("pn1", c);
+      {
+        // The rule weighing pairs along n itself (GemmScheduleRequest::cluster_n = 0; the library
+        // asks for them only when told to).
+        mk::GemmScheduleRequest req = full_gpu_request();
+        req.allow_m192 = true;
+        req.cluster_n = 0;
+        const std::array<int, 3> res = resident_cluster_k_blocks(ops);
+        req.blocks_cluster_k2 = res[0];
+        req.blocks_cluster_k4 = res[1];
+        req.blocks_cluster_k8 = res[2];
+        add_variant("pnrule", config_forcing(mk::choose_gemm_schedule(req)));
+      }
       c.cluster_n = 2;
       add_variant("pn2", c);
       if (s.m > 128) {

@@ -277,9 +277,12 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.widths_128_256 = c->widths_128_256;
   req.deterministic = c->deterministic;
   req.cluster_m = c->cluster_m;
-  // Pairs along n: the rule weighs them for plain GEMMs (the fused ops' roles and hooks count
-  // pairs along m), never beside in-cluster split-K.
-  req.cluster_n = (plain && !c->widths_128_256 && c->cluster_k <= 1 && c->cluster_m != 2) ? c->cluster_n : 1;
+  // Pairs along n: plain GEMMs only (the fused ops' roles and hooks count pairs along m), never
+  // beside in-cluster split-K, and only when asked for: weighed by the rule they ran as fast as
+  // its choice without them on average (0.997x over the 36 of 304 shapes where the choice
+  // changed, 0.69-1.25x), and on seeds not used to set their cost they picked worse
+  // (docs/kernels.md section 7, "Pairs along n").
+  req.cluster_n = (plain && !c->widths_128_256 && c->cluster_k <= 1 && c->cluster_m != 2 && c->cluster_n == 2) ? 2 : 1;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
   req.sk_units = c->sk_units;

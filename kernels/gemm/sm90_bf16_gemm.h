@@ -102,8 +102,10 @@ struct GemmConfig {
   // operands as given or swapped): the two CTAs of a cluster take adjacent n blocks of one m
   // block and share (multicast) its A tile instead of a weight tile. A k block then pulls
   // BLOCK_M / 2 + BLOCK_N rows per CTA instead of BLOCK_M + BLOCK_N / 2, which is fewer where the
-  // tile is taller than wide, and an odd m block count pads nothing. 0: the rule chooses; 1:
-  // never; 2: always (with cluster_m 0 or 1 and cluster_k 0 or 1).
+  // tile is taller than wide, and an odd m block count pads nothing. 2: always (with cluster_m 0
+  // or 1 and cluster_k 0 or 1; the rest is the rule's choice); 0 and 1: never. The rule does not
+  // weigh them on its own: measured, they won on some shapes (up to 1.25x) and lost on others by
+  // as much, and the cost model could not tell which (docs/kernels.md section 7, "Pairs along n").
   int cluster_n = 0;
 };
 

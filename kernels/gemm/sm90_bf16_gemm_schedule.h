@@ -244,7 +244,10 @@ struct GemmCostModel {
   double m192_tile_factor = 1.402;
   double m192_c2_factor = 1.108;
   // A pair along n's k block against the pair along m's of the same tile, beyond the ratio of
-  // their bytes (GemmSchedule::cluster_n; not fitted yet).
+  // their bytes (GemmSchedule::cluster_n). Over eceb054's records (176 groups) 1.0 scored the
+  // lowest regret (1.0164; 1.0200 without pairs along n), but on two seeds timed after it was set
+  // (353d783, 128 groups) 1.0109 against 1.0081 without them: only weighed when asked for
+  // (GemmScheduleRequest::cluster_n = 0).
   double pair_n_factor = 1.0;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
@@ -268,7 +271,9 @@ struct GemmScheduleRequest {
   bool allow_m192 = false;  // block_m = 0 may choose 192 (plain GEMMs, operands as given)
   bool widths_128_256 = false;  // block_n = 0 chooses between 128 and 256 only
   int cluster_m = 0;        // 1 or 2, 0 = choose
-  // Pairs along n (GemmConfig::cluster_n): 0 = choose where allowed, 1 = never, 2 = always.
+  // Pairs along n (GemmConfig::cluster_n): 0 = weigh them, 1 = never, 2 = always. The library
+  // asks for 1 unless the caller sets 2 (measured: not a predictable win); 0 is for the
+  // benchmark's and the tests' model experiments.
   int cluster_n = 1;
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose

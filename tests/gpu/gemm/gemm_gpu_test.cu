@@ -913,6 +913,7 @@ int main() {
     c.deterministic = det;
     c.swap_ab = 0;  // the tile counts below are those of the operands as given, 128-row tiles
     c.block_m = 128;
+    c.cluster_n = 1;  // ... and of pairs along m or single CTAs
     c.stream_k = 1;
     c.sk_units = 120;  // 45 tiles of 18 k blocks: units of 6 or 7 k blocks, 3 or 4 parts a tile
     c.cluster_m = 1;
@@ -989,6 +990,7 @@ int main() {
     mk::GemmConfig st;
     st.swap_ab = 0;
     st.block_m = 128;  // the tile counts below are those of 128-row tiles
+    st.cluster_n = 1;  // ... not in pairs along n
     st.block_n = 224;
     st.cluster_m = 2;
     st.num_splits = 3;
