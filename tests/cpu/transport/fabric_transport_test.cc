@@ -249,6 +249,88 @@ class FabricTransportTest : public ::testing::TestWithParam<ProviderCase> {
     }
   }
 
+  // Two writers into b: a, and a third endpoint c opened and linked to b. Each writes from `slots`
+  // rows of `row` bytes of its own source (distinct patterns) into its half of b's destination
+  // (a's first); flag_base is left to the test.
+  struct Writer {
+    Transport* t = nullptr;
+    uint32_t peer = 0, flag_base = 0;
+    uint64_t local = 0, remote = 0, base = 0;
+    uint32_t posted = 0, completed = 0;
+    std::vector<Completion> done;
+  };
+  struct TwoWriters {
+    std::unique_ptr<Transport> c;
+    uint32_t c_at_b = 0;
+    std::vector<uint8_t> src_a, src_c, dst;
+    Writer w[2];
+  };
+  void two_writers(uint64_t row, uint32_t slots, TwoWriters* tw) {
+    auto c_open = open(256);
+    ASSERT_TRUE(c_open.ok()) << c_open.status().to_string();
+    tw->c = std::move(c_open).value();
+    auto addr_b = b_->local_address();
+    auto addr_c = tw->c->local_address();
+    ASSERT_TRUE(addr_b.ok() && addr_c.ok());
+    auto b_at_c = tw->c->add_peer(addr_b.value());
+    auto c_at_b = b_->add_peer(addr_c.value());
+    ASSERT_TRUE(b_at_c.ok() && c_at_b.ok());
+    tw->c_at_b = c_at_b.value();
+    tw->src_a.resize(row * slots);
+    tw->src_c.resize(row * slots);
+    tw->dst.assign(2 * row * slots, 0);
+    for (size_t i = 0; i < tw->src_a.size(); ++i) {
+      tw->src_a[i] = static_cast<uint8_t>(i * 7 + 1);
+      tw->src_c[i] = static_cast<uint8_t>(i * 13 + 5);
+    }
+    const Registration ra = reg(*a_, tw->src_a, false), rc = reg(*tw->c, tw->src_c, false), rb = reg(*b_, tw->dst, true);
+    auto at_a = a_->import_region(b_at_a_, rb.descriptor);
+    auto at_c = tw->c->import_region(b_at_c.value(), rb.descriptor);
+    ASSERT_TRUE(at_a.ok() && at_c.ok());
+    Writer* w = tw->w;
+    w[0].t = a_.get(), w[0].peer = b_at_a_, w[0].local = ra.local_id, w[0].remote = at_a.value();
+    w[1].t = tw->c.get(), w[1].peer = b_at_c.value(), w[1].local = rc.local_id, w[1].remote = at_c.value();
+    w[1].base = row * slots;
+  }
+  // Polls both writers (every completion must be ok) and b, whose arrivals land in arrivals_
+  // (cleared first).
+  void poll_two_writers(TwoWriters& tw) {
+    for (Writer& x : tw.w) {
+      x.done.clear();
+      (void)x.t->poll(&x.done, nullptr);
+      for (const Completion& k : x.done) {
+        EXPECT_TRUE(k.status.ok()) << k.status.to_string();
+        ++x.completed;
+      }
+    }
+    arrivals_.clear();
+    (void)b_->poll(nullptr, &arrivals_);
+  }
+  // Posts `op` on writer x, calling `pump` while the provider has no room (bounded).
+  template <class Pump>
+  void post_retrying(Writer& x, const WriteOp& op, Pump pump) {
+    const auto deadline = Clock::now() + kWait;
+    for (Status s = x.t->post_write(op); !s.ok(); s = x.t->post_write(op)) {
+      ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
+      ASSERT_LT(Clock::now(), deadline) << "write " << op.cookie << " never accepted";
+      pump();
+    }
+    ++x.posted;
+  }
+  // Pumps until every posted write completed and `arrived` counts them all (bounded), then checks
+  // both and that b's destination holds both sources.
+  template <class Pump>
+  void finish_two_writers(TwoWriters& tw, const uint64_t& arrived, Pump pump) {
+    const uint64_t total = tw.w[0].posted + tw.w[1].posted;
+    const auto deadline = Clock::now() + kWait;
+    while ((tw.w[0].completed + tw.w[1].completed < total || arrived < total) && Clock::now() < deadline) pump();
+    EXPECT_EQ(tw.w[0].completed, tw.w[0].posted);
+    EXPECT_EQ(tw.w[1].completed, tw.w[1].posted);
+    EXPECT_EQ(arrived, total);
+    EXPECT_EQ(std::memcmp(tw.dst.data(), tw.src_a.data(), tw.src_a.size()), 0);
+    EXPECT_EQ(std::memcmp(tw.dst.data() + tw.src_a.size(), tw.src_c.data(), tw.src_c.size()), 0);
+  }
+
   // How the endpoints opened by open() send signal values; tests of the message path set kMessage
   // before connect().
   SignalValuePath signal_value_ = SignalValuePath::kAuto;
@@ -454,55 +536,21 @@ TEST_P(FabricTransportTest, SignalOnlyOpArrives) {
 TEST_P(FabricTransportTest, SmallSignalledWritesFromTwoWritersPastQueueWrapArriveExact) {
   connect(/*max_inflight=*/256);
   if (IsSkipped() || HasFatalFailure()) return;
-  auto c_open = open(256);
-  ASSERT_TRUE(c_open.ok()) << c_open.status().to_string();
-  std::unique_ptr<Transport> c = std::move(c_open).value();
-  auto addr_b = b_->local_address();
-  auto addr_c = c->local_address();
-  ASSERT_TRUE(addr_b.ok() && addr_c.ok());
-  auto b_at_c = c->add_peer(addr_b.value());
-  auto c_at_b = b_->add_peer(addr_c.value());
-  ASSERT_TRUE(b_at_c.ok() && c_at_b.ok());
   constexpr uint64_t kRow = 96;      // three 32-byte rows
   constexpr uint32_t kFirst = 1500;  // from a alone: more than the target's queues hold
   constexpr uint32_t kEach = 3000;   // then from a and c interleaved
   constexpr uint32_t kSlots = 64;
-  std::vector<uint8_t> src_a(kRow * kSlots), src_c(kRow * kSlots), dst(2 * kRow * kSlots, 0);
-  for (size_t i = 0; i < src_a.size(); ++i) {
-    src_a[i] = static_cast<uint8_t>(i * 7 + 1);
-    src_c[i] = static_cast<uint8_t>(i * 13 + 5);
-  }
-  const Registration ra = reg(*a_, src_a, false), rc = reg(*c, src_c, false), rb = reg(*b_, dst, true);
-  auto at_a = a_->import_region(b_at_a_, rb.descriptor);
-  auto at_c = c->import_region(b_at_c.value(), rb.descriptor);
-  ASSERT_TRUE(at_a.ok() && at_c.ok());
-  struct Writer {
-    Transport* t = nullptr;
-    uint32_t peer = 0, first_flag = 0;
-    uint64_t local = 0, remote = 0, base = 0;
-    uint32_t posted = 0, completed = 0;
-    std::vector<Completion> done;
-  };
-  Writer w[2];
-  w[0].t = a_.get(), w[0].peer = b_at_a_, w[0].local = ra.local_id, w[0].remote = at_a.value();
-  w[1].t = c.get(), w[1].peer = b_at_c.value(), w[1].local = rc.local_id, w[1].remote = at_c.value();
-  w[1].base = kRow * kSlots;
-  w[1].first_flag = kFirst + kEach;
-  // Write i of a writer: slot i % kSlots, its own flag (first_flag + i) raised to 1: one signal per
+  TwoWriters tw;
+  two_writers(kRow, kSlots, &tw);
+  if (HasFatalFailure()) return;
+  Writer* w = tw.w;
+  w[1].flag_base = kFirst + kEach;
+  // Write i of a writer: slot i % kSlots, its own flag (flag_base + i) raised to 1: one signal per
   // flag, so none can overtake another of the same flag (the encoding's rule, fabric_transport.h).
   std::vector<uint32_t> raised(2 * (kFirst + kEach), 0);
   uint64_t arrived = 0;
   auto pump_all = [&] {
-    for (Writer& x : w) {
-      x.done.clear();
-      (void)x.t->poll(&x.done, nullptr);
-      for (const Completion& k : x.done) {
-        EXPECT_TRUE(k.status.ok()) << k.status.to_string();
-        ++x.completed;
-      }
-    }
-    arrivals_.clear();
-    (void)b_->poll(nullptr, &arrivals_);
+    poll_two_writers(tw);
     for (const Arrival& a : arrivals_) {
       ++arrived;
       ASSERT_LT(a.signal_idx, raised.size());
@@ -511,21 +559,16 @@ TEST_P(FabricTransportTest, SmallSignalledWritesFromTwoWritersPastQueueWrapArriv
       // The sender, where the provider names it: shm does; libfabric 1.17's tcp;ofi_rxm names the
       // first writer for the second's writes here too (2.1's names none, expect_sender).
       if (std::string(GetParam().provider) == "shm") {
-        EXPECT_EQ(a.peer, a.signal_idx < w[1].first_flag ? a_at_b_ : c_at_b.value()) << "flag " << a.signal_idx;
+        EXPECT_EQ(a.peer, a.signal_idx < w[1].flag_base ? a_at_b_ : tw.c_at_b) << "flag " << a.signal_idx;
       }
     }
   };
   auto post_one = [&](Writer& x) {
     const uint32_t i = x.posted;
-    const WriteOp op{i + 1, x.peer, x.local, (i % kSlots) * kRow, x.remote, x.base + (i % kSlots) * kRow,
-                     kRow, true, x.first_flag + i, 1};
-    const auto deadline = Clock::now() + kWait;
-    for (Status s = x.t->post_write(op); !s.ok(); s = x.t->post_write(op)) {
-      ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
-      ASSERT_LT(Clock::now(), deadline) << "write " << i << " never accepted";
-      pump_all();
-    }
-    ++x.posted;
+    post_retrying(x,
+                  WriteOp{i + 1, x.peer, x.local, (i % kSlots) * kRow, x.remote, x.base + (i % kSlots) * kRow, kRow,
+                          true, x.flag_base + i, 1},
+                  pump_all);
   };
   for (uint32_t i = 0; i < kFirst && !HasFatalFailure(); ++i) post_one(w[0]);
   for (uint32_t i = 0; i < kEach && !HasFatalFailure(); ++i) {
@@ -533,18 +576,11 @@ TEST_P(FabricTransportTest, SmallSignalledWritesFromTwoWritersPastQueueWrapArriv
     post_one(w[0]);
   }
   if (HasFatalFailure()) return;
-  const uint64_t total = w[0].posted + w[1].posted;
-  const auto deadline = Clock::now() + kWait;
-  while ((w[0].completed + w[1].completed < total || arrived < total) && Clock::now() < deadline) pump_all();
-  EXPECT_EQ(w[0].completed, w[0].posted);
-  EXPECT_EQ(w[1].completed, w[1].posted);
-  EXPECT_EQ(arrived, total);
+  finish_two_writers(tw, arrived, pump_all);
   uint64_t wrong = 0;
   for (uint32_t f = 0; f < raised.size(); ++f)
-    wrong += raised[f] != (f < kFirst + kEach || f - w[1].first_flag < w[1].posted ? 1u : 0u);
+    wrong += raised[f] != (f < kFirst + kEach || f - w[1].flag_base < w[1].posted ? 1u : 0u);
   EXPECT_EQ(wrong, 0u) << "flags not raised exactly once";
-  EXPECT_EQ(std::memcmp(dst.data(), src_a.data(), src_a.size()), 0);
-  EXPECT_EQ(std::memcmp(dst.data() + src_a.size(), src_c.data(), src_c.size()), 0);
 }
 
 TEST_P(FabricTransportTest, WritesToUnwritableOrForeignRegionsAreRefusedBeforePosting) {
@@ -926,39 +962,14 @@ TEST_P(FabricTransportTest, MessageSignalsFromTwoWritersPastQueueWrapEndExact) {
   signal_value_ = SignalValuePath::kMessage;
   connect(/*max_inflight=*/256);
   if (IsSkipped() || HasFatalFailure()) return;
-  auto c_open = open(256);
-  ASSERT_TRUE(c_open.ok()) << c_open.status().to_string();
-  std::unique_ptr<Transport> c = std::move(c_open).value();
-  auto addr_b = b_->local_address();
-  auto addr_c = c->local_address();
-  ASSERT_TRUE(addr_b.ok() && addr_c.ok());
-  auto b_at_c = c->add_peer(addr_b.value());
-  auto c_at_b = b_->add_peer(addr_c.value());
-  ASSERT_TRUE(b_at_c.ok() && c_at_b.ok());
   constexpr uint64_t kRow = 96;
   constexpr uint32_t kOwnFlags = 48;  // per writer
   constexpr uint32_t kShared = 5000;
   constexpr uint32_t kPerWriter = 2500;
-  std::vector<uint8_t> src_a(kRow * 64), src_c(kRow * 64), dst(2 * kRow * 64, 0);
-  for (size_t i = 0; i < src_a.size(); ++i) {
-    src_a[i] = static_cast<uint8_t>(i * 7 + 1);
-    src_c[i] = static_cast<uint8_t>(i * 13 + 5);
-  }
-  const Registration ra = reg(*a_, src_a, false), rc = reg(*c, src_c, false), rb = reg(*b_, dst, true);
-  auto at_a = a_->import_region(b_at_a_, rb.descriptor);
-  auto at_c = c->import_region(b_at_c.value(), rb.descriptor);
-  ASSERT_TRUE(at_a.ok() && at_c.ok());
-  struct Writer {
-    Transport* t = nullptr;
-    uint32_t peer = 0, flag_base = 0;
-    uint64_t local = 0, remote = 0, base = 0;
-    uint32_t posted = 0, completed = 0;
-    std::vector<Completion> done;
-  };
-  Writer w[2];
-  w[0].t = a_.get(), w[0].peer = b_at_a_, w[0].local = ra.local_id, w[0].remote = at_a.value();
-  w[1].t = c.get(), w[1].peer = b_at_c.value(), w[1].local = rc.local_id, w[1].remote = at_c.value();
-  w[1].base = kRow * 64;
+  TwoWriters tw;
+  two_writers(kRow, 64, &tw);
+  if (HasFatalFailure()) return;
+  Writer* w = tw.w;
   w[1].flag_base = kOwnFlags;
   std::mt19937_64 rng(20261205);
   // What was sent per flag, and the largest; what arrived per flag, the last per (writer, flag).
@@ -968,16 +979,7 @@ TEST_P(FabricTransportTest, MessageSignalsFromTwoWritersPastQueueWrapEndExact) {
   std::map<uint32_t, uint64_t> next_value[2];
   uint64_t arrived = 0, not_sent = 0, backwards = 0;
   auto pump_all = [&] {
-    for (Writer& x : w) {
-      x.done.clear();
-      (void)x.t->poll(&x.done, nullptr);
-      for (const Completion& k : x.done) {
-        EXPECT_TRUE(k.status.ok()) << k.status.to_string();
-        ++x.completed;
-      }
-    }
-    arrivals_.clear();
-    (void)b_->poll(nullptr, &arrivals_);
+    poll_two_writers(tw);
     for (const Arrival& a : arrivals_) {
       ++arrived;
       not_sent += sent[a.signal_idx].count(a.signal_value) == 0;
@@ -985,7 +987,7 @@ TEST_P(FabricTransportTest, MessageSignalsFromTwoWritersPastQueueWrapEndExact) {
       // Per writer (shm names the sender; tcp;ofi_rxm 1.17 may name the wrong one, 2.1 none).
       if (std::string(GetParam().provider) == "shm" && a.signal_idx != kShared) {
         const int x = a.signal_idx < kOwnFlags ? 0 : 1;
-        EXPECT_EQ(a.peer, x == 0 ? a_at_b_ : c_at_b.value());
+        EXPECT_EQ(a.peer, x == 0 ? a_at_b_ : tw.c_at_b);
       }
       if (a.signal_idx != kShared) {
         const int x = a.signal_idx < kOwnFlags ? 0 : 1;
@@ -1005,35 +1007,23 @@ TEST_P(FabricTransportTest, MessageSignalsFromTwoWritersPastQueueWrapEndExact) {
                : v + (rng() % 3 == 0 ? (uint64_t{1} << 32) | (rng() & 0xffffffffULL) : 1 + rng() % (uint64_t{1} << 45));
     sent[f].insert(v);
     largest[f] = std::max(largest[f], v);
-    const WriteOp op{i + 1, x.peer, x.local, (i % 64) * kRow, x.remote, x.base + (i % 64) * kRow,
-                     i % 5 == 4 ? 0 : kRow, true, f, v};
-    const auto deadline = Clock::now() + kWait;
-    for (Status s = x.t->post_write(op); !s.ok(); s = x.t->post_write(op)) {
-      ASSERT_EQ(s.code(), StatusCode::kUnavailable) << s.to_string();
-      ASSERT_LT(Clock::now(), deadline) << "write " << i << " never accepted";
-      pump_all();
-    }
-    ++x.posted;
+    post_retrying(x,
+                  WriteOp{i + 1, x.peer, x.local, (i % 64) * kRow, x.remote, x.base + (i % 64) * kRow,
+                          i % 5 == 4 ? 0 : kRow, true, f, v},
+                  pump_all);
   };
   for (uint32_t i = 0; i < kPerWriter && !HasFatalFailure(); ++i) {
     post_one(1);
     post_one(0);
   }
   if (HasFatalFailure()) return;
-  const uint64_t total = w[0].posted + w[1].posted;
-  const auto deadline = Clock::now() + kWait;
-  while ((w[0].completed + w[1].completed < total || arrived < total) && Clock::now() < deadline) pump_all();
-  EXPECT_EQ(w[0].completed, w[0].posted);
-  EXPECT_EQ(w[1].completed, w[1].posted);
-  EXPECT_EQ(arrived, total);
+  finish_two_writers(tw, arrived, pump_all);
   EXPECT_EQ(not_sent, 0u) << "arrivals with a value never sent on their flag";
   EXPECT_EQ(backwards, 0u) << "arrivals below the one before for their writer and flag";
   EXPECT_EQ(largest.size(), 2 * kOwnFlags + 1);
   uint64_t wrong_final = 0;
   for (const auto& [f, v] : largest) wrong_final += flag[f] != v;
   EXPECT_EQ(wrong_final, 0u) << "flags that did not end at their largest value";
-  EXPECT_EQ(std::memcmp(dst.data(), src_a.data(), src_a.size()), 0);
-  EXPECT_EQ(std::memcmp(dst.data() + src_a.size(), src_c.data(), src_c.size()), 0);
 }
 
 // Refusals on the message path come before anything moves: a destination that is not writable,
