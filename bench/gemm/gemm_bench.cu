@@ -784,6 +784,17 @@ int main(int argc, char** argv) {
       req.swap_ab = -1;
       return req;
     };
+    // ... and with everything the library weighs for a plain GEMM: 192-row tiles and split-K inside
+    // clusters of the sizes the device fits.
+    auto plain_gemm_request = [&] {
+      mk::GemmScheduleRequest req = full_gpu_request();
+      req.allow_m192 = true;
+      const std::array<int, 3> res = resident_cluster_k_blocks(ops);
+      req.blocks_cluster_k2 = res[0];
+      req.blocks_cluster_k4 = res[1];
+      req.blocks_cluster_k8 = res[2];
+      return req;
+    };
     if (o.prev_model && def_runner) {
       // The previous costs' choice for this shape.
       mk::GemmScheduleRequest req = full_gpu_request();
@@ -823,22 +834,18 @@ int main(int argc, char** argv) {
       add_variant("m128", c);
     }
     if (o.pairs && !o.variants && def_runner) {
-      // Pairs along n (GemmConfig::cluster_n): the rule without them ("pn1", the rule before
-      // they were built), held to them ("pn2", the rest its choice), held to them with 192-row
-      // tiles ("pn2m192", m > 128) and held to them with the operands as given ("pn2plain").
+      // Pairs along n (GemmConfig::cluster_n): the rule told never to use them ("pn1", the
+      // library's default), weighing them itself ("pnrule"), held to them ("pn2", the rest its
+      // choice), held to them with 192-row tiles ("pn2m192", m > 128) and held to them with the
+      // operands as given ("pn2plain").
       mk::GemmConfig c;
       c.cluster_n = 1;
       add_variant("pn1", c);
       {
         // The rule weighing pairs along n itself (GemmScheduleRequest::cluster_n = 0; the library
         // asks for them only when told to).
-        mk::GemmScheduleRequest req = full_gpu_request();
-        req.allow_m192 = true;
+        mk::GemmScheduleRequest req = plain_gemm_request();
         req.cluster_n = 0;
-        const std::array<int, 3> res = resident_cluster_k_blocks(ops);
-        req.blocks_cluster_k2 = res[0];
-        req.blocks_cluster_k4 = res[1];
-        req.blocks_cluster_k8 = res[2];
         add_variant("pnrule", config_forcing(mk::choose_gemm_schedule(req)));
       }
       c.cluster_n = 2;
@@ -859,12 +866,7 @@ int main(int argc, char** argv) {
       // those widths ("k64w": its choice before they were built), in the same rounds.
       const mk::GemmSchedule& ds = def_runner->plans[0].schedule;
       if (ds.cluster_k > 1 && ds.block_n > 64) {
-        mk::GemmScheduleRequest req = full_gpu_request();
-        req.allow_m192 = true;
-        const std::array<int, 3> res = resident_cluster_k_blocks(ops);
-        req.blocks_cluster_k2 = res[0];
-        req.blocks_cluster_k4 = res[1];
-        req.blocks_cluster_k8 = res[2];
+        const mk::GemmScheduleRequest req = plain_gemm_request();
         mk::GemmCostModel narrow;
         narrow.clusterk_max_width = 64;
         add_variant("k64w", config_forcing(mk::choose_gemm_schedule(req, narrow)));

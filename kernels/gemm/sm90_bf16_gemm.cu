@@ -252,9 +252,10 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.num_sms = dev.num_sms;
   req.role_sms = std::min(c->num_role_blocks, dev.num_sms);
   for (int cl : {1, 2}) {
-    // Clusters of 2 serve pairs along m and pairs along n; clusters of 1 neither.
-    if (cl == 1 ? (c->cluster_m == 2 || c->cluster_n == 2) : (c->cluster_m == 1 && c->cluster_n != 0 && c->cluster_n != 2))
-      continue;
+    // Clusters of 2 serve pairs along m and pairs along n (only when asked for); clusters of 1
+    // neither.
+    const bool pairs = c->cluster_m == 2 || c->cluster_n == 2;
+    if (cl == 1 ? pairs : (c->cluster_m == 1 && !pairs)) continue;
     const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);
     int blocks = c->num_gemm_blocks;
     if (blocks == 0 || blocks > dev.resident[cl] - roles) blocks = dev.resident[cl] - roles;
