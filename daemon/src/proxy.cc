@@ -183,7 +183,15 @@ void Proxy::end_session(Tracked& t, Status why, uint32_t code, uint32_t detail, 
       spdlog::warn("proxy {}: session {} ({}) ended: {}{}", options_.name, id,
                    quoted_printable(t.session->identity().name), printable(why.to_string(), 1024),
                    suppressed_note(left_out, "ended sessions"));
-    if (on_session_ended_) on_session_ended_(id);
+    t.end_unannounced = true;
+  }
+}
+
+void Proxy::announce_ended() {
+  for (Tracked& t : sessions_) {
+    if (!t.end_unannounced) continue;
+    t.end_unannounced = false;
+    if (on_session_ended_) on_session_ended_(t.session->id());
   }
 }
 
@@ -614,6 +622,7 @@ void Proxy::run() {
       publish_occupancy();
       last_publish = now;
     }
+    announce_ended();
     if (work) {
       last_work = now;
       since_clock = kClockEvery;

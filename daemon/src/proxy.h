@@ -145,6 +145,7 @@ class Proxy {
     std::shared_ptr<const PeerList> peers;
     uint32_t posted = 0;  // all rings
     bool flushed = false;
+    bool end_unannounced = false;  // ended; on_session_ended_ not called yet (see announce_ended)
   };
   // Counted locally in a poll and published once.
   struct Tally {
@@ -158,6 +159,10 @@ class Proxy {
   void run();
   void apply_changes();
   size_t poll_session(Tracked& t);
+  // Calls on_session_ended_ for sessions that ended since the last call. It runs after a poll's
+  // counts are published, so whoever hears of the end reads statistics that include the command
+  // that ended it.
+  void announce_ended();
   Exec execute(Tracked& t, uint32_t ri, const protocol::Command& cmd, uint64_t pos, Tally& tally);
   // The route to `rank` (design note 5); not ok when a rank served here has no session.
   Status route_to(Tracked& t, uint32_t rank, Route* route);
