@@ -15,7 +15,9 @@
 //
 //   ag_gemm_bench [--world W] [--nodes] [--provider shm] [--shapes 8192x8192x8192,...]
 //                 [--small-m] [--iters 50] [--rounds 5] [--jsonl FILE] [--commit C] [--machine M]
-//                 [--comm-blocks N] [--chunk-rows R] [--lsu]
+//                 [--comm-blocks N] [--chunk-rows R] [--lsu] [--copy-engine]
+// --copy-engine: the own rows go to the node peers by copy engines (copy_engine_pushes); the
+// records' config says "ce".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -282,6 +284,7 @@ int main(int argc, char** argv) {
     else if (a == "--comm-blocks") args.config.comm_blocks = std::atoi(next().c_str());
     else if (a == "--chunk-rows") args.config.chunk_rows = static_cast<uint32_t>(std::atoi(next().c_str()));
     else if (a == "--lsu") args.config.bulk_copies = false;
+    else if (a == "--copy-engine") args.config.copy_engine_pushes = true;
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();

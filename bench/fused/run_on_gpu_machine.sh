@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run_on_gpu_machine.sh: the fused-op benchmarks on the GPU machine, one call: AllGather+GEMM,
 # GEMM+ReduceScatter and GEMM+AllReduce, ours beside NCCL + cuBLAS and PyTorch's fused ops (NVLink;
-# none for AllReduce), AllGather+GEMM's block-split and copy variants, and with --nodes two nodes
-# emulated through the proxies; appended to $OUT/ag_gemm.jsonl, $OUT/gemm_rs.jsonl and
+# none for AllReduce), AllGather+GEMM's block-split and copy variants (copy-engine pushes
+# included), and with --nodes two nodes emulated through the proxies; appended to $OUT/ag_gemm.jsonl, $OUT/gemm_rs.jsonl and
 # $OUT/gemm_ar.jsonl, tables last.
 #   bench/fused/run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]
 set -u
@@ -42,6 +42,7 @@ bench main 200 --shapes "$big" --small-m --iters 40 --rounds 4
 bench comm12 60 --shapes 4096x8192x8192,8192x8192x8192 --comm-blocks 12 --iters 30 --rounds 3
 bench lsu 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --iters 30 --rounds 3
 bench lsu12 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --comm-blocks 12 --iters 30 --rounds 3
+bench ce 150 --shapes "$big" --small-m --copy-engine --iters 30 --rounds 3
 echo "== PyTorch"
 timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
   --iters 40 "${common[@]}" > "$OUT/torch.log" 2>&1
@@ -57,7 +58,7 @@ if [ "$nodes" = "--nodes" ]; then
   rs_bench rs_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
   ar_bench ar_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
 fi
-for f in main comm12 lsu lsu12 nodes; do
+for f in main comm12 lsu lsu12 ce nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^ag_gemm_bench|exit|failed|FAIL' "$OUT/$f.log" | cut -c1-130
 done
 grep -E '^[0-9]+x' "$OUT/torch.log"

@@ -2,6 +2,9 @@
 // device memory, the GEMM configuration, and the launch of the engine with the AllGather role.
 #include "fused/ag_gemm/ag_gemm.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -36,9 +39,36 @@ GemmResult cuda_fail(const char* what, cudaError_t e) {
   return fail(GemmError::kCudaError, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// The driver's stream memory operations (the copy streams' gates), looked up once through the
+// runtime so nothing links libcuda.
+struct StreamMemOps {
+  PFN_cuStreamWaitValue32_v11070 wait32 = nullptr;
+  PFN_cuStreamWriteValue32_v11070 write32 = nullptr;
+  std::string error;
+};
+
+const StreamMemOps& stream_mem_ops() {
+  static const StreamMemOps ops = [] {
+    StreamMemOps o;
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || p == nullptr)
+      return o.error = "the driver has no cuStreamWaitValue32 (CUDA 11.7 or later)", o;
+    o.wait32 = reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(p);
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || p == nullptr)
+      return o.error = "the driver has no cuStreamWriteValue32 (CUDA 11.7 or later)", o;
+    o.write32 = reinterpret_cast<PFN_cuStreamWriteValue32_v11070>(p);
+    return o;
+  }();
+  return ops;
+}
+
 }  // namespace
 
-int ag_default_comm_blocks(const FusedLayout& layout) {
+int ag_default_comm_blocks(const FusedLayout& layout, bool copy_engine_pushes) {
+  if (copy_engine_pushes && layout.nodes == 1) return 2;
   const int blocks = 2 + 8 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
   return std::min(16, blocks);
 }
@@ -109,7 +139,8 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   g.config.block_n = s.config.block_n;
   g.config.cluster_m = s.config.cluster_m;
   g.config.num_gemm_blocks = s.config.gemm_blocks;
-  g.config.num_role_blocks = s.config.comm_blocks != 0 ? s.config.comm_blocks : ag_default_comm_blocks(s.layout);
+  g.config.num_role_blocks = s.config.comm_blocks != 0 ? s.config.comm_blocks
+                                                      : ag_default_comm_blocks(s.layout, s.config.copy_engine_pushes);
   // Whole tiles (or uniform split-K), no stream-K: the decomposition this op's readiness waits were
   // tested with on the GPU; stream-K under the readiness hook is still to be measured.
   g.config.stream_k = 0;
@@ -143,8 +174,43 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   if (cudaError_t e = cudaEventCreateWithFlags(&p->join_, cudaEventDisableTiming); e != cudaSuccess)
     return cuda_fail("cudaEventCreate", e);
 
+  // Copy-engine pushes (ag_gemm_plan.h note 5): per node peer, its stream, its join event and its
+  // copies; the gates in device memory, closed.
+  const bool ce = s.config.copy_engine_pushes && s.layout.gpus > 1;
+  if (ce) {
+    if (const StreamMemOps& ops = stream_mem_ops(); !ops.error.empty())
+      return fail(GemmError::kCudaError, "copy_engine_pushes: " + ops.error);
+    std::vector<uint8_t*> nvl(c.world_size, nullptr);
+    if (cudaError_t e = cudaMemcpy(nvl.data(), c.nvl, nvl.size() * sizeof(uint8_t*), cudaMemcpyDeviceToHost);
+        e != cudaSuccess)
+      return cuda_fail("reading the NVLink peer table", e);
+    if (cudaError_t e = cudaMalloc(&p->go_, sizeof(uint32_t) * s.layout.gpus); e != cudaSuccess)
+      return cuda_fail("cudaMalloc (copy-engine gates)", e);
+    if (cudaError_t e = cudaMemset(p->go_, 0, sizeof(uint32_t) * s.layout.gpus); e != cudaSuccess)
+      return cuda_fail("cudaMemset (copy-engine gates)", e);
+    const std::vector<std::vector<AgStep>> lists = ag_copy_engine_pushes(geo);
+    p->ce_.resize(s.layout.gpus);
+    for (uint32_t i = 1; i < s.layout.gpus; ++i) {
+      CePeer& peer = p->ce_[i];
+      if (cudaError_t e = cudaStreamCreateWithFlags(&peer.stream, cudaStreamNonBlocking); e != cudaSuccess)
+        return cuda_fail("cudaStreamCreate (copy-engine pushes)", e);
+      if (cudaError_t e = cudaEventCreateWithFlags(&peer.join, cudaEventDisableTiming); e != cudaSuccess)
+        return cuda_fail("cudaEventCreate (copy-engine pushes)", e);
+      for (const AgStep& st : lists[i]) {
+        uint8_t* base = nvl[st.peer];
+        if (base == nullptr)
+          return fail(GemmError::kInvalidConfig, "copy_engine_pushes: node peer rank " + std::to_string(st.peer) +
+                                                     "'s NVLink buffer is not mapped here");
+        const uint64_t off = uint64_t{st.chunk} * geo.chunk_rows * geo.row_bytes();
+        peer.pushes.push_back(CePush{base + uint64_t{st.shard} * geo.shard_bytes() + off, off,
+                                     uint64_t{geo.rows_of_chunk(st.chunk)} * geo.row_bytes(),
+                                     base + nl.fused_flags_offset() + uint64_t{geo.ready_flag(st.shard, st.chunk)} * 8});
+      }
+    }
+  }
+
   // The movement plan and the role's arguments, in device memory.
-  const std::vector<AgStep> steps = ag_steps(geo);
+  const std::vector<AgStep> steps = ag_block_steps(geo, ce);
   if (cudaError_t e = cudaMalloc(&p->steps_, std::max<size_t>(1, steps.size()) * sizeof(AgStep)); e != cudaSuccess)
     return cuda_fail("cudaMalloc (movement plan)", e);
   if (cudaError_t e = cudaMemcpy(p->steps_, steps.data(), steps.size() * sizeof(AgStep), cudaMemcpyHostToDevice);
@@ -171,6 +237,7 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
       e != cudaSuccess)
     return cuda_fail("cudaMemset (step counters)", e);
   ra.step_done = p->step_done_;
+  ra.go = p->go_;
   if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(AgGemmRoleArgs)); e != cudaSuccess)
     return cuda_fail("cudaMalloc (role arguments)", e);
   if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
@@ -188,6 +255,44 @@ AgGemmPlan::~AgGemmPlan() {
   if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
   if (join_ != nullptr) (void)cudaEventDestroy(join_);
   if (side_ != nullptr) (void)cudaStreamDestroy(side_);
+  for (CePeer& peer : ce_) {
+    if (peer.join != nullptr) (void)cudaEventDestroy(peer.join);
+    if (peer.stream != nullptr) (void)cudaStreamDestroy(peer.stream);
+  }
+  if (go_ != nullptr) (void)cudaFree(go_);
+}
+
+// After the kernel is enqueued (so it runs and opens the gates, whatever happens to it): per node
+// peer, on its stream, after the fork: wait for the gate, close it again, then every chunk and
+// its ready flag (copied from the launch counter: the value of this launch, also in a replayed
+// graph); the caller's stream joins them all.
+GemmResult AgGemmPlan::enqueue_ce_pushes(const void* a_local, cudaStream_t stream) {
+  const StreamMemOps& ops = stream_mem_ops();
+  const auto* src = static_cast<const uint8_t*>(a_local);
+  for (uint32_t i = 1; i < ce_.size(); ++i) {
+    CePeer& peer = ce_[i];
+    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(go_ + i);
+    cudaError_t e = cudaStreamWaitEvent(peer.stream, fork_, 0);
+    if (e != cudaSuccess) return cuda_fail("copy-engine pushes: waiting for the fork", e);
+    if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(peer.stream), gate, 1, CU_STREAM_WAIT_VALUE_EQ);
+        r != CUDA_SUCCESS)
+      return fail(GemmError::kCudaError, "copy-engine pushes: cuStreamWaitValue32 failed (CUresult " +
+                                             std::to_string(static_cast<int>(r)) + ")");
+    if (CUresult r = ops.write32(reinterpret_cast<CUstream>(peer.stream), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
+        r != CUDA_SUCCESS)
+      return fail(GemmError::kCudaError, "copy-engine pushes: cuStreamWriteValue32 failed (CUresult " +
+                                             std::to_string(static_cast<int>(r)) + ")");
+    for (const CePush& c : peer.pushes) {
+      e = cudaMemcpyAsync(c.dst, src + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, peer.stream);
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(c.flag, setup_.comm.launch_counter, sizeof(uint64_t), cudaMemcpyDeviceToDevice, peer.stream);
+      if (e != cudaSuccess) return cuda_fail("copy-engine pushes: cudaMemcpyAsync", e);
+    }
+    e = cudaEventRecord(peer.join, peer.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, peer.join, 0);
+    if (e != cudaSuccess) return cuda_fail("copy-engine pushes: joining", e);
+  }
+  return {};
 }
 
 GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void* gathered_out, cudaStream_t stream) {
@@ -199,20 +304,33 @@ GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void*
   if (!r.ok()) return r;
   gemm_.params.role_ptrs[0] = a_local;
   gemm_.params.role_ptrs[1] = gathered_out;
-  if (gathered_out == nullptr) return launch_with_role(gemm_, stream);
-  // Fork: the copy engine writes the own rows of the gathered output while the kernel runs (the
-  // kernel copies the other ranks' rows as they arrive); join before anything later on `stream`.
-  const uint64_t own_at = uint64_t{geo_.rank} * geo_.shard_bytes();
-  cudaError_t e = cudaEventRecord(fork_, stream);
-  if (e == cudaSuccess) e = cudaStreamWaitEvent(side_, fork_, 0);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(static_cast<uint8_t*>(gathered_out) + own_at, a_local, geo_.shard_bytes(),
-                        cudaMemcpyDeviceToDevice, side_);
-  if (e == cudaSuccess) e = cudaEventRecord(join_, side_);
-  if (e != cudaSuccess) return cuda_fail("the gathered output's copy of the own rows", e);
+  if (!ce_broken_.empty())
+    return fail(GemmError::kCudaError, "an earlier launch of this plan failed while enqueuing its copy-engine pushes (" +
+                                           ce_broken_ + "); make a new plan");
+  if (gathered_out == nullptr && ce_.empty()) return launch_with_role(gemm_, stream);
+  // Fork: the copy engines write the own rows of the gathered output and (copy_engine_pushes)
+  // the own chunks into the node peers while the kernel runs; join before anything later on
+  // `stream`.
+  if (cudaError_t e = cudaEventRecord(fork_, stream); e != cudaSuccess) return cuda_fail("recording the fork", e);
+  if (gathered_out != nullptr) {
+    const uint64_t own_at = uint64_t{geo_.rank} * geo_.shard_bytes();
+    cudaError_t e = cudaStreamWaitEvent(side_, fork_, 0);
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(static_cast<uint8_t*>(gathered_out) + own_at, a_local, geo_.shard_bytes(),
+                          cudaMemcpyDeviceToDevice, side_);
+    if (e == cudaSuccess) e = cudaEventRecord(join_, side_);
+    if (e != cudaSuccess) return cuda_fail("the gathered output's copy of the own rows", e);
+  }
   r = launch_with_role(gemm_, stream);
-  if (const cudaError_t j = cudaStreamWaitEvent(stream, join_, 0); j != cudaSuccess && r.ok())
-    return cuda_fail("joining the copy of the own rows", j);
+  if (gathered_out != nullptr)
+    if (const cudaError_t j = cudaStreamWaitEvent(stream, join_, 0); j != cudaSuccess && r.ok())
+      return cuda_fail("joining the copy of the own rows", j);
+  // The copy streams only behind a kernel that was enqueued: their gates open from inside it.
+  if (!r.ok() || ce_.empty()) return r;
+  r = enqueue_ce_pushes(a_local, stream);
+  // A copy stream left half enqueued may hold its gate's reset back: the plan is not launched
+  // again (its gates could let a later launch's copies through early).
+  if (!r.ok()) ce_broken_ = r.message;
   return r;
 }
 
@@ -222,7 +340,7 @@ std::string AgGemmPlan::describe() const {
          ") m_local=" + std::to_string(geo_.m_local) + " k=" + std::to_string(geo_.k) +
          " n_local=" + std::to_string(setup_.n_local) + " chunks=" + std::to_string(geo_.chunks()) + "x" +
          std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) +
-         (setup_.config.bulk_copies ? " bulk" : " lsu") + " gemm " +
+         (setup_.config.bulk_copies ? " bulk" : " lsu") + (ce_.empty() ? "" : " ce") + " gemm " +
          gemm_config_string(gemm_);
 }
 

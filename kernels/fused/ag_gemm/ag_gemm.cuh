@@ -6,8 +6,9 @@
 //   GEMM blocks   compute the rank's own rows first, straight from A_r (GemmHooks::a_local), then
 //                 every other tile once the chunks holding its rows are flagged ready in the
 //                 gathered buffer (the engine's readiness hook, flags carry launch numbers).
-//   comm blocks   run this rank's movement plan (ag_gemm_plan.h): AgGemmRole::run takes steps
-//                 round-robin; each step is one chunk moved by the whole block, then flagged.
+//   comm blocks   run this rank's movement plan (ag_gemm_plan.h): every block moves a slice of
+//                 every step, in order; the block finishing a step's last slice flags it. With
+//                 copy-engine pushes (plan note 5) block 0 first opens the copy streams' gates.
 //   every block   counts itself out (block_exit); the last one ends the launch: it records the
 //                 launch and tells its node peers (done flags) and rail peers (slot-free signals)
 //                 that its buffers may be written again.
@@ -44,6 +45,12 @@ struct AgGemmRoleArgs {
   uint8_t* workspace = nullptr;   // this rank's network workspace (nodes > 1), else null
   uint32_t* step_done = nullptr;  // per step: communication blocks done with their slice (zero between launches)
   uint32_t bulk = 1;              // 1: GPU-memory slices through the bulk copier; 0: 16-byte loads/stores
+  // Copy-engine pushes (AgGemmConfig::copy_engine_pushes): the pushes of this rank's own chunks
+  // to its node peers are the copy engines' (ag_gemm.cu), not the communication blocks'. Block 0
+  // opens the gate of node peer i (go[i], i = 1 .. gpus - 1: L.node_peer(rank, i)) once that peer
+  // finished its previous fused launch; the peer's copy stream waits for go[i] == 1
+  // (cuStreamWaitValue32) and sets it back to 0.
+  uint32_t* go = nullptr;  // device memory, gpus words (word 0 unused); null: SM pushes
 };
 
 #if defined(__CUDACC__)
@@ -199,6 +206,28 @@ __device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep&
   return true;
 }
 
+// Thread 0 of role block 0, with copy-engine pushes: for each node peer, wait (bounded) until it
+// finished reading its gathered buffer in the previous fused launch, then let the copy stream
+// that pushes to it go. The gate opens even when the wait failed: the copy stream must not be
+// left waiting past the kernel (its wait has no bound of its own), and the failure is already
+// in the status word, raised to every peer (abort), so no rank takes this launch's results as
+// good. Such a failure means a peer did not finish its previous launch within the bound.
+__device__ __forceinline__ void open_gates(const Ctx& x) {
+  const WaitContext w = wait_context(x.c);
+  const FusedLayout& L = x.a.layout;
+  bool ok = true;
+  for (uint32_t i = 1; i < L.gpus; ++i) {
+    const uint32_t peer = L.node_peer(x.a.rank, i);
+    const uint32_t done = x.done_flag(peer);
+    if (ok && !wait_geq(x.a.ready + done, x.prev, w, done, where_tag(kStepPeerFree, peer))) {
+      ok = false;
+      abort_peers(x.c);
+    }
+    sync::fence_acq_rel_sys();
+    sync::st_relaxed_sys(x.a.go + i, 1u);
+  }
+}
+
 }  // namespace ag_detail
 
 struct AgGemmRole {
@@ -217,7 +246,11 @@ struct AgGemmRole {
     BulkCopier copier;
     if (threadIdx.x == 0)
       copier.init(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(role_smem_raw) + 1023) & ~uintptr_t{1023}));
-    // Every block takes part in every step (its slice), in the plan's order.
+    // Copy-engine pushes: open every node peer's gate first, whatever happens (the copy streams
+    // wait for it, and only a kernel that ends can release them: this is what bounds their wait).
+    if (a.go != nullptr && role_block == 0 && threadIdx.x == 0) ag_detail::open_gates(x);
+    // Every block takes part in every step (its slice), in the plan's order (with copy-engine
+    // pushes, the plan without the own chunks' pushes: ag_block_steps).
     for (uint32_t i = 0; i < a.num_steps; ++i) {
       if (!ag_detail::run_step(x, i, a.steps[i], copier, role_block, num_role_blocks)) return;
     }

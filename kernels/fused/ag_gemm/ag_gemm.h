@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/comm.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
@@ -33,6 +34,10 @@ struct AgGemmConfig {
   int cluster_m = 0;        // 1 or 2; 0: the engine's choice
   uint32_t chunk_rows = 0;  // rows per moved and flagged chunk; 0: ag_default_chunk_rows
   bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
+  // The pushes of this rank's own chunks to its node peers by the copy engines (one stream per
+  // peer beside the kernel: each chunk, then its ready flag, copied from the launch counter) in
+  // place of the communication blocks. Forwarding between nodes stays with the blocks.
+  bool copy_engine_pushes = false;
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of
@@ -41,7 +46,9 @@ struct AgGemmConfig {
 // time, so: eight per node peer, four for the network path (staging and forwarding), two for the
 // copies into the workspace and the gathered output; at most 16, so the GEMM keeps at least 116
 // of 132 SMs. A starting rule, to be replaced by measured splits (and later the adaptive one).
-int ag_default_comm_blocks(const FusedLayout& layout);
+// With copy-engine pushes on one node the blocks only copy into the workspace and the gathered
+// output: two.
+int ag_default_comm_blocks(const FusedLayout& layout, bool copy_engine_pushes = false);
 
 struct AgGemmSetup {
   DeviceComm comm;          // the communicator's device view (host copy)
@@ -84,6 +91,23 @@ class AgGemmPlan {
   uint32_t* step_done_ = nullptr;    // per step, blocks done with their slice (zero between launches)
   cudaStream_t side_ = nullptr;      // the copy engine's copy of the own rows into gathered_out
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  // Copy-engine pushes (AgGemmConfig::copy_engine_pushes): per node peer i (1 .. gpus - 1), its
+  // stream, its join event and its pushes in plan order; the gates (AgGemmRoleArgs::go).
+  struct CePush {
+    void* dst;            // the chunk in the peer's gathered buffer
+    uint64_t src_offset;  // the chunk in A_r (A_r comes with each launch)
+    uint64_t bytes;
+    void* flag;           // the chunk's ready flag in the peer's fused-op flags
+  };
+  struct CePeer {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t join = nullptr;
+    std::vector<CePush> pushes;
+  };
+  std::vector<CePeer> ce_;     // empty: SM pushes
+  uint32_t* go_ = nullptr;     // device memory, gpus words
+  std::string ce_broken_;      // why an earlier launch left the copy streams unusable ("": none)
+  GemmResult enqueue_ce_pushes(const void* a_local, cudaStream_t stream);
 };
 
 }  // namespace mkernel::kernels

@@ -54,6 +54,27 @@ std::vector<AgStep> ag_steps(const AgGeometry& g) {
   return steps;
 }
 
+namespace {
+bool own_push(const AgGeometry& g, const AgStep& s) { return s.kind == kAgPush && s.shard == g.rank; }
+}  // namespace
+
+std::vector<AgStep> ag_block_steps(const AgGeometry& g, bool copy_engine_pushes) {
+  std::vector<AgStep> steps = ag_steps(g);
+  if (copy_engine_pushes) std::erase_if(steps, [&](const AgStep& s) { return own_push(g, s); });
+  return steps;
+}
+
+std::vector<std::vector<AgStep>> ag_copy_engine_pushes(const AgGeometry& g) {
+  const FusedLayout& L = g.layout;
+  std::vector<std::vector<AgStep>> out(L.gpus);
+  for (const AgStep& s : ag_steps(g)) {
+    if (!own_push(g, s)) continue;
+    for (uint32_t i = 1; i < L.gpus; ++i)
+      if (L.node_peer(g.rank, i) == s.peer) out[i].push_back(s);
+  }
+  return out;
+}
+
 // ---- replay ------------------------------------------------------------------------------------
 
 namespace {
@@ -72,8 +93,9 @@ struct RankState {
   std::vector<uint32_t> received;       // writes into gathered this launch, per piece
   uint32_t launch = 0;                  // launch in progress (or last finished)
   uint32_t prev = 0;                    // fused_state[0] at the start of `launch`
-  bool running = false;
+  bool running = false;                 // the kernel of `launch` runs (its GEMM may read)
   std::vector<size_t> next_step;        // per comm block
+  std::vector<size_t> ce_next;          // per node peer: copy-engine pushes done this launch
   size_t gemm_next = 0;                 // GEMM reads pieces in order
   bool gemm_done = false;
   uint32_t reads_outstanding = 0;       // GEMM reads of `launch` still to come
@@ -89,12 +111,21 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
   for (uint32_t r = 0; r < R; ++r) {
     geo[r] = AgGeometry{L, r, m_local, 8, chunk_rows == 0 ? ag_default_chunk_rows(m_local) : chunk_rows};
     if (std::string e = ag_check_geometry(geo[r]); !e.empty()) return rep.error = e, rep;
-    plan[r] = ag_steps(geo[r]);
+    plan[r] = ag_block_steps(geo[r], o.copy_engine_pushes);
   }
+  std::vector<std::vector<std::vector<AgStep>>> ce(R);  // [rank][node peer index]
+  if (o.copy_engine_pushes)
+    for (uint32_t r = 0; r < R; ++r) ce[r] = ag_copy_engine_pushes(geo[r]);
+  else
+    for (uint32_t r = 0; r < R; ++r) ce[r].resize(L.gpus);
   // Faults (AgPlanFault): break rank 0's plan on purpose.
   auto& p0 = plan[0];
   switch (o.fault) {
     case AgPlanFault::kDropLastPush:
+      if (o.copy_engine_pushes && L.gpus > 1) {  // the last copy-engine push
+        ce[0][L.gpus - 1].pop_back();
+        break;
+      }
       for (size_t i = p0.size(); i-- > 0;)
         if (p0[i].kind == kAgPush) {
           p0.erase(p0.begin() + static_cast<std::ptrdiff_t>(i));
@@ -125,6 +156,7 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
     s.nvl_flags.assign(g0.nvl_flags_needed(), 0);
     s.net_flags.assign(std::max<uint32_t>(1, g0.net_flags_needed()), 0);
     s.next_step.assign(o.comm_blocks, 0);
+    s.ce_next.assign(L.gpus, 0);
   }
   // Per (launch, shard, destination node): network sends, to prove "once per node".
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, uint32_t> sends;
@@ -181,6 +213,7 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
     ++s.launch;
     s.running = true;
     std::fill(s.next_step.begin(), s.next_step.end(), 0);
+    std::fill(s.ce_next.begin(), s.ce_next.end(), 0);
     s.gemm_next = 0;
     s.gemm_done = false;
   };
@@ -214,10 +247,19 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
 
   for (;;) {
     // Collect runnable agents.
-    std::vector<std::pair<uint32_t, int>> runnable;  // (rank, block or -1 for the GEMM)
+    // (rank, agent): agent >= 0 a comm block, -1 the GEMM, -1 - i the copy stream to node peer i.
+    std::vector<std::pair<uint32_t, int>> runnable;
     bool all_finished = true;
     for (uint32_t r = 0; r < R; ++r) {
       RankState& s = st[r];
+      // A copy stream still runs after the kernel ended; the launch ends when it is done too.
+      for (uint32_t i = 1; i < L.gpus; ++i) {
+        if (s.ce_next[i] >= ce[r][i].size()) continue;
+        all_finished = false;
+        // The gate: role block 0 waited until the peer finished its previous launch.
+        if (!wait_free || s.nvl_flags[g0.done_flag(L.node_peer(r, i))] >= s.prev)
+          runnable.emplace_back(r, -1 - static_cast<int>(i));
+      }
       if (!s.running) continue;
       all_finished = false;
       for (uint32_t b = 0; b < o.comm_blocks; ++b) {
@@ -244,13 +286,26 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
         if (!s.gemm_done)
           e += " [rank " + std::to_string(r) + " GEMM waits for piece " + std::to_string(s.gemm_next) + "]";
       }
+      for (uint32_t r = 0; r < R && e.size() < 2000; ++r)
+        for (uint32_t i = 1; i < L.gpus; ++i)
+          if (st[r].ce_next[i] < ce[r][i].size())
+            e += " [copy stream of " + name(r, ce[r][i][st[r].ce_next[i]]) + " waits]";
       fail(e);
       break;
     }
     const auto [r, b] = runnable[rng() % runnable.size()];
     RankState& me = st[r];
     const uint32_t l = me.launch, n = L.node_of(r);
-    if (b < 0) {
+    if (b < -1) {
+      // A copy-engine push: the chunk, then its ready flag, into the peer.
+      const uint32_t i = static_cast<uint32_t>(-1 - b);
+      const AgStep s = ce[r][i][me.ce_next[i]++];
+      const std::string who = "copy stream: " + name(r, s) + " launch " + std::to_string(l);
+      if (L.node_of(s.peer) != n || s.peer == r || s.shard != r) fail(who + ": not an own chunk to a node peer");
+      write_gathered(s.peer, r, s.chunk, Piece{l, r, s.chunk}, who);
+      st[s.peer].nvl_flags[g0.ready_flag(r, s.chunk)] = l;
+      ++rep.nvlink_chunk_transfers;
+    } else if (b < 0) {
       // The GEMM reads the next piece: it must be this launch's.
       const uint32_t sh = static_cast<uint32_t>(me.gemm_next / C), c = static_cast<uint32_t>(me.gemm_next % C);
       const Piece want{l, sh, c};
@@ -313,10 +368,12 @@ AgReplayReport ag_replay(const FusedLayout& L, uint32_t m_local, uint32_t chunk_
     bool blocks_done = true;
     for (uint32_t bb = 0; bb < o.comm_blocks; ++bb)
       if (bb + me.next_step[bb] * o.comm_blocks < plan[r].size()) blocks_done = false;
-    if (me.running && blocks_done && me.gemm_done) {
-      end_launch(r);
-      if (me.launch < o.launches) start_launch(r);
-    }
+    if (me.running && blocks_done && me.gemm_done) end_launch(r);
+    bool copies_done = true;
+    for (uint32_t i = 1; i < L.gpus; ++i)
+      if (me.ce_next[i] < ce[r][i].size()) copies_done = false;
+    // Stream order: the next launch waits for the kernel and the copy streams (join).
+    if (!me.running && copies_done && me.launch < o.launches) start_launch(r);
     if (!rep.error.empty()) break;
   }
   // Every shard chunk went to every other node exactly once per launch.

@@ -32,6 +32,14 @@
 //     a slice of each step (ag_gemm.cuh); the replay checks that order (one block) and also any
 //     round-robin assignment of whole steps to several blocks, so the plan does not depend on how
 //     the kernel shares the work. Sends go first to the peer that needs the rows next (layout.h).
+//  5. Copy-engine pushes (AgGemmConfig::copy_engine_pushes). The pushes of the own shard need
+//     nothing of this launch, only that the peer finished its previous one, so they can leave
+//     the SMs: one copy stream per node peer waits at a gate that role block 0 opens once the
+//     peer's done() reached the previous launch, then copies the chunks in plan order, each
+//     followed by its ready() flag (a copy of this rank's launch number, so a replayed graph
+//     raises the right value). The launch ends when the kernel and every copy stream are done;
+//     done() is still raised by the kernel's last block (this rank's reading is over then).
+//     Forwarding pushes (shards from other nodes) wait on arrivals and stay with the blocks.
 #pragma once
 
 #include <cstdint>
@@ -99,6 +107,13 @@ std::string ag_check_geometry(const AgGeometry& g);
 // This rank's steps, in the order the communication blocks take them (note 4).
 std::vector<AgStep> ag_steps(const AgGeometry& g);
 
+// Copy-engine pushes (note 5). ag_block_steps: the steps left to the communication blocks (every
+// step but the pushes of the own shard). ag_copy_engine_pushes: those pushes, [i] for node peer i
+// (L.node_peer(rank, i), i = 1 .. gpus - 1; [0] is empty), each in the plan's order; one copy
+// stream per peer runs its list after that peer's gate opened.
+std::vector<AgStep> ag_block_steps(const AgGeometry& g, bool copy_engine_pushes);
+std::vector<std::vector<AgStep>> ag_copy_engine_pushes(const AgGeometry& g);
+
 // ---- CPU replay (tests) --------------------------------------------------------------------------
 
 // Broken plans, to prove the replay's checks catch what they claim to.
@@ -116,6 +131,7 @@ struct AgReplayOptions {
   uint32_t comm_blocks = 2;        // blocks per rank taking steps round-robin
   uint64_t seed = 1;               // interleaving of ranks, blocks and GEMMs
   AgPlanFault fault = AgPlanFault::kNone;
+  bool copy_engine_pushes = false;  // own-shard pushes by one copy agent per node peer (note 5)
 };
 
 struct AgReplayReport {

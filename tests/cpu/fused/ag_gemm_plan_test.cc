@@ -3,9 +3,10 @@
 // communication block counts and random interleavings: every rank receives every chunk of every
 // shard exactly once per launch before its GEMM reads it, nothing is overwritten while it may
 // still be read, each chunk crosses the network once per destination node, and nobody waits on
-// a flag nobody raises.
+// a flag nobody raises; also with the pushes of the own rows by copy engines (plan note 5).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -20,23 +21,26 @@ std::string layout_name(const mk::FusedLayout& l) {
 }
 
 TEST(AgGemmPlan, EveryLayoutUpTo8x8) {
-  for (uint32_t nodes = 1; nodes <= 8; ++nodes)
-    for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
-      const mk::FusedLayout l{nodes, gpus};
-      for (uint32_t blocks : {1u, 3u}) {
-        mk::AgReplayOptions o;
-        o.launches = 3;
-        o.comm_blocks = blocks;
-        o.seed = nodes * 131 + gpus * 7 + blocks;
-        // 300 rows in chunks of 128: 3 chunks, the last short.
-        const mk::AgReplayReport r = mk::ag_replay(l, 300, 128, o);
-        EXPECT_EQ(r.error, "") << layout_name(l) << " with " << blocks << " blocks";
-        EXPECT_EQ(r.network_chunk_transfers, uint64_t{3} * l.world() * (nodes - 1) * 3) << layout_name(l);
-        if (nodes > 1) {
-          EXPECT_EQ(r.max_network_sends_per_shard_node, 1u) << layout_name(l);
+  for (const bool ce : {false, true})
+    for (uint32_t nodes = 1; nodes <= 8; ++nodes)
+      for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
+        const mk::FusedLayout l{nodes, gpus};
+        for (uint32_t blocks : {1u, 3u}) {
+          mk::AgReplayOptions o;
+          o.launches = 3;
+          o.comm_blocks = blocks;
+          o.seed = nodes * 131 + gpus * 7 + blocks + (ce ? 5000 : 0);
+          o.copy_engine_pushes = ce;
+          // 300 rows in chunks of 128: 3 chunks, the last short.
+          const mk::AgReplayReport r = mk::ag_replay(l, 300, 128, o);
+          EXPECT_EQ(r.error, "") << layout_name(l) << " with " << blocks << " blocks, copy engines " << ce;
+          EXPECT_EQ(r.network_chunk_transfers, uint64_t{3} * l.world() * (nodes - 1) * 3) << layout_name(l);
+          EXPECT_EQ(r.nvlink_chunk_transfers, uint64_t{3} * l.world() * (gpus - 1) * nodes * 3) << layout_name(l);
+          if (nodes > 1) {
+            EXPECT_EQ(r.max_network_sends_per_shard_node, 1u) << layout_name(l);
+          }
         }
       }
-    }
 }
 
 TEST(AgGemmPlan, OddLayoutsAndShapes) {
@@ -51,8 +55,10 @@ TEST(AgGemmPlan, OddLayoutsAndShapes) {
       o.launches = 4;
       o.comm_blocks = static_cast<uint32_t>(seed);
       o.seed = seed;
+      o.copy_engine_pushes = seed % 2 == 0;
       const mk::AgReplayReport r = mk::ag_replay(c.l, c.m_local, c.chunk_rows, o);
-      EXPECT_EQ(r.error, "") << layout_name(c.l) << " m_local " << c.m_local << " seed " << seed;
+      EXPECT_EQ(r.error, "") << layout_name(c.l) << " m_local " << c.m_local << " seed " << seed << " copy engines "
+                             << o.copy_engine_pushes;
     }
   }
 }
@@ -110,8 +116,12 @@ TEST(AgGemmPlan, ReplayCatchesBrokenPlans) {
     mk::AgPlanFault fault;
     mk::FusedLayout l;
     const char* expect;
+    bool ce = false;  // copy-engine pushes: the fault hits a copy agent (a dropped copy, an open gate)
   };
   for (const Case& c : {Case{mk::AgPlanFault::kDropLastPush, {2, 2}, "GEMM waits for piece"},
+                        Case{mk::AgPlanFault::kDropLastPush, {1, 2}, "GEMM waits for piece", true},
+                        Case{mk::AgPlanFault::kDropLastPush, {2, 3}, "GEMM waits for piece", true},
+                        Case{mk::AgPlanFault::kNoPeerFreeWait, {1, 4}, "still runs", true},
                         Case{mk::AgPlanFault::kNoPeerFreeWait, {1, 4}, "still runs"},
                         Case{mk::AgPlanFault::kNoPeerFreeWait, {4, 1}, "may still read"},
                         Case{mk::AgPlanFault::kSendTwice, {2, 2}, "each chunk once per other node"},
@@ -120,19 +130,57 @@ TEST(AgGemmPlan, ReplayCatchesBrokenPlans) {
     bool caught = false;
     std::string seen;
     // Races show up in some interleavings only: try several.
-    for (uint64_t seed = 1; seed <= 40 && !caught; ++seed) {
+    for (uint64_t seed = 1; seed <= 60 && !caught; ++seed) {
       mk::AgReplayOptions o;
       o.launches = 3;
       o.comm_blocks = c.fault == mk::AgPlanFault::kForwardFirst ? 1 : 2;
       o.seed = seed;
       o.fault = c.fault;
+      o.copy_engine_pushes = c.ce;
       const mk::AgReplayReport r = mk::ag_replay(c.l, 256, 128, o);
       seen = r.error;
       caught = r.error.find(c.expect) != std::string::npos;
     }
-    EXPECT_TRUE(caught) << "fault " << static_cast<int>(c.fault) << " on " << layout_name(c.l)
-                        << " not caught; last error: \"" << seen << "\"";
+    EXPECT_TRUE(caught) << "fault " << static_cast<int>(c.fault) << " on " << layout_name(c.l) << " (copy engines "
+                        << c.ce << ") not caught; last error: \"" << seen << "\"";
   }
+}
+
+// The split is exact: the blocks' steps and the copy lists together are the plan, each list in
+// the plan's order, every own chunk once to its peer, nothing else.
+TEST(AgGemmPlan, CopyEnginePushesSplitThePlan) {
+  const mk::FusedLayout l{3, 4};
+  for (uint32_t r = 0; r < l.world(); ++r) {
+    const mk::AgGeometry g{l, r, 1000, 4096, 256};
+    const auto all = mk::ag_steps(g);
+    const auto blocks = mk::ag_block_steps(g, true);
+    const auto lists = mk::ag_copy_engine_pushes(g);
+    EXPECT_EQ(mk::ag_block_steps(g, false).size(), all.size());
+    ASSERT_EQ(lists.size(), l.gpus);
+    EXPECT_TRUE(lists[0].empty());
+    size_t copied = 0;
+    for (uint32_t i = 1; i < l.gpus; ++i) {
+      ASSERT_EQ(lists[i].size(), g.chunks()) << "peer index " << i;
+      for (uint32_t c = 0; c < g.chunks(); ++c) {
+        const mk::AgStep& s = lists[i][c];
+        EXPECT_EQ(s.kind, mk::kAgPush);
+        EXPECT_EQ(s.shard, r);
+        EXPECT_EQ(s.chunk, c) << "in plan order";
+        EXPECT_EQ(s.peer, l.node_peer(r, i));
+      }
+      copied += lists[i].size();
+    }
+    EXPECT_EQ(blocks.size() + copied, all.size());
+    for (const mk::AgStep& s : blocks) EXPECT_FALSE(s.kind == mk::kAgPush && s.shard == r) << "an own push left";
+    // The blocks keep the plan's order for what is theirs.
+    size_t j = 0;
+    for (const mk::AgStep& s : all)
+      if (j < blocks.size() && std::memcmp(&s, &blocks[j], sizeof(s)) == 0) ++j;
+    EXPECT_EQ(j, blocks.size());
+  }
+  // One GPU per node: nothing for the copy engines.
+  const mk::AgGeometry g{mk::FusedLayout{4, 1}, 2, 512, 64, 128};
+  EXPECT_EQ(mk::ag_block_steps(g, true).size(), mk::ag_steps(g).size());
 }
 
 TEST(AgGemmPlan, Geometry) {

@@ -12,7 +12,7 @@
 // new data; argument errors and ranks that disagree on the shape. Then a random family
 // (random_cases.h): 4 cases by default drawn from the seed, any m_local in [1, 700], n_local and
 // k multiples of 8 in [8, 1024] and [16, 1536], 1 to 8 chunks per shard, clusters of 1 or 2, with
-// or without the gathered output, on a random layout.
+// or without the gathered output, with pushes by the blocks or the copy engines, on a random layout.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -53,6 +53,7 @@ struct Case {
   int cluster_m = 1;
   bool gathered_out = true;
   uint32_t launches_before = 0;  // launches of the communicator before the op is planned
+  bool copy_engine = false;      // AllGatherGemmConfig::copy_engine_pushes
 };
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
@@ -85,6 +86,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   rt::AllGatherGemmConfig cfg;
   cfg.chunk_rows = cs.chunk_rows;
   cfg.cluster_m = cs.cluster_m;
+  cfg.copy_engine_pushes = cs.copy_engine;
   if (shared_gpu) {
     // Every rank's kernel must be resident at once on the one GPU: split its 132 SMs.
     const int per_rank = 132 / static_cast<int>(R);
@@ -222,8 +224,9 @@ rt::Options options_for(const Case& cs) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "ag");
   if (!cluster.start()) return 1;
-  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s%s\n",
+  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s%s%s\n",
               cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
+              cs.copy_engine ? " copy-engine pushes" : "",
               cs.launches_before ? (" after " + std::to_string(cs.launches_before) + " launches").c_str() : "",
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   const auto t0 = std::chrono::steady_clock::now();
@@ -363,6 +366,11 @@ int main() {
       {{2, 1, "tcp;ofi_rxm"}, 130, 128, 256, 64, 1, true},
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true},     // rail peers, then NVLink
       {{2, 1, "shm"}, 130, 128, 256, 0, 1, true, 300},  // planned after 300 launches, across nodes
+      // Copy-engine pushes (ag_gemm_plan.h note 5): the own chunks by one copy stream per peer.
+      {{1, 2, "shm"}, 300, 264, 520, 0, 1, true, 0, true},
+      {{1, 2, "shm"}, 512, 256, 512, 128, 2, false, 0, true},
+      {{1, 3, "shm"}, 200, 136, 264, 50, 1, true, 0, true},
+      {{2, 2, "shm"}, 130, 128, 256, 0, 1, true, 0, true},  // forwards stay with the blocks
   };
   // The random family (random_cases.h): shapes nobody chose, from the printed seed.
   std::vector<Case> all = cases;
@@ -378,8 +386,10 @@ int main() {
     cs.chunk_rows = draw.coin() ? 0 : (cs.m_local + chunks - 1) / chunks;
     cs.cluster_m = draw.coin() ? 2 : 1;
     cs.gathered_out = draw.coin();
-    std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d\n", i,
-                cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out);
+    cs.copy_engine = draw.coin();
+    std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d ce %d\n", i,
+                cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
+                cs.copy_engine);
     all.push_back(cs);
   }
   all = fused_test::select_cases(all, "MKERNEL_AG_CASES");  // e.g. "0,9": a subset, for quick runs

@@ -1,8 +1,10 @@
-// AllGather+GEMM and GEMM+ReduceScatter, each with a peer process killed mid-launch: two ranks as
-// two processes on one mkerneld (one node; on two GPUs when there are two, else both on GPU 0). Both plan the op;
-// rank 0 launches; rank 1 is killed before it sends its rows. Rank 0's kernel must end within
-// the documented bound (Options::device_wait_timeout_ns, here 2 s, plus the time the last wait
-// had started before) and Communicator::check() must name the rank, the step and the cause.
+// AllGather+GEMM (its pushes by the blocks, then by the copy engines) and GEMM+ReduceScatter,
+// each with a peer process killed mid-launch: two ranks as two processes on one mkerneld (one
+// node; on two GPUs when there are two, else both on GPU 0). Both plan the op; rank 0 launches;
+// rank 1 is killed before it sends its rows. Rank 0's kernel must end within the documented
+// bound (Options::device_wait_timeout_ns, here 2 s, plus the time the last wait had started
+// before) and Communicator::check() must name the rank, the step and the cause; with copy-engine
+// pushes its copy stream must end too (the kernel opened its gate), or the stream would hang.
 // With two GPUs a first launch by both ranks must succeed (the ranks' kernels run side by side;
 // on one shared GPU two processes' kernels only take turns, so that part needs two GPUs).
 #include <cuda_bf16.h>
@@ -41,7 +43,16 @@ bool read_byte(int fd, char* c, int timeout_ms) {
   return false;
 }
 
-enum class Op { kAllGatherGemm, kGemmReduceScatter };
+enum class Op { kAllGatherGemm, kAllGatherGemmCopyEngine, kGemmReduceScatter };
+
+const char* op_name(Op which) {
+  switch (which) {
+    case Op::kAllGatherGemm: return "all_gather_gemm";
+    case Op::kAllGatherGemmCopyEngine: return "all_gather_gemm, copy-engine pushes";
+    case Op::kGemmReduceScatter: return "gemm_reduce_scatter";
+  }
+  return "?";
+}
 
 // The op under test behind one launch call (A [M, k] for GEMM+ReduceScatter, its rows otherwise).
 struct AnyOp {
@@ -71,8 +82,10 @@ int rank_main(Op which, uint32_t rank, int device, const rt::UniqueId& id, const
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   AnyOp op;
   mkernel::Status planned;
-  if (which == Op::kAllGatherGemm) {
-    auto made = rt::AllGatherGemm::create(*comm.value(), kMLocal, kN, kK, {}, stream);
+  if (which != Op::kGemmReduceScatter) {
+    rt::AllGatherGemmConfig cfg;
+    cfg.copy_engine_pushes = which == Op::kAllGatherGemmCopyEngine;
+    auto made = rt::AllGatherGemm::create(*comm.value(), kMLocal, kN, kK, cfg, stream);
     planned = made.status();
     if (made.ok()) op.ag = std::move(made.value());
   } else {
@@ -127,7 +140,7 @@ int rank_main(Op which, uint32_t rank, int device, const rt::UniqueId& id, const
   expect(ms < (kBoundNs / 1e6) * 2 + 1000, "ended " + std::to_string(ms) + " ms after the launch; bound " +
                                                std::to_string(kBoundNs / 1000000) + " ms per wait");
   std::printf("rank 0 (%s): peer killed mid-launch; the kernel ended %.0f ms after the launch (bound %llu ms); check(): %s\n",
-              which == Op::kAllGatherGemm ? "all_gather_gemm" : "gemm_reduce_scatter", ms,
+              op_name(which), ms,
               static_cast<unsigned long long>(kBoundNs / 1000000), why.to_string().c_str());
   // The communicator stays failed: the next launch's waits end at once.
   return fails;
@@ -198,7 +211,8 @@ int main() {
     std::printf("SKIPPED ag_gemm_kill_gpu_test: needs a CUDA GPU, found none\n");
     return 77;
   }
-  const int failures = run_op(Op::kAllGatherGemm) + run_op(Op::kGemmReduceScatter);
+  const int failures =
+      run_op(Op::kAllGatherGemm) + run_op(Op::kAllGatherGemmCopyEngine) + run_op(Op::kGemmReduceScatter);
   if (failures == 0) std::printf("PASS ag_gemm_kill_gpu_test\n");
   return failures == 0 ? 0 : 1;
 }

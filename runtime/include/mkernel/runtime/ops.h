@@ -72,6 +72,10 @@ struct AllGatherGemmConfig {
   int cluster_m = 0;        // 1 or 2
   uint32_t chunk_rows = 0;  // rows moved and flagged together
   bool bulk_copies = true;  // GPU-memory copies by TMA bulk copies (false: 16-byte loads/stores)
+  // The own rows to the node peers by the copy engines (one stream per peer beside the kernel)
+  // instead of the communication blocks, which then only copy locally (docs/api.md). Off until
+  // measured on two GPUs against the blocks.
+  bool copy_engine_pushes = false;
 };
 
 // Options::nvlink_bytes and Options::network_workspace_bytes an AllGather+GEMM of this size needs.
