@@ -4,8 +4,12 @@
 # none for AllReduce), AllGather+GEMM's block-split and copy variants (copy-engine pushes
 # included), and with --nodes two nodes emulated through the proxies; appended to $OUT/ag_gemm.jsonl, $OUT/gemm_rs.jsonl and
 # $OUT/gemm_ar.jsonl, tables last.
-#   bench/fused/run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]
+#   [PARTS="ag ag-torch rs ar"] bench/fused/run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]
+# PARTS (default: all) splits the run over several device calls of at most 10 minutes:
+#   ag (the fused op, blocks' and copy engines' pushes), ag-variants (block counts, 16-byte copies),
+#   ag-torch (PyTorch's ops), rs (GEMM+ReduceScatter and PyTorch's), ar (GEMM+AllReduce).
 set -u
+PARTS=${PARTS:-ag ag-variants ag-torch rs ar}
 bundle=${1:?usage: run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]}
 commit=${2:?commit}
 machine=${3:?machine}
@@ -38,21 +42,30 @@ ar_bench() {  # name, timeout, args...
   timeout "$t" "$bundle/bin/gemm_rs_bench" --world "$gpus" "$@" "${ar_common[@]}" > "$OUT/$name.log" 2>&1
   echo "exit $?"
 }
-bench main 200 --shapes "$big" --small-m --iters 40 --rounds 4
-bench comm12 60 --shapes 4096x8192x8192,8192x8192x8192 --comm-blocks 12 --iters 30 --rounds 3
-bench lsu 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --iters 30 --rounds 3
-bench lsu12 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --comm-blocks 12 --iters 30 --rounds 3
-bench ce 150 --shapes "$big" --small-m --copy-engine --iters 30 --rounds 3
-echo "== PyTorch"
-timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
-  --iters 40 "${common[@]}" > "$OUT/torch.log" 2>&1
-echo "exit $?"
-rs_bench rs_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
-echo "== PyTorch GEMM+ReduceScatter (after rs_main: its table reads mkernel's medians from gemm_rs.jsonl)"
-timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/gemm_rs_torch.py --small-m --odd \
-  --iters 40 "${rs_common[@]}" > "$OUT/rs_torch.log" 2>&1
-echo "exit $?"
-ar_bench ar_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+if want ag; then
+  bench main 200 --shapes "$big" --small-m --iters 40 --rounds 4
+  bench ce 150 --shapes "$big" --small-m --copy-engine --iters 30 --rounds 3
+fi
+if want ag-variants; then
+  bench comm12 60 --shapes 4096x8192x8192,8192x8192x8192 --comm-blocks 12 --iters 30 --rounds 3
+  bench lsu 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --iters 30 --rounds 3
+  bench lsu12 60 --shapes 4096x8192x8192,8192x8192x8192 --lsu --comm-blocks 12 --iters 30 --rounds 3
+fi
+if want ag-torch; then
+  echo "== PyTorch"
+  timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/ag_gemm_torch.py --small-m \
+    --iters 40 "${common[@]}" > "$OUT/torch.log" 2>&1
+  echo "exit $?"
+fi
+if want rs; then
+  rs_bench rs_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
+  echo "== PyTorch GEMM+ReduceScatter (after rs_main: its table reads mkernel's medians from gemm_rs.jsonl)"
+  timeout 170 "$py" -m torch.distributed.run --nproc_per_node="$gpus" bench/fused/gemm_rs_torch.py --small-m --odd \
+    --iters 40 "${rs_common[@]}" > "$OUT/rs_torch.log" 2>&1
+  echo "exit $?"
+fi
+want ar && ar_bench ar_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
 if [ "$nodes" = "--nodes" ]; then
   bench nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
   rs_bench rs_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
@@ -61,11 +74,11 @@ fi
 for f in main comm12 lsu lsu12 ce nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^ag_gemm_bench|exit|failed|FAIL' "$OUT/$f.log" | cut -c1-130
 done
-grep -E '^[0-9]+x' "$OUT/torch.log"
+[ -f "$OUT/torch.log" ] && grep -E '^[0-9]+x' "$OUT/torch.log"
 for f in rs_main rs_nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^gemm_rs_bench|^checked|exit|failed|FAIL|wrong' "$OUT/$f.log" | cut -c1-130
 done
-sed -n '/^gemm_rs_torch: world/,$p' "$OUT/rs_torch.log"; grep -E 'failed|disagrees' "$OUT/rs_torch.log"
+[ -f "$OUT/rs_torch.log" ] && { sed -n '/^gemm_rs_torch: world/,$p' "$OUT/rs_torch.log"; grep -E 'failed|disagrees' "$OUT/rs_torch.log"; }
 for f in ar_main ar_nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^gemm_rs_bench|^checked|exit|failed|FAIL|wrong' "$OUT/$f.log" | cut -c1-130
 done
