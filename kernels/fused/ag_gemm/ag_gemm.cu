@@ -68,7 +68,7 @@ const StreamMemOps& stream_mem_ops() {
 }  // namespace
 
 int ag_default_comm_blocks(const FusedLayout& layout, bool copy_engine_pushes) {
-  if (copy_engine_pushes && layout.nodes == 1) return 2;
+  if (copy_engine_pushes && layout.nodes == 1) return 1;
   const int blocks = 2 + 8 * static_cast<int>(layout.gpus - 1) + (layout.nodes > 1 ? 4 : 0);
   return std::min(16, blocks);
 }
@@ -188,6 +188,11 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
       return cuda_fail("cudaMalloc (copy-engine gates)", e);
     if (cudaError_t e = cudaMemset(p->go_, 0, sizeof(uint32_t) * s.layout.gpus); e != cudaSuccess)
       return cuda_fail("cudaMemset (copy-engine gates)", e);
+    const size_t pieces = size_t{s.layout.world()} * geo.chunks();
+    if (cudaError_t e = cudaMalloc(&p->out_go_, sizeof(uint32_t) * pieces); e != cudaSuccess)
+      return cuda_fail("cudaMalloc (gathered-output gates)", e);
+    if (cudaError_t e = cudaMemset(p->out_go_, 0, sizeof(uint32_t) * pieces); e != cudaSuccess)
+      return cuda_fail("cudaMemset (gathered-output gates)", e);
     const std::vector<std::vector<AgStep>> lists = ag_copy_engine_pushes(geo);
     p->ce_.resize(s.layout.gpus);
     for (uint32_t i = 1; i < s.layout.gpus; ++i) {
@@ -238,6 +243,7 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
     return cuda_fail("cudaMemset (step counters)", e);
   ra.step_done = p->step_done_;
   ra.go = p->go_;
+  ra.out_go = p->out_go_;
   if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(AgGemmRoleArgs)); e != cudaSuccess)
     return cuda_fail("cudaMalloc (role arguments)", e);
   if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
@@ -260,6 +266,40 @@ AgGemmPlan::~AgGemmPlan() {
     if (peer.stream != nullptr) (void)cudaStreamDestroy(peer.stream);
   }
   if (go_ != nullptr) (void)cudaFree(go_);
+  if (out_go_ != nullptr) (void)cudaFree(out_go_);
+}
+
+namespace {
+GemmResult mem_op_fail(const char* what, CUresult r) {
+  return fail(GemmError::kCudaError, std::string("copy-engine pushes: ") + what + " failed (CUresult " +
+                                         std::to_string(static_cast<int>(r)) + ")");
+}
+}  // namespace
+
+// With copy-engine pushes, on the side stream after the copy of the own rows: every other rank's
+// chunk, once its gate opened (AgGemmRole: open_out_gates), from the gathered buffer into
+// gathered_out, in the order the kernel opens the gates.
+GemmResult AgGemmPlan::enqueue_ce_gathered_out(void* gathered_out) {
+  const StreamMemOps& ops = stream_mem_ops();
+  auto* out = static_cast<uint8_t*>(gathered_out);
+  const auto* in = static_cast<const uint8_t*>(gathered_);
+  const uint32_t chunks = geo_.chunks();
+  for (uint32_t i = 0; i < geo_.layout.world() * chunks; ++i) {
+    const uint32_t shard = i / chunks, chunk = i % chunks;
+    if (shard == geo_.rank) continue;
+    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(out_go_ + i);
+    if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(side_), gate, 1, CU_STREAM_WAIT_VALUE_EQ); r != CUDA_SUCCESS)
+      return mem_op_fail("cuStreamWaitValue32", r);
+    if (CUresult r = ops.write32(reinterpret_cast<CUstream>(side_), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
+        r != CUDA_SUCCESS)
+      return mem_op_fail("cuStreamWriteValue32", r);
+    const uint64_t at = uint64_t{shard} * geo_.shard_bytes() + uint64_t{chunk} * geo_.chunk_rows * geo_.row_bytes();
+    if (cudaError_t e = cudaMemcpyAsync(out + at, in + at, uint64_t{geo_.rows_of_chunk(chunk)} * geo_.row_bytes(),
+                                        cudaMemcpyDeviceToDevice, side_);
+        e != cudaSuccess)
+      return cuda_fail("copy-engine pushes: the gathered output's cudaMemcpyAsync", e);
+  }
+  return {};
 }
 
 // After the kernel is enqueued (so it runs and opens the gates, whatever happens to it): per node
@@ -276,12 +316,10 @@ GemmResult AgGemmPlan::enqueue_ce_pushes(const void* a_local, cudaStream_t strea
     if (e != cudaSuccess) return cuda_fail("copy-engine pushes: waiting for the fork", e);
     if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(peer.stream), gate, 1, CU_STREAM_WAIT_VALUE_EQ);
         r != CUDA_SUCCESS)
-      return fail(GemmError::kCudaError, "copy-engine pushes: cuStreamWaitValue32 failed (CUresult " +
-                                             std::to_string(static_cast<int>(r)) + ")");
+      return mem_op_fail("cuStreamWaitValue32", r);
     if (CUresult r = ops.write32(reinterpret_cast<CUstream>(peer.stream), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
         r != CUDA_SUCCESS)
-      return fail(GemmError::kCudaError, "copy-engine pushes: cuStreamWriteValue32 failed (CUresult " +
-                                             std::to_string(static_cast<int>(r)) + ")");
+      return mem_op_fail("cuStreamWriteValue32", r);
     for (const CePush& c : peer.pushes) {
       e = cudaMemcpyAsync(c.dst, src + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, peer.stream);
       if (e == cudaSuccess)
@@ -308,9 +346,9 @@ GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void*
     return fail(GemmError::kCudaError, "an earlier launch of this plan failed while enqueuing its copy-engine pushes (" +
                                            ce_broken_ + "); make a new plan");
   if (gathered_out == nullptr && ce_.empty()) return launch_with_role(gemm_, stream);
-  // Fork: the copy engines write the own rows of the gathered output and (copy_engine_pushes)
-  // the own chunks into the node peers while the kernel runs; join before anything later on
-  // `stream`.
+  // Fork: the copy engines write the gathered output (the own rows at once; with copy-engine
+  // pushes also the other ranks' chunks as they arrive) and (copy-engine pushes) the own chunks
+  // into the node peers while the kernel runs; join before anything later on `stream`.
   if (cudaError_t e = cudaEventRecord(fork_, stream); e != cudaSuccess) return cuda_fail("recording the fork", e);
   if (gathered_out != nullptr) {
     const uint64_t own_at = uint64_t{geo_.rank} * geo_.shard_bytes();
@@ -318,20 +356,22 @@ GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void*
     if (e == cudaSuccess)
       e = cudaMemcpyAsync(static_cast<uint8_t*>(gathered_out) + own_at, a_local, geo_.shard_bytes(),
                           cudaMemcpyDeviceToDevice, side_);
-    if (e == cudaSuccess) e = cudaEventRecord(join_, side_);
     if (e != cudaSuccess) return cuda_fail("the gathered output's copy of the own rows", e);
   }
   r = launch_with_role(gemm_, stream);
-  if (gathered_out != nullptr)
-    if (const cudaError_t j = cudaStreamWaitEvent(stream, join_, 0); j != cudaSuccess && r.ok())
-      return cuda_fail("joining the copy of the own rows", j);
-  // The copy streams only behind a kernel that was enqueued: their gates open from inside it.
-  if (!r.ok() || ce_.empty()) return r;
-  r = enqueue_ce_pushes(a_local, stream);
-  // A copy stream left half enqueued may hold its gate's reset back: the plan is not launched
-  // again (its gates could let a later launch's copies through early).
-  if (!r.ok()) ce_broken_ = r.message;
-  return r;
+  // Gated copies only behind a kernel that was enqueued: their gates open from inside it. A
+  // stream left half enqueued may hold a gate's reset back, so the plan is not launched again
+  // (a later launch's copies could pass a gate early).
+  GemmResult queued;
+  if (r.ok() && gathered_out != nullptr && !ce_.empty()) queued = enqueue_ce_gathered_out(gathered_out);
+  if (gathered_out != nullptr) {
+    cudaError_t j = cudaEventRecord(join_, side_);
+    if (j == cudaSuccess) j = cudaStreamWaitEvent(stream, join_, 0);
+    if (j != cudaSuccess && r.ok() && queued.ok()) queued = cuda_fail("joining the gathered output's copies", j);
+  }
+  if (r.ok() && queued.ok() && !ce_.empty()) queued = enqueue_ce_pushes(a_local, stream);
+  if (!queued.ok() && !ce_.empty()) ce_broken_ = queued.message;
+  return r.ok() ? queued : r;
 }
 
 std::string AgGemmPlan::describe() const {

@@ -51,6 +51,10 @@ struct AgGemmRoleArgs {
   // finished its previous fused launch; the peer's copy stream waits for go[i] == 1
   // (cuStreamWaitValue32) and sets it back to 0.
   uint32_t* go = nullptr;  // device memory, gpus words (word 0 unused); null: SM pushes
+  // With copy-engine pushes the gathered output goes by the copy engine too: block 0 opens the
+  // gate of piece shard * chunks + chunk (out_go) once that chunk is in the gathered buffer; the
+  // side stream waits for it, closes it and copies the chunk into gathered_out.
+  uint32_t* out_go = nullptr;  // device memory, world * chunks words; null with SM pushes
 };
 
 #if defined(__CUDACC__)
@@ -228,6 +232,23 @@ __device__ __forceinline__ void open_gates(const Ctx& x) {
   }
 }
 
+// Thread 0 of role block 0, with copy-engine pushes and a gathered output: open the gate of each
+// other rank's chunk once it is in the gathered buffer, in the order the side stream copies them
+// (ag_gemm.cu). Every gate opens, also after a failure (`ok` false, or a wait that expired: the
+// error is in the status word), so the side stream never waits past the kernel.
+__device__ __forceinline__ void open_out_gates(const Ctx& x, bool ok) {
+  const WaitContext w = wait_context(x.c);
+  const uint32_t pieces = x.a.layout.world() * x.a.chunks;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    const uint32_t shard = i / x.a.chunks, chunk = i % x.a.chunks;
+    if (shard == x.a.rank) continue;
+    const uint32_t f = x.ready_flag(shard, chunk);
+    if (ok) ok = wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk));
+    sync::fence_acq_rel_sys();
+    sync::st_relaxed_sys(x.a.out_go + i, 1u);
+  }
+}
+
 }  // namespace ag_detail
 
 struct AgGemmRole {
@@ -251,12 +272,18 @@ struct AgGemmRole {
     if (a.go != nullptr && role_block == 0 && threadIdx.x == 0) ag_detail::open_gates(x);
     // Every block takes part in every step (its slice), in the plan's order (with copy-engine
     // pushes, the plan without the own chunks' pushes: ag_block_steps).
-    for (uint32_t i = 0; i < a.num_steps; ++i) {
-      if (!ag_detail::run_step(x, i, a.steps[i], copier, role_block, num_role_blocks)) return;
+    bool steps_ok = true;
+    for (uint32_t i = 0; i < a.num_steps && steps_ok; ++i)
+      steps_ok = ag_detail::run_step(x, i, a.steps[i], copier, role_block, num_role_blocks);
+    if (x.gathered_out == nullptr) return;
+    // The gathered output with copy-engine pushes: its gates, opened whatever happened above.
+    if (a.out_go != nullptr) {
+      if (role_block == 0 && threadIdx.x == 0) ag_detail::open_out_gates(x, steps_ok);
+      return;
     }
+    if (!steps_ok) return;
     // The gathered output, when the caller asked for one: every other rank's chunk once it is
     // here, each block its slice (the own rows are the copy engine's, ag_gemm.cu).
-    if (x.gathered_out == nullptr) return;
     const WaitContext w = wait_context(a.comm);
     const uint32_t pieces = a.layout.world() * a.chunks;
     __shared__ bool ok;

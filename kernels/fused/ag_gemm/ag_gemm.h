@@ -36,7 +36,8 @@ struct AgGemmConfig {
   bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
   // The pushes of this rank's own chunks to its node peers by the copy engines (one stream per
   // peer beside the kernel: each chunk, then its ready flag, copied from the launch counter) in
-  // place of the communication blocks. Forwarding between nodes stays with the blocks.
+  // place of the communication blocks, and the gathered output's copies too (each chunk once it
+  // arrived). Forwarding between nodes stays with the blocks.
   bool copy_engine_pushes = false;
 };
 
@@ -46,8 +47,8 @@ struct AgGemmConfig {
 // time, so: eight per node peer, four for the network path (staging and forwarding), two for the
 // copies into the workspace and the gathered output; at most 16, so the GEMM keeps at least 116
 // of 132 SMs. A starting rule, to be replaced by measured splits (and later the adaptive one).
-// With copy-engine pushes on one node the blocks only copy into the workspace and the gathered
-// output: two.
+// With copy-engine pushes on one node the copy engines also fill the gathered output, and the
+// blocks only copy the own rows that straddling tiles read from the workspace: one.
 int ag_default_comm_blocks(const FusedLayout& layout, bool copy_engine_pushes = false);
 
 struct AgGemmSetup {
@@ -106,6 +107,8 @@ class AgGemmPlan {
   };
   std::vector<CePeer> ce_;     // empty: SM pushes
   uint32_t* go_ = nullptr;     // device memory, gpus words
+  uint32_t* out_go_ = nullptr; // device memory, world * chunks words: the gathered output's gates
+  GemmResult enqueue_ce_gathered_out(void* gathered_out);
   std::string ce_broken_;      // why an earlier launch left the copy streams unusable ("": none)
   GemmResult enqueue_ce_pushes(const void* a_local, cudaStream_t stream);
 };
