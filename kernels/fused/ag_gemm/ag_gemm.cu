@@ -193,25 +193,22 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
       return cuda_fail("cudaMalloc (gathered-output gates)", e);
     if (cudaError_t e = cudaMemset(p->out_go_, 0, sizeof(uint32_t) * pieces); e != cudaSuccess)
       return cuda_fail("cudaMemset (gathered-output gates)", e);
-    const std::vector<std::vector<AgStep>> lists = ag_copy_engine_pushes(geo);
+    std::vector<std::vector<AgCopy>> lists = ag_copy_engine_copies(geo, nl.fused_flags_offset());
     p->ce_.resize(s.layout.gpus);
     for (uint32_t i = 1; i < s.layout.gpus; ++i) {
       CePeer& peer = p->ce_[i];
+      const uint32_t to = s.layout.node_peer(c.rank, i);
+      peer.base = nvl[to];
+      if (peer.base == nullptr)
+        return fail(GemmError::kInvalidConfig,
+                    "copy_engine_pushes: node peer rank " + std::to_string(to) + "'s NVLink buffer is not mapped here");
       if (cudaError_t e = cudaStreamCreateWithFlags(&peer.stream, cudaStreamNonBlocking); e != cudaSuccess)
         return cuda_fail("cudaStreamCreate (copy-engine pushes)", e);
       if (cudaError_t e = cudaEventCreateWithFlags(&peer.join, cudaEventDisableTiming); e != cudaSuccess)
         return cuda_fail("cudaEventCreate (copy-engine pushes)", e);
-      for (const AgStep& st : lists[i]) {
-        uint8_t* base = nvl[st.peer];
-        if (base == nullptr)
-          return fail(GemmError::kInvalidConfig, "copy_engine_pushes: node peer rank " + std::to_string(st.peer) +
-                                                     "'s NVLink buffer is not mapped here");
-        const uint64_t off = uint64_t{st.chunk} * geo.chunk_rows * geo.row_bytes();
-        peer.pushes.push_back(CePush{base + uint64_t{st.shard} * geo.shard_bytes() + off, off,
-                                     uint64_t{geo.rows_of_chunk(st.chunk)} * geo.row_bytes(),
-                                     base + nl.fused_flags_offset() + uint64_t{geo.ready_flag(st.shard, st.chunk)} * 8});
-      }
+      peer.copies = std::move(lists[i]);
     }
+    p->out_copies_ = ag_gathered_out_copies(geo);
   }
 
   // The movement plan and the role's arguments, in device memory.
@@ -283,19 +280,15 @@ GemmResult AgGemmPlan::enqueue_ce_gathered_out(void* gathered_out) {
   const StreamMemOps& ops = stream_mem_ops();
   auto* out = static_cast<uint8_t*>(gathered_out);
   const auto* in = static_cast<const uint8_t*>(gathered_);
-  const uint32_t chunks = geo_.chunks();
-  for (uint32_t i = 0; i < geo_.layout.world() * chunks; ++i) {
-    const uint32_t shard = i / chunks, chunk = i % chunks;
-    if (shard == geo_.rank) continue;
-    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(out_go_ + i);
+  for (const AgCopy& c : out_copies_) {
+    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(out_go_ + c.gate);
     if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(side_), gate, 1, CU_STREAM_WAIT_VALUE_EQ); r != CUDA_SUCCESS)
       return mem_op_fail("cuStreamWaitValue32", r);
     if (CUresult r = ops.write32(reinterpret_cast<CUstream>(side_), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
         r != CUDA_SUCCESS)
       return mem_op_fail("cuStreamWriteValue32", r);
-    const uint64_t at = uint64_t{shard} * geo_.shard_bytes() + uint64_t{chunk} * geo_.chunk_rows * geo_.row_bytes();
-    if (cudaError_t e = cudaMemcpyAsync(out + at, in + at, uint64_t{geo_.rows_of_chunk(chunk)} * geo_.row_bytes(),
-                                        cudaMemcpyDeviceToDevice, side_);
+    if (cudaError_t e =
+            cudaMemcpyAsync(out + c.dst_offset, in + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, side_);
         e != cudaSuccess)
       return cuda_fail("copy-engine pushes: the gathered output's cudaMemcpyAsync", e);
   }
@@ -311,7 +304,7 @@ GemmResult AgGemmPlan::enqueue_ce_pushes(const void* a_local, cudaStream_t strea
   const auto* src = static_cast<const uint8_t*>(a_local);
   for (uint32_t i = 1; i < ce_.size(); ++i) {
     CePeer& peer = ce_[i];
-    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(go_ + i);
+    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(go_ + i);  // every copy of the peer waits at gate i
     cudaError_t e = cudaStreamWaitEvent(peer.stream, fork_, 0);
     if (e != cudaSuccess) return cuda_fail("copy-engine pushes: waiting for the fork", e);
     if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(peer.stream), gate, 1, CU_STREAM_WAIT_VALUE_EQ);
@@ -320,10 +313,11 @@ GemmResult AgGemmPlan::enqueue_ce_pushes(const void* a_local, cudaStream_t strea
     if (CUresult r = ops.write32(reinterpret_cast<CUstream>(peer.stream), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
         r != CUDA_SUCCESS)
       return mem_op_fail("cuStreamWriteValue32", r);
-    for (const CePush& c : peer.pushes) {
-      e = cudaMemcpyAsync(c.dst, src + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, peer.stream);
+    for (const AgCopy& c : peer.copies) {
+      e = cudaMemcpyAsync(peer.base + c.dst_offset, src + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, peer.stream);
       if (e == cudaSuccess)
-        e = cudaMemcpyAsync(c.flag, setup_.comm.launch_counter, sizeof(uint64_t), cudaMemcpyDeviceToDevice, peer.stream);
+        e = cudaMemcpyAsync(peer.base + c.flag_offset, setup_.comm.launch_counter, sizeof(uint64_t),
+                            cudaMemcpyDeviceToDevice, peer.stream);
       if (e != cudaSuccess) return cuda_fail("copy-engine pushes: cudaMemcpyAsync", e);
     }
     e = cudaEventRecord(peer.join, peer.stream);

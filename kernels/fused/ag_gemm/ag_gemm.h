@@ -94,20 +94,16 @@ class AgGemmPlan {
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   // Copy-engine pushes (AgGemmConfig::copy_engine_pushes): per node peer i (1 .. gpus - 1), its
   // stream, its join event and its pushes in plan order; the gates (AgGemmRoleArgs::go).
-  struct CePush {
-    void* dst;            // the chunk in the peer's gathered buffer
-    uint64_t src_offset;  // the chunk in A_r (A_r comes with each launch)
-    uint64_t bytes;
-    void* flag;           // the chunk's ready flag in the peer's fused-op flags
-  };
   struct CePeer {
     cudaStream_t stream = nullptr;
     cudaEvent_t join = nullptr;
-    std::vector<CePush> pushes;
+    uint8_t* base = nullptr;      // the peer's NVLink buffer as mapped here
+    std::vector<AgCopy> copies;   // ag_copy_engine_copies
   };
   std::vector<CePeer> ce_;     // empty: SM pushes
   uint32_t* go_ = nullptr;     // device memory, gpus words
   uint32_t* out_go_ = nullptr; // device memory, world * chunks words: the gathered output's gates
+  std::vector<AgCopy> out_copies_;  // ag_gathered_out_copies
   GemmResult enqueue_ce_gathered_out(void* gathered_out);
   std::string ce_broken_;      // why an earlier launch left the copy streams unusable ("": none)
   GemmResult enqueue_ce_pushes(const void* a_local, cudaStream_t stream);

@@ -75,6 +75,41 @@ std::vector<std::vector<AgStep>> ag_copy_engine_pushes(const AgGeometry& g) {
   return out;
 }
 
+std::vector<std::vector<AgCopy>> ag_copy_engine_copies(const AgGeometry& g, uint64_t fused_flags_offset) {
+  const std::vector<std::vector<AgStep>> lists = ag_copy_engine_pushes(g);
+  std::vector<std::vector<AgCopy>> out(lists.size());
+  for (uint32_t i = 1; i < lists.size(); ++i)
+    for (const AgStep& s : lists[i]) {
+      AgCopy c;
+      c.shard = s.shard;
+      c.chunk = s.chunk;
+      c.gate = i;
+      c.src_offset = uint64_t{s.chunk} * g.chunk_rows * g.row_bytes();
+      c.dst_offset = uint64_t{s.shard} * g.shard_bytes() + c.src_offset;
+      c.bytes = uint64_t{g.rows_of_chunk(s.chunk)} * g.row_bytes();
+      c.flag_offset = fused_flags_offset + uint64_t{g.ready_flag(s.shard, s.chunk)} * 8;
+      out[i].push_back(c);
+    }
+  return out;
+}
+
+std::vector<AgCopy> ag_gathered_out_copies(const AgGeometry& g) {
+  std::vector<AgCopy> out;
+  for (uint32_t shard = 0; shard < g.layout.world(); ++shard) {
+    if (shard == g.rank) continue;
+    for (uint32_t c = 0; c < g.chunks(); ++c) {
+      AgCopy x;
+      x.shard = shard;
+      x.chunk = c;
+      x.gate = shard * g.chunks() + c;
+      x.src_offset = x.dst_offset = uint64_t{shard} * g.shard_bytes() + uint64_t{c} * g.chunk_rows * g.row_bytes();
+      x.bytes = uint64_t{g.rows_of_chunk(c)} * g.row_bytes();
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
 // ---- replay ------------------------------------------------------------------------------------
 
 namespace {

@@ -114,6 +114,25 @@ std::vector<AgStep> ag_steps(const AgGeometry& g);
 std::vector<AgStep> ag_block_steps(const AgGeometry& g, bool copy_engine_pushes);
 std::vector<std::vector<AgStep>> ag_copy_engine_pushes(const AgGeometry& g);
 
+// One copy of the copy engines, in bytes: `bytes` from `src_offset` to `dst_offset`, then (when
+// flag_offset != kAgNoFlag) the launch number into the 8 bytes at flag_offset; `gate` is the
+// word the copy waits at.
+inline constexpr uint64_t kAgNoFlag = ~uint64_t{0};
+struct AgCopy {
+  uint32_t shard = 0, chunk = 0;
+  uint32_t gate = 0;
+  uint64_t src_offset = 0, dst_offset = 0, bytes = 0;
+  uint64_t flag_offset = kAgNoFlag;
+};
+// The pushes of ag_copy_engine_pushes as copies: src in A_r, dst and flag in the node peer's
+// NVLink buffer (its gathered rows; its ready() flag, the fused-op flags starting at
+// `fused_flags_offset`, NvlLayout::fused_flags_offset); [i] for node peer i, gate i.
+std::vector<std::vector<AgCopy>> ag_copy_engine_copies(const AgGeometry& g, uint64_t fused_flags_offset);
+// The gathered output's copies with copy-engine pushes: every other rank's chunk from the
+// gathered buffer to the same offset of the output, in the order role block 0 opens their gates
+// (gate shard * chunks + chunk); no flag.
+std::vector<AgCopy> ag_gathered_out_copies(const AgGeometry& g);
+
 // ---- CPU replay (tests) --------------------------------------------------------------------------
 
 // Broken plans, to prove the replay's checks catch what they claim to.

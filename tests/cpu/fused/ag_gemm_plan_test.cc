@@ -183,6 +183,55 @@ TEST(AgGemmPlan, CopyEnginePushesSplitThePlan) {
   EXPECT_EQ(mk::ag_block_steps(g, true).size(), mk::ag_steps(g).size());
 }
 
+// The copies the copy engines make, in bytes (what the launcher adds base pointers to): each
+// node peer's copies fill exactly the rank's rows of the peer's gathered buffer from A_r, chunk
+// by chunk in plan order, each raising that chunk's ready() flag; the gathered output's copies
+// cover every other rank's rows once, each behind its own gate, in the order the kernel opens
+// them (shard by shard).
+TEST(AgGemmPlan, CopyEngineCopiesInBytes) {
+  constexpr uint64_t kFlags = uint64_t{1} << 40;  // where the fused-op flags start (past any data)
+  const mk::FusedLayout layouts[] = {{1, 2}, {1, 5}, {2, 3}, {1, 8}};
+  for (const mk::FusedLayout& l : layouts)
+    for (const uint32_t m_local : {1u, 300u, 1024u})
+      for (uint32_t r = 0; r < l.world(); ++r) {
+        const mk::AgGeometry g{l, r, m_local, 264, m_local == 1 ? 1u : 128u};
+        const auto peers = mk::ag_copy_engine_copies(g, kFlags);
+        ASSERT_EQ(peers.size(), l.gpus);
+        EXPECT_TRUE(peers[0].empty());
+        for (uint32_t i = 1; i < l.gpus; ++i) {
+          uint64_t next = 0;
+          for (const mk::AgCopy& c : peers[i]) {
+            EXPECT_EQ(c.gate, i);
+            EXPECT_EQ(c.shard, r);
+            EXPECT_EQ(c.src_offset, next) << "contiguous, in order";
+            EXPECT_EQ(c.dst_offset, r * g.shard_bytes() + next);
+            EXPECT_EQ(c.flag_offset, kFlags + 8 * uint64_t{g.ready_flag(r, c.chunk)});
+            EXPECT_LT(g.ready_flag(r, c.chunk), g.nvl_flags_needed());
+            EXPECT_GT(c.bytes, 0u);
+            next += c.bytes;
+          }
+          EXPECT_EQ(next, g.shard_bytes()) << "the whole shard to peer index " << i;
+        }
+        const auto out = mk::ag_gathered_out_copies(g);
+        std::set<uint32_t> gates;
+        uint64_t covered = 0;
+        uint32_t last_gate = 0;
+        for (const mk::AgCopy& c : out) {
+          EXPECT_NE(c.shard, r) << "the own rows go by the plain copy";
+          EXPECT_EQ(c.gate, c.shard * g.chunks() + c.chunk);
+          EXPECT_TRUE(gates.insert(c.gate).second) << "one gate per chunk";
+          EXPECT_TRUE(gates.size() == 1 || c.gate > last_gate) << "in the kernel's order";
+          last_gate = c.gate;
+          EXPECT_EQ(c.src_offset, c.dst_offset);
+          EXPECT_EQ(c.dst_offset, c.shard * g.shard_bytes() + uint64_t{c.chunk} * g.chunk_rows * g.row_bytes());
+          EXPECT_EQ(c.flag_offset, mk::kAgNoFlag);
+          covered += c.bytes;
+        }
+        EXPECT_EQ(covered, (l.world() - 1) * g.shard_bytes());
+        EXPECT_EQ(out.size(), size_t{l.world() - 1} * g.chunks());
+      }
+}
+
 TEST(AgGemmPlan, Geometry) {
   EXPECT_EQ(mk::ag_default_chunk_rows(1), 1u);
   EXPECT_EQ(mk::ag_default_chunk_rows(100), 100u);
