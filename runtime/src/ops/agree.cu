@@ -20,11 +20,14 @@ Status cuda_status(const char* what, cudaError_t e) {
 // One block. Thread 0 sends this rank's words to every other rank into the agreement's bank
 // (flag value: agree_flag_value(seq, word), so a later agreement's values are larger); every thread
 // then waits for its share of the other ranks' words and reads each once (the value that
-// satisfied the wait). table[q * W + i] gets rank q's word i; answered[q] = 1 when it came.
+// satisfied the wait). table[q * W + i] gets rank q's word i; answered[q] = 1 when it came; when
+// it did not, missing[q] = the word waited for and found[q] = the high half of what its flag held
+// at the end (0: nothing yet; s + 1: agreement s's value), for the error message.
 // A rank can be at most one agreement ahead of another (it needs the other's words to finish
 // one), so two banks, alternating, keep a word from being overwritten before it was read.
 __global__ void agree_kernel(mk::DeviceComm c, uint64_t seq, const uint32_t* mine, uint32_t words, uint32_t* table,
-                             uint32_t* answered, uint64_t timeout_ns, uint32_t* push_failed) {
+                             uint32_t* answered, uint32_t* missing, uint32_t* found, uint64_t timeout_ns,
+                             uint32_t* push_failed) {
   const uint32_t bank = static_cast<uint32_t>(seq % mk::kAgreeBanks);
   if (threadIdx.x == 0) {
     for (uint32_t q = 0; q < c.world_size && *push_failed == 0; ++q) {
@@ -54,7 +57,13 @@ __global__ void agree_kernel(mk::DeviceComm c, uint64_t seq, const uint32_t* min
       }
       const uint64_t* f = c.flags + mk::agree_flag_index(c, bank, q, i);
       ok = mk::wait_geq(f, mk::agree_flag_floor(seq), w, 0, 0);
-      if (ok) table[q * mk::kAgreeWords + i] = static_cast<uint32_t>(sync::ld_acquire_sys(f) & 0xFFFFFFFFu);
+      const uint64_t v = sync::ld_acquire_sys(f);
+      if (ok) {
+        table[q * mk::kAgreeWords + i] = static_cast<uint32_t>(v & 0xFFFFFFFFu);
+      } else {
+        missing[q] = i;
+        found[q] = static_cast<uint32_t>(v >> 32);
+      }
     }
     answered[q] = ok ? 1u : 0u;
   }
@@ -79,7 +88,8 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
   const uint32_t R = c.world_size;
   // Every rank agrees in the same order (each op's create), so the sequence numbers match.
   const uint64_t seq = comm.next_agreement();
-  const size_t count = W + size_t{R} * mk::kAgreeWords + R + 1;  // mine, table, answered, push_failed
+  // mine, table, answered, missing, found, push_failed
+  const size_t count = W + size_t{R} * mk::kAgreeWords + 3 * size_t{R} + 1;
   std::vector<uint32_t> host(count, 0);
   std::copy(words.begin(), words.end(), host.begin());
   uint32_t* dev = nullptr;
@@ -91,8 +101,9 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
     if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
     MK_RETURN_IF_ERROR(comm.begin_launch(stream));
     const uint64_t timeout_ns = static_cast<uint64_t>(comm.rendezvous_timeout().count()) * 1000000ull;
-    agree_kernel<<<1, 128, 0, stream>>>(c, seq, dev, W, dev + W, dev + W + size_t{R} * mk::kAgreeWords, timeout_ns,
-                                        dev + count - 1);
+    uint32_t* answered = dev + W + size_t{R} * mk::kAgreeWords;
+    agree_kernel<<<1, 128, 0, stream>>>(c, seq, dev, W, dev + W, answered, answered + R, answered + 2 * size_t{R},
+                                        timeout_ns, dev + count - 1);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_status("agreement kernel launch", e);
     e = cudaMemcpyAsync(host.data(), dev, count * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
     if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
@@ -109,14 +120,25 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
                                                 " could not push its agreement commands (ring full or stopped)");
   const uint32_t* table = host.data() + W;
   const uint32_t* answered = table + size_t{R} * mk::kAgreeWords;
-  std::string missing;
-  for (uint32_t q = 0; q < R; ++q)
-    if (answered[q] == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+  const uint32_t* missing_word = answered + R;
+  const uint32_t* found = missing_word + R;
+  std::string missing, seen;
+  for (uint32_t q = 0; q < R; ++q) {
+    if (answered[q] != 0) continue;
+    missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+    // What the flag held says which side is behind: nothing (the words never came), or an
+    // earlier agreement's (the ranks are not at the same agreement: a create() skipped on one).
+    if (seen.size() < 400)
+      seen += "; rank " + std::to_string(q) + "'s word " + std::to_string(missing_word[q]) + " holds " +
+              (found[q] == 0 ? std::string("nothing yet")
+                             : "agreement " + std::to_string(found[q] - 1) + "'s value");
+  }
   if (!missing.empty())
     return Status(StatusCode::kDeadlineExceeded,
                   what + ": rank(s) " + missing + " did not take part within " +
                       std::to_string(comm.rendezvous_timeout().count()) +
-                      " ms (every rank must create the op, with the same Options::num_flags)");
+                      " ms (every rank must create the op, with the same Options::num_flags; this rank is at "
+                      "agreement " + std::to_string(seq) + seen + ")");
   for (uint32_t q = 0; q < R; ++q)
     for (uint32_t i = 0; i < W; ++i)
       if (table[q * mk::kAgreeWords + i] != words[i])
