@@ -18,6 +18,9 @@
 //                 [--comm-blocks N] [--chunk-rows R] [--lsu] [--copy-engine]
 // --copy-engine: the own rows go to the node peers by copy engines (copy_engine_pushes); the
 // records' config says "ce".
+// --trace DIR: the fused op records where its time goes (AllGatherGemmConfig::trace); after the
+// timing, one more launch of it without the gathered output, and each rank writes that launch's
+// trace_report() to DIR/ag_trace_<M>x<N>x<K>_r<rank>.txt. Timings taken with it carry its cost.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -25,6 +28,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -72,8 +76,9 @@ struct Args {
   std::string provider = "shm";
   std::vector<Shape> shapes;
   int iters = 50, rounds = 5;
-  rt::AllGatherGemmConfig config;  // --comm-blocks, --lsu, --chunk-rows
+  rt::AllGatherGemmConfig config;  // --comm-blocks, --lsu, --chunk-rows, --copy-engine, --trace
   std::string jsonl, commit = "unknown", machine = "unknown";
+  std::string trace_dir;            // --trace
 };
 
 std::vector<Shape> parse_shapes(const std::string& s) {
@@ -255,6 +260,21 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s", rank, comm.check().to_string().c_str());
       return 1;
     }
+    if (!args.trace_dir.empty()) {  // one more launch, its trace to a file per rank
+      const mkernel::Status t = fused(nullptr);
+      cudaStreamSynchronize(st);
+      const std::string path = args.trace_dir + "/ag_trace_" + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                               std::to_string(s.k) + "_r" + std::to_string(rank) + ".txt";
+      FILE* f = std::fopen(path.c_str(), "w");
+      if (f == nullptr || !t.ok()) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: trace launch: %s; writing %s: %s", rank,
+                      t.to_string().c_str(), path.c_str(), f == nullptr ? std::strerror(errno) : "ok");
+        if (f != nullptr) std::fclose(f);
+        return 1;
+      }
+      std::fprintf(f, "%s\n%s", op.value()->describe().c_str(), op.value()->trace_report().c_str());
+      std::fclose(f);
+    }
     if (rank == 0)
       for (int impl = 0; impl < kImpls; ++impl)
         if (!times[impl].empty()) stats(times[impl], &sh->res[si][impl]);
@@ -285,6 +305,10 @@ int main(int argc, char** argv) {
     else if (a == "--chunk-rows") args.config.chunk_rows = static_cast<uint32_t>(std::atoi(next().c_str()));
     else if (a == "--lsu") args.config.bulk_copies = false;
     else if (a == "--copy-engine") args.config.copy_engine_pushes = true;
+    else if (a == "--trace") {
+      args.trace_dir = next();
+      args.config.trace = true;
+    }
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();

@@ -6,10 +6,11 @@
 # $OUT/gemm_ar.jsonl, tables last.
 #   [PARTS="ag ag-torch rs ar"] bench/fused/run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]
 # PARTS (default: all) splits the run over several device calls of at most 10 minutes:
-#   ag (the fused op, blocks' and copy engines' pushes), ag-variants (block counts, 16-byte copies),
+#   ag (the fused op, blocks' and copy engines' pushes), ag-trace (where a launch's time goes, both
+#   ways, rank 0's table printed), ag-variants (block counts, 16-byte copies),
 #   ag-torch (PyTorch's ops), rs (GEMM+ReduceScatter and PyTorch's), ar (GEMM+AllReduce).
 set -u
-PARTS=${PARTS:-ag ag-variants ag-torch rs ar}
+PARTS=${PARTS:-ag ag-trace ag-variants ag-torch rs ar}
 bundle=${1:?usage: run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]}
 commit=${2:?commit}
 machine=${3:?machine}
@@ -26,6 +27,14 @@ bench() {  # name, timeout, args...
   shift 2
   echo "== ag_gemm_bench $name: $*"
   timeout "$t" "$bundle/bin/ag_gemm_bench" --world "$gpus" "$@" "${common[@]}" > "$OUT/$name.log" 2>&1
+  echo "exit $?"
+}
+trace_bench() {  # name, timeout, args...: no records (its timings carry the trace's cost)
+  local name=$1 t=$2
+  shift 2
+  echo "== ag_gemm_bench $name: $*"
+  timeout "$t" "$bundle/bin/ag_gemm_bench" --world "$gpus" "$@" --commit "$commit" --machine "$machine" \
+    > "$OUT/$name.log" 2>&1
   echo "exit $?"
 }
 rs_bench() {  # name, timeout, args...
@@ -46,6 +55,11 @@ want() { [[ " $PARTS " == *" $1 "* ]]; }
 if want ag; then
   bench main 200 --shapes "$big" --small-m --iters 40 --rounds 4
   bench ce 150 --shapes "$big" --small-m --copy-engine --iters 30 --rounds 3
+fi
+if want ag-trace; then  # where the time goes, pushes by the blocks and by the copy engines (not timings)
+  mkdir -p "$OUT/trace_sm" "$OUT/trace_ce"
+  trace_bench trace_sm 60 --shapes 8192x8192x8192 --trace "$OUT/trace_sm" --iters 6 --rounds 1
+  trace_bench trace_ce 60 --shapes 8192x8192x8192 --copy-engine --trace "$OUT/trace_ce" --iters 6 --rounds 1
 fi
 if want ag-variants; then
   bench comm12 60 --shapes 4096x8192x8192,8192x8192x8192 --comm-blocks 12 --iters 30 --rounds 3
@@ -68,6 +82,9 @@ fi
 want ar && ar_bench ar_main 200 --shapes "$big" --small-m --odd --iters 40 --rounds 4
 if [ "$nodes" = "--nodes" ]; then
   bench nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
+  mkdir -p "$OUT/trace_nodes"
+  trace_bench trace_nodes 90 --nodes --provider shm --shapes 8192x8192x8192 --trace "$OUT/trace_nodes" --iters 4 \
+    --rounds 1
   rs_bench rs_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
   ar_bench ar_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
 fi
@@ -75,6 +92,9 @@ for f in main comm12 lsu lsu12 ce nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^ag_gemm_bench|exit|failed|FAIL' "$OUT/$f.log" | cut -c1-130
 done
 [ -f "$OUT/torch.log" ] && grep -E '^[0-9]+x' "$OUT/torch.log"
+for d in trace_sm trace_ce trace_nodes; do
+  for f in "$OUT/$d"/ag_trace_*_r0.txt; do [ -f "$f" ] && { echo "== $f"; head -c 6000 "$f"; }; done
+done
 for f in rs_main rs_nodes; do
   [ -f "$OUT/$f.log" ] && grep -E '^[0-9]+x|^gemm_rs_bench|^checked|exit|failed|FAIL|wrong' "$OUT/$f.log" | cut -c1-130
 done

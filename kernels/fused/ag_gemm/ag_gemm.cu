@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fused/ag_gemm/ag_gemm.cuh"
+#include "fused/ag_gemm/ag_trace.h"
 #include "gemm/sm90_bf16_gemm_dispatch.h"
 #include "gemm/sm90_bf16_gemm_launch.cuh"
 
@@ -241,6 +242,15 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   ra.step_done = p->step_done_;
   ra.go = p->go_;
   ra.out_go = p->out_go_;
+  p->block_steps_ = steps;
+  if (s.config.trace) {
+    p->trace_words_ = ag_trace_words(ra.num_steps, s.layout.world() * geo.chunks());
+    if (cudaError_t e = cudaMalloc(&p->trace_, p->trace_words_ * sizeof(uint64_t)); e != cudaSuccess)
+      return cuda_fail("cudaMalloc (trace)", e);
+    if (cudaError_t e = cudaMemset(p->trace_, 0, p->trace_words_ * sizeof(uint64_t)); e != cudaSuccess)
+      return cuda_fail("cudaMemset (trace)", e);
+    ra.trace = p->trace_;
+  }
   if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(AgGemmRoleArgs)); e != cudaSuccess)
     return cuda_fail("cudaMalloc (role arguments)", e);
   if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
@@ -264,6 +274,16 @@ AgGemmPlan::~AgGemmPlan() {
   }
   if (go_ != nullptr) (void)cudaFree(go_);
   if (out_go_ != nullptr) (void)cudaFree(out_go_);
+  if (trace_ != nullptr) (void)cudaFree(trace_);
+}
+
+std::string AgGemmPlan::trace_report() const {
+  if (trace_ == nullptr) return "trace: off (AgGemmConfig::trace)\n";
+  std::vector<uint64_t> stamps(trace_words_);
+  if (cudaError_t e = cudaMemcpy(stamps.data(), trace_, stamps.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost);
+      e != cudaSuccess)
+    return std::string("trace: reading the stamps failed: ") + cudaGetErrorString(e) + "\n";
+  return ag_trace_report(geo_, block_steps_, stamps);
 }
 
 namespace {
@@ -339,6 +359,10 @@ GemmResult AgGemmPlan::launch(const void* a_local, const void* w, void* c, void*
   if (!ce_broken_.empty())
     return fail(GemmError::kCudaError, "an earlier launch of this plan failed while enqueuing its copy-engine pushes (" +
                                            ce_broken_ + "); make a new plan");
+  // A stamp this launch does not reach must not be the previous launch's.
+  if (trace_ != nullptr)
+    if (cudaError_t e = cudaMemsetAsync(trace_, 0, trace_words_ * sizeof(uint64_t), stream); e != cudaSuccess)
+      return cuda_fail("clearing the trace", e);
   if (gathered_out == nullptr && ce_.empty()) return launch_with_role(gemm_, stream);
   // Fork: the copy engines write the gathered output (the own rows at once; with copy-engine
   // pushes also the other ranks' chunks as they arrive) and (copy-engine pushes) the own chunks
@@ -374,7 +398,8 @@ std::string AgGemmPlan::describe() const {
          ") m_local=" + std::to_string(geo_.m_local) + " k=" + std::to_string(geo_.k) +
          " n_local=" + std::to_string(setup_.n_local) + " chunks=" + std::to_string(geo_.chunks()) + "x" +
          std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) +
-         (setup_.config.bulk_copies ? " bulk" : " lsu") + (ce_.empty() ? "" : " ce") + " gemm " +
+         (setup_.config.bulk_copies ? " bulk" : " lsu") + (ce_.empty() ? "" : " ce") + (trace_ ? " trace" : "") +
+         " gemm " +
          gemm_config_string(gemm_);
 }
 

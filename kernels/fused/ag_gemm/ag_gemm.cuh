@@ -19,6 +19,7 @@
 #include "common/bulk_copy.cuh"
 #include "common/comm.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
+#include "fused/ag_gemm/ag_trace.h"
 #include "fused/common/launch_state.cuh"
 #include "fused/common/slice.cuh"
 #include "gemm/sm90_bf16_gemm_params.h"
@@ -55,6 +56,9 @@ struct AgGemmRoleArgs {
   // gate of piece shard * chunks + chunk (out_go) once that chunk is in the gathered buffer; the
   // side stream waits for it, closes it and copies the chunk into gathered_out.
   uint32_t* out_go = nullptr;  // device memory, world * chunks words; null with SM pushes
+  // AgGemmConfig::trace: %globaltimer stamps of the last launch (ag_trace.h has the layout);
+  // null: nothing is recorded.
+  uint64_t* trace = nullptr;
 };
 
 #if defined(__CUDACC__)
@@ -77,7 +81,8 @@ struct Ctx {
     return uint64_t{rows} * row_bytes();
   }
   __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return a.layout.nvl_op_flags() + shard * a.chunks + c; }
-  // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them.
+  // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them
+  // (AgGeometry::straddled is the host's copy of this rule, for the trace's report).
   __device__ bool straddled(uint32_t c) const {
     const uint64_t lo = uint64_t{a.rank} * a.m_local, hi = lo + a.m_local;
     const uint64_t m = uint64_t{a.layout.world()} * a.m_local;
@@ -139,8 +144,12 @@ __device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep&
                                          uint32_t block, uint32_t blocks) {
   __shared__ bool ok;
   __shared__ bool last;
+  uint64_t* const stamps = x.a.trace != nullptr ? x.a.trace + ag_trace_step(i) : nullptr;
+  const bool stamp = stamps != nullptr && block == 0 && threadIdx.x == 0;
   __syncthreads();  // every thread read the previous step's `ok` before it is written again
+  if (stamp) stamps[kAgTraceWaitFrom] = sync::globaltimer_ns();
   if (threadIdx.x == 0) ok = wait_step_inputs(x, s);
+  if (stamp) stamps[kAgTraceInputsReady] = sync::globaltimer_ns();
   __syncthreads();
   if (!ok) return false;
   const uint32_t r = x.a.rank;
@@ -183,6 +192,7 @@ __device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep&
   // them all before the flag (fence cumulativity).
   __syncwarp();
   __syncthreads();
+  if (stamp) stamps[kAgTraceSliceDone] = sync::globaltimer_ns();
   if (threadIdx.x == 0) {
     sync::fence_acq_rel_sys();
     last = atomicAdd(&x.a.step_done[i], 1u) == blocks - 1;
@@ -194,6 +204,7 @@ __device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep&
   __syncthreads();
   if (!ok) return false;
   if (!last || threadIdx.x != 0) return true;
+  if (stamps != nullptr) stamps[kAgTracePublished] = sync::globaltimer_ns();
   switch (s.kind) {
     case kAgLocal:
     case kAgReceive: raise_flag(x.a.ready + x.ready_flag(s.shard, s.chunk), x.launch); break;
@@ -230,6 +241,7 @@ __device__ __forceinline__ void open_gates(const Ctx& x) {
     sync::fence_acq_rel_sys();
     sync::st_relaxed_sys(x.a.go + i, 1u);
   }
+  if (x.a.trace != nullptr) x.a.trace[kAgTraceGatesOpen] = sync::globaltimer_ns();
 }
 
 // Thread 0 of role block 0, with copy-engine pushes and a gathered output: open the gate of each
@@ -244,8 +256,24 @@ __device__ __forceinline__ void open_out_gates(const Ctx& x, bool ok) {
     if (shard == x.a.rank) continue;
     const uint32_t f = x.ready_flag(shard, chunk);
     if (ok) ok = wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk));
+    if (x.a.trace != nullptr) x.a.trace[ag_trace_arrival(x.a.num_steps, i)] = sync::globaltimer_ns();
     sync::fence_acq_rel_sys();
     sync::st_relaxed_sys(x.a.out_go + i, 1u);
+  }
+}
+
+// Thread 0 of role block 0 with AgGemmConfig::trace, after its other work when open_out_gates
+// did not run: when each other rank's chunk was first seen here (not before this pass began:
+// the trace says when it began).
+__device__ __forceinline__ void stamp_arrivals(const Ctx& x) {
+  const WaitContext w = wait_context(x.c);
+  const uint32_t pieces = x.a.layout.world() * x.a.chunks;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    const uint32_t shard = i / x.a.chunks, chunk = i % x.a.chunks;
+    if (shard == x.a.rank) continue;
+    const uint32_t f = x.ready_flag(shard, chunk);
+    if (!wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk))) return;
+    x.a.trace[ag_trace_arrival(x.a.num_steps, i)] = sync::globaltimer_ns();
   }
 }
 
@@ -267,6 +295,8 @@ struct AgGemmRole {
     BulkCopier copier;
     if (threadIdx.x == 0)
       copier.init(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(role_smem_raw) + 1023) & ~uintptr_t{1023}));
+    const bool stamp = a.trace != nullptr && role_block == 0 && threadIdx.x == 0;
+    if (stamp) a.trace[kAgTraceStart] = sync::globaltimer_ns();
     // Copy-engine pushes: open every node peer's gate first, whatever happens (the copy streams
     // wait for it, and only a kernel that ends can release them: this is what bounds their wait).
     if (a.go != nullptr && role_block == 0 && threadIdx.x == 0) ag_detail::open_gates(x);
@@ -275,10 +305,14 @@ struct AgGemmRole {
     bool steps_ok = true;
     for (uint32_t i = 0; i < a.num_steps && steps_ok; ++i)
       steps_ok = ag_detail::run_step(x, i, a.steps[i], copier, role_block, num_role_blocks);
-    if (x.gathered_out == nullptr) return;
+    if (stamp) a.trace[kAgTraceStepsDone] = sync::globaltimer_ns();
     // The gathered output with copy-engine pushes: its gates, opened whatever happened above.
-    if (a.out_go != nullptr) {
+    if (x.gathered_out != nullptr && a.out_go != nullptr) {
       if (role_block == 0 && threadIdx.x == 0) ag_detail::open_out_gates(x, steps_ok);
+      return;
+    }
+    if (x.gathered_out == nullptr) {
+      if (stamp && steps_ok) ag_detail::stamp_arrivals(x);
       return;
     }
     if (!steps_ok) return;
@@ -294,6 +328,7 @@ struct AgGemmRole {
       __syncthreads();
       const uint32_t f = x.ready_flag(shard, chunk);
       if (threadIdx.x == 0) ok = wait_geq(a.ready + f, x.launch, w, f, where);
+      if (stamp) a.trace[ag_trace_arrival(a.num_steps, i)] = sync::globaltimer_ns();
       __syncthreads();
       if (!ok) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
@@ -312,7 +347,10 @@ struct AgGemmRole {
   // Thread 0 of every block after its work; the last block ends the launch (launch_state.cuh).
   __device__ static void block_exit(const GemmParams& p) {
     const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);
-    if (count_block_exit(a.comm)) end_fused_launch(a.comm, a.layout, a.rank);
+    if (count_block_exit(a.comm)) {
+      if (a.trace != nullptr) a.trace[kAgTraceEnd] = sync::globaltimer_ns();
+      end_fused_launch(a.comm, a.layout, a.rank);
+    }
   }
 
 };

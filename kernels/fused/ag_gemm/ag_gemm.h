@@ -39,6 +39,9 @@ struct AgGemmConfig {
   // place of the communication blocks, and the gathered output's copies too (each chunk once it
   // arrived). Forwarding between nodes stays with the blocks.
   bool copy_engine_pushes = false;
+  // Record where each launch's time goes (ag_trace.h; read with AgGemmPlan::trace_report): a few
+  // stamps per step, a memset per launch. A diagnostic, off by default.
+  bool trace = false;
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of
@@ -75,6 +78,10 @@ class AgGemmPlan {
   // aligned. Asynchronous; device-side errors land in the communicator's status word.
   GemmResult launch(const void* a_local, const void* w, void* c, void* gathered_out, cudaStream_t stream);
 
+  // The last launch's trace as a table (AgGemmConfig::trace; ag_trace.h). Reads device memory:
+  // call after the launch finished (e.g. after synchronising its stream).
+  std::string trace_report() const;
+
   const AgGeometry& geometry() const { return geo_; }
   const GemmPlan& gemm() const { return gemm_; }
   // e.g. "R=2 (1x2) m_local=4096 k=8192 n=4096 chunks=8x512 comm=4 gemm=128 n256 c2 ..."
@@ -104,6 +111,9 @@ class AgGemmPlan {
   uint32_t* go_ = nullptr;     // device memory, gpus words
   uint32_t* out_go_ = nullptr; // device memory, world * chunks words: the gathered output's gates
   std::vector<AgCopy> out_copies_;  // ag_gathered_out_copies
+  std::vector<AgStep> block_steps_;  // what the communication blocks run (host copy, for the trace)
+  uint64_t* trace_ = nullptr;        // device memory, ag_trace_words stamps; null unless config.trace
+  size_t trace_words_ = 0;
   GemmResult enqueue_ce_gathered_out(void* gathered_out);
   std::string ce_broken_;      // why an earlier launch left the copy streams unusable ("": none)
   GemmResult enqueue_ce_pushes(const void* a_local, cudaStream_t stream);

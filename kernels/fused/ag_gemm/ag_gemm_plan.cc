@@ -1,10 +1,14 @@
-// ag_gemm_plan.cc: the AllGather+GEMM movement plan and its CPU replay (ag_gemm_plan.h).
+// ag_gemm_plan.cc: the AllGather+GEMM movement plan and its CPU replay (ag_gemm_plan.h), and the
+// report of its trace (ag_trace.h).
 #include "fused/ag_gemm/ag_gemm_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <tuple>
+
+#include "fused/ag_gemm/ag_trace.h"
 
 namespace mkernel::kernels {
 
@@ -106,6 +110,59 @@ std::vector<AgCopy> ag_gathered_out_copies(const AgGeometry& g) {
       x.bytes = uint64_t{g.rows_of_chunk(c)} * g.row_bytes();
       out.push_back(x);
     }
+  }
+  return out;
+}
+
+std::string ag_trace_report(const AgGeometry& g, const std::vector<AgStep>& steps, const std::vector<uint64_t>& t) {
+  const uint32_t pieces = g.layout.world() * g.chunks();
+  const uint32_t n = static_cast<uint32_t>(steps.size());
+  if (t.size() < ag_trace_words(n, pieces))
+    return "trace: " + std::to_string(t.size()) + " stamps; expected " + std::to_string(ag_trace_words(n, pieces)) + "\n";
+  const uint64_t t0 = t[kAgTraceStart];
+  if (t0 == 0) return "trace: the launch did not start (no stamps)\n";
+  char buf[256];
+  auto us = [&](uint64_t v) -> std::string {
+    if (v == 0) return "-";
+    std::snprintf(buf, sizeof(buf), "%.1f", (static_cast<double>(v) - static_cast<double>(t0)) / 1000.0);
+    return buf;
+  };
+  std::string out = "trace (us from the role's start): gates open " + us(t[kAgTraceGatesOpen]) + ", block 0's steps done " +
+                    us(t[kAgTraceStepsDone]) + ", launch end " + us(t[kAgTraceEnd]) + "\n";
+  static const char* kinds[] = {"local", "push", "send", "receive"};
+  std::snprintf(buf, sizeof(buf), "%5s %-8s %5s %5s %6s %10s %9s %9s %9s %9s %8s\n", "step", "kind", "shard", "chunk",
+                "to", "bytes", "wait", "ready", "copied", "done", "GB/s");
+  out += buf;
+  for (uint32_t i = 0; i < n; ++i) {
+    const AgStep& s = steps[i];
+    const uint64_t* st = t.data() + ag_trace_step(i);
+    const uint64_t bytes =
+        s.kind == kAgLocal && !g.straddled(s.chunk) ? 0 : uint64_t{g.rows_of_chunk(s.chunk)} * g.row_bytes();
+    // Where it goes: a rank (push), every rail peer (send), from a node (receive), here (local).
+    const std::string to = s.kind == kAgPush      ? "r" + std::to_string(s.peer)
+                           : s.kind == kAgSend    ? std::string("rails")
+                           : s.kind == kAgReceive ? "n" + std::to_string(s.node)
+                                                  : std::string("here");
+    std::string rate = "-";
+    if (bytes > 0 && st[kAgTraceInputsReady] != 0 && st[kAgTracePublished] > st[kAgTraceInputsReady]) {
+      char r[32];
+      std::snprintf(r, sizeof(r), "%.1f",
+                    static_cast<double>(bytes) / static_cast<double>(st[kAgTracePublished] - st[kAgTraceInputsReady]));
+      rate = r;
+    }
+    std::string cells[4];
+    for (uint32_t j = 0; j < 4; ++j) cells[j] = us(st[j]);
+    std::snprintf(buf, sizeof(buf), "%5u %-8s %5u %5u %6s %10llu %9s %9s %9s %9s %8s\n", i, kinds[s.kind & 3], s.shard,
+                  s.chunk, to.c_str(), static_cast<unsigned long long>(bytes), cells[0].c_str(), cells[1].c_str(),
+                  cells[2].c_str(), cells[3].c_str(), rate.c_str());
+    out += buf;
+  }
+  out += "arrivals (first seen by role block 0), per shard: chunk times\n";
+  for (uint32_t sh = 0; sh < g.layout.world(); ++sh) {
+    if (sh == g.rank) continue;
+    out += "  shard " + std::to_string(sh) + ":";
+    for (uint32_t c = 0; c < g.chunks(); ++c) out += " " + us(t[ag_trace_arrival(n, sh * g.chunks() + c)]);
+    out += "\n";
   }
   return out;
 }

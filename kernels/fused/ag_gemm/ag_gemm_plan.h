@@ -82,6 +82,18 @@ struct AgGeometry {
   }
   uint64_t row_bytes() const { return uint64_t{k} * 2; }
   uint64_t shard_bytes() const { return uint64_t{m_local} * row_bytes(); }
+  // Whether a 128-row GEMM tile that reaches outside this rank's rows reads own chunk c (then a
+  // kAgLocal step copies it into the workspace; else it moves nothing: the GEMM reads A_r). The
+  // kernel's Ctx::straddled is the same rule.
+  bool straddled(uint32_t c) const {
+    const uint64_t lo = uint64_t{rank} * m_local, hi = lo + m_local, m = uint64_t{layout.world()} * m_local;
+    const uint64_t g0 = lo + uint64_t{c} * chunk_rows, g1 = g0 + rows_of_chunk(c);
+    for (uint64_t b = g0 / 128; b * 128 < g1; ++b) {
+      const uint64_t t0 = b * 128, t1 = t0 + 128 < m ? t0 + 128 : m;
+      if (t0 < lo || t1 > hi) return true;
+    }
+    return false;
+  }
 
   // Flag indices (note 3; done() and slot_free() are the places every fused op shares, layout.h).
   uint32_t ready_flag(uint32_t shard, uint32_t chunk) const { return layout.nvl_op_flags() + shard * chunks() + chunk; }

@@ -62,7 +62,7 @@ StatusOr<std::unique_ptr<AllGatherGemm>> AllGatherGemm::create(Communicator& com
   s.n_local = static_cast<uint32_t>(n_local);
   s.k = static_cast<uint32_t>(k);
   s.config = mk::AgGemmConfig{config.comm_blocks, config.gemm_blocks, config.block_n, config.cluster_m, chunk_rows,
-                              config.bulk_copies, config.copy_engine_pushes};
+                              config.bulk_copies, config.copy_engine_pushes, config.trace};
   std::unique_ptr<AllGatherGemm> op(new AllGatherGemm());
   op->comm_ = &comm;
   op->nodes_ = layout.nodes;
@@ -88,6 +88,8 @@ Status AllGatherGemm::launch(const void* a, const void* w, void* c, void* gather
 }
 
 std::string AllGatherGemm::describe() const { return plan_->describe(); }
+
+std::string AllGatherGemm::trace_report() const { return plan_->trace_report(); }
 
 Status all_gather_gemm(Communicator& comm, const void* a, const void* w, void* c, void* gathered_out, uint64_t m_local,
                        uint64_t n_local, uint64_t k, cudaStream_t stream) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fused/ag_gemm/ag_gemm_plan.h"
+#include "fused/ag_gemm/ag_trace.h"
 
 namespace mk = mkernel::kernels;
 
@@ -230,6 +231,56 @@ TEST(AgGemmPlan, CopyEngineCopiesInBytes) {
         EXPECT_EQ(covered, (l.world() - 1) * g.shard_bytes());
         EXPECT_EQ(out.size(), size_t{l.world() - 1} * g.chunks());
       }
+}
+
+// The trace's report (ag_trace.h) reads the stamps where the kernel writes them: a push of 4 MiB
+// that became ready 10 us in and was published 30 us in moved 4194304 B / 20000 ns = 209.7 GB/s.
+TEST(AgGemmPlan, TraceReport) {
+  const mk::AgGeometry g{mk::FusedLayout{1, 2}, 0, 1024, 4096, 512};  // 2 chunks of 512 rows, 4 MiB
+  const auto steps = mk::ag_block_steps(g, false);
+  const uint32_t pieces = 2 * g.chunks();
+  std::vector<uint64_t> t(mk::ag_trace_words(static_cast<uint32_t>(steps.size()), pieces), 0);
+  EXPECT_NE(mk::ag_trace_report(g, steps, t).find("did not start"), std::string::npos);
+  EXPECT_NE(mk::ag_trace_report(g, steps, std::vector<uint64_t>(3, 1)).find("expected"), std::string::npos);
+  const uint64_t t0 = 1'000'000'000;
+  t[mk::kAgTraceStart] = t0;
+  t[mk::kAgTraceStepsDone] = t0 + 50'000;
+  t[mk::kAgTraceEnd] = t0 + 700'000;
+  size_t push = steps.size();
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].kind == mk::kAgPush) {
+      push = i;
+      break;
+    }
+  ASSERT_LT(push, steps.size());
+  uint64_t* st = t.data() + mk::ag_trace_step(static_cast<uint32_t>(push));
+  st[mk::kAgTraceWaitFrom] = t0 + 5'000;
+  st[mk::kAgTraceInputsReady] = t0 + 10'000;
+  st[mk::kAgTraceSliceDone] = t0 + 29'000;
+  st[mk::kAgTracePublished] = t0 + 30'000;
+  t[mk::ag_trace_arrival(static_cast<uint32_t>(steps.size()), 1 * g.chunks() + 1)] = t0 + 123'400;
+  const std::string r = mk::ag_trace_report(g, steps, t);
+  EXPECT_NE(r.find("launch end 700.0"), std::string::npos) << r;
+  EXPECT_NE(r.find("gates open -"), std::string::npos) << r;
+  EXPECT_NE(r.find("push"), std::string::npos) << r;
+  EXPECT_NE(r.find("4194304"), std::string::npos) << r;
+  EXPECT_NE(r.find("209.7"), std::string::npos) << r;
+  EXPECT_NE(r.find("shard 1: - 123.4"), std::string::npos) << r;
+  EXPECT_EQ(r.find("shard 0:"), std::string::npos) << "the own rows are not listed\n" << r;
+}
+
+// Which own chunks a kAgLocal step copies: those a 128-row tile reaching outside the rank's
+// rows reads. 2 ranks x 300 rows in chunks of 128: tile [256, 384) spans both ranks.
+TEST(AgGemmPlan, StraddledChunks) {
+  const mk::AgGeometry r0{mk::FusedLayout{1, 2}, 0, 300, 64, 128}, r1{mk::FusedLayout{1, 2}, 1, 300, 64, 128};
+  EXPECT_FALSE(r0.straddled(0));
+  EXPECT_FALSE(r0.straddled(1));
+  EXPECT_TRUE(r0.straddled(2));   // rows 256 .. 299
+  EXPECT_TRUE(r1.straddled(0));   // rows 300 .. 427
+  EXPECT_FALSE(r1.straddled(1));  // rows 428 .. 555
+  EXPECT_FALSE(r1.straddled(2));  // rows 556 .. 599: the last tile is clipped at M = 600
+  const mk::AgGeometry whole{mk::FusedLayout{1, 4}, 2, 512, 64, 128};
+  for (uint32_t c = 0; c < whole.chunks(); ++c) EXPECT_FALSE(whole.straddled(c)) << "m_local a multiple of 128";
 }
 
 TEST(AgGemmPlan, Geometry) {

@@ -54,6 +54,7 @@ struct Case {
   bool gathered_out = true;
   uint32_t launches_before = 0;  // launches of the communicator before the op is planned
   bool copy_engine = false;      // AllGatherGemmConfig::copy_engine_pushes
+  bool trace = false;            // AllGatherGemmConfig::trace, and its report checked
 };
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
@@ -87,6 +88,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   cfg.chunk_rows = cs.chunk_rows;
   cfg.cluster_m = cs.cluster_m;
   cfg.copy_engine_pushes = cs.copy_engine;
+  cfg.trace = cs.trace;
   if (shared_gpu) {
     // Every rank's kernel must be resident at once on the one GPU: split its 132 SMs.
     const int per_rank = 132 / static_cast<int>(R);
@@ -172,6 +174,17 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     const mkernel::Status s = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
     RANK_CHECK(s.ok(), "launch %d: %s", l, s.to_string().c_str());
     worst = std::max(worst, check_launch(seed, ("launch " + std::to_string(l)).c_str()));
+    if (cs.trace) {  // the launch's stamps: its start and end, and every other rank's chunks seen
+      const std::string t = op.trace_report();
+      const bool ended = t.find("launch end ") != std::string::npos && t.find("launch end -") == std::string::npos;
+      const bool arrived = R < 2 || (t.find("shard ") != std::string::npos &&
+                                     t.find(" -", t.find("arrivals")) == std::string::npos);
+      RANK_CHECK(ended && arrived, "launch %d: the trace misses stamps:\n%s", l, t.c_str());
+      if (rank == 0 && l == 0) {
+        std::lock_guard<std::mutex> lock(fused_test::g_print);
+        std::printf("%s", t.c_str());
+      }
+    }
   }
   // The same call captured in a CUDA graph and replayed with new data: each replay is a new
   // launch (its flags carry the new launch number).
@@ -367,10 +380,11 @@ int main() {
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true},     // rail peers, then NVLink
       {{2, 1, "shm"}, 130, 128, 256, 0, 1, true, 300},  // planned after 300 launches, across nodes
       // Copy-engine pushes (ag_gemm_plan.h note 5): the own chunks by one copy stream per peer.
-      {{1, 2, "shm"}, 300, 264, 520, 0, 1, true, 0, true},
+      {{1, 2, "shm"}, 300, 264, 520, 0, 1, true, 0, true, true},  // and its trace
       {{1, 2, "shm"}, 512, 256, 512, 128, 2, false, 0, true},
       {{1, 3, "shm"}, 200, 136, 264, 50, 1, true, 0, true},
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true, 0, true},  // forwards stay with the blocks
+      {{2, 2, "shm"}, 130, 128, 256, 0, 1, false, 0, false, true},  // the blocks' pushes, traced
   };
   // The random family (random_cases.h): shapes nobody chose, from the printed seed.
   std::vector<Case> all = cases;

@@ -76,6 +76,9 @@ struct AllGatherGemmConfig {
   // instead of the communication blocks, which then only copy locally (docs/api.md). Off until
   // measured on two GPUs against the blocks.
   bool copy_engine_pushes = false;
+  // Record where each launch's time goes (AllGatherGemm::trace_report). A diagnostic: a memset and
+  // a few stores per step per launch.
+  bool trace = false;
 };
 
 // Options::nvlink_bytes and Options::network_workspace_bytes an AllGather+GEMM of this size needs.
@@ -101,6 +104,10 @@ class AllGatherGemm {
 
   // The plan in words (layout, chunks, blocks, GEMM configuration).
   std::string describe() const;
+  // With AllGatherGemmConfig::trace: the last launch's times as a table (each step's wait, copy
+  // and publication, each chunk's arrival, in microseconds from the kernel's start). Reads device
+  // memory: call once the launch finished (after synchronising its stream).
+  std::string trace_report() const;
   uint32_t nodes() const { return nodes_; }
   uint32_t gpus_per_node() const { return gpus_; }
 
