@@ -294,7 +294,7 @@ GemmResult mem_op_fail(const char* what, CUresult r) {
 }  // namespace
 
 // With copy-engine pushes, on the side stream after the copy of the own rows: every other rank's
-// chunk, once its gate opened (AgGemmRole: open_out_gates), from the gathered buffer into
+// chunk, once its gate opened (AgGemmRole: walk_arrivals), from the gathered buffer into
 // gathered_out, in the order the kernel opens the gates.
 GemmResult AgGemmPlan::enqueue_ce_gathered_out(void* gathered_out) {
   const StreamMemOps& ops = stream_mem_ops();

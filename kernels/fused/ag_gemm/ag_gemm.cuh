@@ -54,7 +54,7 @@ struct AgGemmRoleArgs {
   uint32_t* go = nullptr;  // device memory, gpus words (word 0 unused); null: SM pushes
   // With copy-engine pushes the gathered output goes by the copy engine too: block 0 opens the
   // gate of piece shard * chunks + chunk (out_go) once that chunk is in the gathered buffer; the
-  // side stream waits for it, closes it and copies the chunk into gathered_out.
+  // side stream waits for it, closes it and copies the chunk into gathered_out (walk_arrivals).
   uint32_t* out_go = nullptr;  // device memory, world * chunks words; null with SM pushes
   // AgGemmConfig::trace: %globaltimer stamps of the last launch (ag_trace.h has the layout);
   // null: nothing is recorded.
@@ -244,11 +244,13 @@ __device__ __forceinline__ void open_gates(const Ctx& x) {
   if (x.a.trace != nullptr) x.a.trace[kAgTraceGatesOpen] = sync::globaltimer_ns();
 }
 
-// Thread 0 of role block 0, with copy-engine pushes and a gathered output: open the gate of each
-// other rank's chunk once it is in the gathered buffer, in the order the side stream copies them
-// (ag_gemm.cu). Every gate opens, also after a failure (`ok` false, or a wait that expired: the
-// error is in the status word), so the side stream never waits past the kernel.
-__device__ __forceinline__ void open_out_gates(const Ctx& x, bool ok) {
+// Thread 0 of role block 0: every other rank's chunk in piece order, waiting (bounded) until it is
+// in the gathered buffer; stamps when it was first seen (AgGemmConfig::trace: not before this walk
+// began, which the trace also says) and, with `open` (copy-engine pushes and a gathered output),
+// then opens its gate, in the order the side stream copies them (ag_gemm.cu). With `open` every
+// gate opens, also after a failure (`ok` false, or a wait that expired: the error is in the
+// status word), so the side stream never waits past the kernel; without, the walk ends there.
+__device__ __forceinline__ void walk_arrivals(const Ctx& x, bool ok, bool open) {
   const WaitContext w = wait_context(x.c);
   const uint32_t pieces = x.a.layout.world() * x.a.chunks;
   for (uint32_t i = 0; i < pieces; ++i) {
@@ -256,24 +258,13 @@ __device__ __forceinline__ void open_out_gates(const Ctx& x, bool ok) {
     if (shard == x.a.rank) continue;
     const uint32_t f = x.ready_flag(shard, chunk);
     if (ok) ok = wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk));
-    if (x.a.trace != nullptr) x.a.trace[ag_trace_arrival(x.a.num_steps, i)] = sync::globaltimer_ns();
+    if (ok && x.a.trace != nullptr) x.a.trace[ag_trace_arrival(x.a.num_steps, i)] = sync::globaltimer_ns();
+    if (!open) {
+      if (!ok) return;
+      continue;
+    }
     sync::fence_acq_rel_sys();
     sync::st_relaxed_sys(x.a.out_go + i, 1u);
-  }
-}
-
-// Thread 0 of role block 0 with AgGemmConfig::trace, after its other work when open_out_gates
-// did not run: when each other rank's chunk was first seen here (not before this pass began:
-// the trace says when it began).
-__device__ __forceinline__ void stamp_arrivals(const Ctx& x) {
-  const WaitContext w = wait_context(x.c);
-  const uint32_t pieces = x.a.layout.world() * x.a.chunks;
-  for (uint32_t i = 0; i < pieces; ++i) {
-    const uint32_t shard = i / x.a.chunks, chunk = i % x.a.chunks;
-    if (shard == x.a.rank) continue;
-    const uint32_t f = x.ready_flag(shard, chunk);
-    if (!wait_geq(x.a.ready + f, x.launch, w, f, where_tag(kStepShardArrival, uint64_t{shard} * 65536 + chunk))) return;
-    x.a.trace[ag_trace_arrival(x.a.num_steps, i)] = sync::globaltimer_ns();
   }
 }
 
@@ -308,11 +299,11 @@ struct AgGemmRole {
     if (stamp) a.trace[kAgTraceStepsDone] = sync::globaltimer_ns();
     // The gathered output with copy-engine pushes: its gates, opened whatever happened above.
     if (x.gathered_out != nullptr && a.out_go != nullptr) {
-      if (role_block == 0 && threadIdx.x == 0) ag_detail::open_out_gates(x, steps_ok);
+      if (role_block == 0 && threadIdx.x == 0) ag_detail::walk_arrivals(x, steps_ok, true);
       return;
     }
     if (x.gathered_out == nullptr) {
-      if (stamp && steps_ok) ag_detail::stamp_arrivals(x);
+      if (stamp && steps_ok) ag_detail::walk_arrivals(x, true, false);
       return;
     }
     if (!steps_ok) return;
