@@ -224,9 +224,10 @@ __device__ __forceinline__ bool run_step(const Ctx& x, uint32_t i, const AgStep&
 // Thread 0 of role block 0, with copy-engine pushes: for each node peer, wait (bounded) until it
 // finished reading its gathered buffer in the previous fused launch, then let the copy stream
 // that pushes to it go. The gate opens even when the wait failed: the copy stream must not be
-// left waiting past the kernel (its wait has no bound of its own), and the failure is already
-// in the status word, raised to every peer (abort), so no rank takes this launch's results as
-// good. Such a failure means a peer did not finish its previous launch within the bound.
+// left waiting past the kernel (its wait has no bound of its own). The failure is then in this
+// rank's status word and its peers' abort words; such a failure means a peer did not finish its
+// previous launch within the bound (a hung or stopped process), and the copies that follow may
+// overwrite rows that launch still reads (docs/kernels.md section 10).
 __device__ __forceinline__ void open_gates(const Ctx& x) {
   const WaitContext w = wait_context(x.c);
   const FusedLayout& L = x.a.layout;
@@ -319,7 +320,7 @@ struct AgGemmRole {
       __syncthreads();
       const uint32_t f = x.ready_flag(shard, chunk);
       if (threadIdx.x == 0) ok = wait_geq(a.ready + f, x.launch, w, f, where);
-      if (stamp) a.trace[ag_trace_arrival(a.num_steps, i)] = sync::globaltimer_ns();
+      if (stamp && ok) a.trace[ag_trace_arrival(a.num_steps, i)] = sync::globaltimer_ns();
       __syncthreads();
       if (!ok) return;
       const uint64_t at = uint64_t{shard} * x.shard_bytes() + x.chunk_offset(chunk);
