@@ -287,7 +287,17 @@ std::string AgGemmPlan::trace_report() const {
 }
 
 namespace {
-GemmResult mem_op_fail(const char* what, CUresult r) {
+// On `stream`: wait until the kernel opens the gate (*word == 1), then close it again for the next
+// launch (constants both, so a captured graph replays them as they are).
+GemmResult pass_gate(cudaStream_t stream, uint32_t* word) {
+  const StreamMemOps& ops = stream_mem_ops();
+  const auto s = reinterpret_cast<CUstream>(stream);
+  const auto w = reinterpret_cast<CUdeviceptr>(word);
+  const char* what = nullptr;
+  CUresult r = ops.wait32(s, w, 1, CU_STREAM_WAIT_VALUE_EQ);
+  if (r != CUDA_SUCCESS) what = "cuStreamWaitValue32";
+  else if ((r = ops.write32(s, w, 0, CU_STREAM_WRITE_VALUE_DEFAULT)) != CUDA_SUCCESS) what = "cuStreamWriteValue32";
+  if (what == nullptr) return {};
   return fail(GemmError::kCudaError, std::string("copy-engine pushes: ") + what + " failed (CUresult " +
                                          std::to_string(static_cast<int>(r)) + ")");
 }
@@ -297,16 +307,10 @@ GemmResult mem_op_fail(const char* what, CUresult r) {
 // chunk, once its gate opened (AgGemmRole: walk_arrivals), from the gathered buffer into
 // gathered_out, in the order the kernel opens the gates.
 GemmResult AgGemmPlan::enqueue_ce_gathered_out(void* gathered_out) {
-  const StreamMemOps& ops = stream_mem_ops();
   auto* out = static_cast<uint8_t*>(gathered_out);
   const auto* in = static_cast<const uint8_t*>(gathered_);
   for (const AgCopy& c : out_copies_) {
-    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(out_go_ + c.gate);
-    if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(side_), gate, 1, CU_STREAM_WAIT_VALUE_EQ); r != CUDA_SUCCESS)
-      return mem_op_fail("cuStreamWaitValue32", r);
-    if (CUresult r = ops.write32(reinterpret_cast<CUstream>(side_), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
-        r != CUDA_SUCCESS)
-      return mem_op_fail("cuStreamWriteValue32", r);
+    if (GemmResult g = pass_gate(side_, out_go_ + c.gate); !g.ok()) return g;
     if (cudaError_t e =
             cudaMemcpyAsync(out + c.dst_offset, in + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, side_);
         e != cudaSuccess)
@@ -320,19 +324,12 @@ GemmResult AgGemmPlan::enqueue_ce_gathered_out(void* gathered_out) {
 // its ready flag (copied from the launch counter: the value of this launch, also in a replayed
 // graph); the caller's stream joins them all.
 GemmResult AgGemmPlan::enqueue_ce_pushes(const void* a_local, cudaStream_t stream) {
-  const StreamMemOps& ops = stream_mem_ops();
   const auto* src = static_cast<const uint8_t*>(a_local);
   for (uint32_t i = 1; i < ce_.size(); ++i) {
     CePeer& peer = ce_[i];
-    const CUdeviceptr gate = reinterpret_cast<CUdeviceptr>(go_ + i);  // every copy of the peer waits at gate i
     cudaError_t e = cudaStreamWaitEvent(peer.stream, fork_, 0);
     if (e != cudaSuccess) return cuda_fail("copy-engine pushes: waiting for the fork", e);
-    if (CUresult r = ops.wait32(reinterpret_cast<CUstream>(peer.stream), gate, 1, CU_STREAM_WAIT_VALUE_EQ);
-        r != CUDA_SUCCESS)
-      return mem_op_fail("cuStreamWaitValue32", r);
-    if (CUresult r = ops.write32(reinterpret_cast<CUstream>(peer.stream), gate, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
-        r != CUDA_SUCCESS)
-      return mem_op_fail("cuStreamWriteValue32", r);
+    if (GemmResult g = pass_gate(peer.stream, go_ + i); !g.ok()) return g;  // every copy to peer i waits at gate i
     for (const AgCopy& c : peer.copies) {
       e = cudaMemcpyAsync(peer.base + c.dst_offset, src + c.src_offset, c.bytes, cudaMemcpyDeviceToDevice, peer.stream);
       if (e == cudaSuccess)

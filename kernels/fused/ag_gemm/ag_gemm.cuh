@@ -81,17 +81,10 @@ struct Ctx {
     return uint64_t{rows} * row_bytes();
   }
   __device__ uint32_t ready_flag(uint32_t shard, uint32_t c) const { return a.layout.nvl_op_flags() + shard * a.chunks + c; }
-  // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them
-  // (AgGeometry::straddled is the host's copy of this rule, for the trace's report).
+  // Whether a GEMM tile (128 rows) that reaches outside this rank's rows reads chunk c of them.
   __device__ bool straddled(uint32_t c) const {
-    const uint64_t lo = uint64_t{a.rank} * a.m_local, hi = lo + a.m_local;
-    const uint64_t m = uint64_t{a.layout.world()} * a.m_local;
-    const uint64_t g0 = lo + uint64_t{c} * a.chunk_rows, g1 = g0 + chunk_bytes(c) / row_bytes();
-    for (uint64_t b = g0 / 128; b * 128 < g1; ++b) {
-      const uint64_t t0 = b * 128, t1 = t0 + 128 < m ? t0 + 128 : m;
-      if (t0 < lo || t1 > hi) return true;
-    }
-    return false;
+    return ag_chunk_straddled(a.layout.world(), a.rank, a.m_local, a.chunk_rows, c,
+                              static_cast<uint32_t>(chunk_bytes(c) / row_bytes()));
   }
   __device__ uint32_t done_flag(uint32_t peer) const { return a.layout.done_flag(peer); }
   __device__ uint32_t arrival_flag(uint32_t node, uint32_t c) const { return a.layout.net_op_flags() + node * a.chunks + c; }

@@ -82,18 +82,8 @@ struct AgGeometry {
   }
   uint64_t row_bytes() const { return uint64_t{k} * 2; }
   uint64_t shard_bytes() const { return uint64_t{m_local} * row_bytes(); }
-  // Whether a 128-row GEMM tile that reaches outside this rank's rows reads own chunk c (then a
-  // kAgLocal step copies it into the workspace; else it moves nothing: the GEMM reads A_r). The
-  // kernel's Ctx::straddled is the same rule.
-  bool straddled(uint32_t c) const {
-    const uint64_t lo = uint64_t{rank} * m_local, hi = lo + m_local, m = uint64_t{layout.world()} * m_local;
-    const uint64_t g0 = lo + uint64_t{c} * chunk_rows, g1 = g0 + rows_of_chunk(c);
-    for (uint64_t b = g0 / 128; b * 128 < g1; ++b) {
-      const uint64_t t0 = b * 128, t1 = t0 + 128 < m ? t0 + 128 : m;
-      if (t0 < lo || t1 > hi) return true;
-    }
-    return false;
-  }
+  // ag_chunk_straddled for this rank (the trace's report).
+  bool straddled(uint32_t c) const;
 
   // Flag indices (note 3; done() and slot_free() are the places every fused op shares, layout.h).
   uint32_t ready_flag(uint32_t shard, uint32_t chunk) const { return layout.nvl_op_flags() + shard * chunks() + chunk; }
@@ -108,6 +98,24 @@ struct AgGeometry {
   uint64_t nvl_bytes_needed() const { return uint64_t{layout.world()} * shard_bytes(); }
   uint64_t net_bytes_needed() const { return layout.nodes > 1 ? uint64_t{layout.nodes} * shard_bytes() : 0; }
 };
+
+// Whether a 128-row GEMM tile that reaches outside rank `rank`'s rows reads its chunk c, rows
+// [c chunk_rows, c chunk_rows + rows) of the shard: then a kAgLocal step copies the chunk into
+// the workspace, else it moves nothing (the GEMM reads A_r). Host and device (the kernel's rule).
+MK_KERNEL_HD constexpr bool ag_chunk_straddled(uint32_t world, uint32_t rank, uint32_t m_local, uint32_t chunk_rows,
+                                               uint32_t c, uint32_t rows) {
+  const uint64_t lo = uint64_t{rank} * m_local, hi = lo + m_local, m = uint64_t{world} * m_local;
+  const uint64_t g0 = lo + uint64_t{c} * chunk_rows, g1 = g0 + rows;
+  for (uint64_t b = g0 / 128; b * 128 < g1; ++b) {
+    const uint64_t t0 = b * 128, t1 = t0 + 128 < m ? t0 + 128 : m;
+    if (t0 < lo || t1 > hi) return true;
+  }
+  return false;
+}
+
+inline bool AgGeometry::straddled(uint32_t c) const {
+  return ag_chunk_straddled(layout.world(), rank, m_local, chunk_rows, c, rows_of_chunk(c));
+}
 
 // Chunks of at least 128 rows (a GEMM tile's height), at most 8 per shard: enough for the GEMM to
 // start on a shard before all of it arrived, few enough that flags and steps stay cheap.
