@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--hot]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -25,6 +25,9 @@
 // GemmConfig::cluster_n = 1), the rule weighing them itself ("pnrule": GemmScheduleRequest::
 // cluster_n = 0), held to them ("pn2"), held to them with 192-row tiles ("pn2m192", m > 128) and
 // with the operands as given ("pn2plain").
+// --hot times every implementation on one set of operands, which then stay in L2 when they fit
+// (the usual rotation over sets larger than L2 makes every launch read device memory): the
+// difference says how much of a shape's time is waiting for DRAM. A diagnosis, not a figure.
 // --overhead first measures, for a few small shapes, where a launch's time goes: host time per
 // call (enqueue only), GPU time per launch from a CUDA graph of 20 launches, and the usual
 // event time, for mkernel and cuBLAS.
@@ -97,6 +100,7 @@ struct Options {
   bool cluster_k = false;  // --cluster-k: time the in-cluster split-K variants only
   bool m192 = false;       // --m192: time the rule held to 192-row tiles beside it
   bool pairs = false;      // --pairs: time the rule without and held to pairs along n beside it
+  bool hot = false;        // --hot: one operand set (in L2 when it fits), a diagnosis only
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
 
@@ -618,11 +622,12 @@ int main(int argc, char** argv) {
     else if (a == "--cluster-k") o.cluster_k = true;
     else if (a == "--m192") o.m192 = true;
     else if (a == "--pairs") o.pairs = true;
+    else if (a == "--hot") o.hot = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--hot]\n", argv[0]);
       return 2;
     }
   }
@@ -690,7 +695,8 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) * 1000003ull;
   for (const Shape& s : shapes) {
-    Operands ops(s, o.profile ? 0 : l2, seed += 101);  // --profile: one set, fewer kernels to profile
+    // --profile: one set, fewer kernels to profile; --hot: one set, read from L2 where it fits.
+    Operands ops(s, (o.profile || o.hot) ? 0 : l2, seed += 101);
     const size_t count = static_cast<size_t>(s.m) * s.n;
     // cuBLAS's output is the correctness reference for every mkernel configuration.
     cublas_gemm(cublas, ops.a[0], ops.w[0], ops.check, s.m, s.n, s.k);
