@@ -493,11 +493,7 @@ GemmResult gemm_plan(const GemmArgs& args, GemmPlan* plan) {
   plan->args.ldd = ldd;
   plan->config = c;
   plan->schedule = sched;
-  // The library's own 128-row instantiations take one staging buffer where it buys a stage (the
-  // fused ops' and in-cluster split-K's keep their layouts).
-  plan->num_stages = c.block_m == 128 && c.cluster_k <= 1 && c.num_role_blocks == 0
-                         ? detail::gemm_plain_stages(c.block_n)
-                         : detail::gemm_stages(c.block_n, c.block_m, c.cluster_k);
+  plan->num_stages = detail::gemm_stages(c.block_n, c.block_m, c.cluster_k);
   plan->epilogue = args.epilogue;
   return encode_maps(plan);
 }

@@ -90,7 +90,7 @@ struct NoRole {
 };
 
 template <int kBlockN_, int kStages_, int kClusterM_, uint32_t kEpilogue_, bool kGrouped_ = false,
-          int kBlockM_ = 128, bool kSwapAB_ = false, int kClusterK_ = 1, int kClusterN_ = 1, int kEpiBufs_ = 2>
+          int kBlockM_ = 128, bool kSwapAB_ = false, int kClusterK_ = 1, int kClusterN_ = 1>
 struct Sm90GemmTraits {
   // Swapped operands (plain GEMMs, store epilogue): the kernel computes D^T = W A^T, so its "m"
   // is the caller's n (the weight's rows fill the 128-row side of the tile and the wgmma M) and
@@ -151,12 +151,9 @@ struct Sm90GemmTraits {
   // 128 x BLOCK_N fp32 tile there instead (detail::ClusterKLayout): above 64 columns that takes
   // more room (64 KB at 128), and the pipeline has fewer stages.
   // 192-row tiles have one buffer per consumer (each chunk waits for the previous chunk's store to
-  // have read it), which leaves room for a fourth stage at 192 columns; so do the library's plain
-  // 128-row instantiations at the widths where the 16 KB saved hold one more stage
-  // (gemm_plain_epi_bufs: 144 and 192 columns, and swapped 16-48, 80 and 96).
+  // have read it), which leaves room for a fourth stage at 192 columns.
   static constexpr uint32_t kEpiChunkBytes = 64 * 64 * 2;
-  static constexpr int kEpiBufs = kBlockM_ == 192 ? 1 : kEpiBufs_;
-  static_assert(kEpiBufs == 1 || kEpiBufs == 2, "one or two staging buffers per consumer");
+  static constexpr int kEpiBufs = kBlockM_ == 192 ? 1 : 2;
   static constexpr uint32_t kEpiBytes =
       kClusterK_ > 1 && 128u * kBlockN_ * 4 > kNumConsumers * 2 * kEpiChunkBytes
           ? 128u * kBlockN_ * 4
@@ -321,9 +318,9 @@ __device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, 
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int rows = c + 1 < kChunks ? 64 : kLast;  // a multiple of 8
-    const uint32_t buf = base + (c % T::kEpiBufs) * T::kEpiChunkBytes;
+    const uint32_t buf = base + (c % 2) * T::kEpiChunkBytes;
     if (leader) {
-      if (T::kEpiBufs == 1 || (c == 0 && kChunks % 2 == 1)) {
+      if (c == 0 && kChunks % 2 == 1) {
         ptx::bulk_wait_group_read<0>();
       } else {
         ptx::bulk_wait_group_read<1>();
@@ -350,7 +347,7 @@ __device__ __forceinline__ void store_tile_transposed(const CUtensorMap* tma_d, 
     ptx::named_barrier_sync(bar_id, 128);
     if (leader) {
       for (int b = 0; b < rows / T::kStoreRows; ++b) {
-        ptx::tma_store_2d(tma_d, bufs + (c % T::kEpiBufs) * T::kEpiChunkBytes + b * T::kStoreRows * 128, col0,
+        ptx::tma_store_2d(tma_d, bufs + (c % 2) * T::kEpiChunkBytes + b * T::kStoreRows * 128, col0,
                           row0 + c * 64 + b * T::kStoreRows);
       }
       ptx::bulk_commit_group();
@@ -435,7 +432,7 @@ __device__ __forceinline__ void store_tile_masked(const GemmParams& p, const flo
   const uint32_t base = ptx::smem_addr(bufs);
 #pragma unroll
   for (int c = 0; c < T::kBlockN / 64; ++c) {
-    store_chunk_masked<T, 64>(p, acc, base + (c % T::kEpiBufs) * T::kEpiChunkBytes, c * 64, row0, rows, col0 + c * 64,
+    store_chunk_masked<T, 64>(p, acc, base + (c % 2) * T::kEpiChunkBytes, c * 64, row0, rows, col0 + c * 64,
                               warp_in_wg, lane, leader, bar_id);
   }
 }
@@ -990,7 +987,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         } else {
           const uint32_t half_row0 = gt.row_begin + cw * 64;
           const uint32_t half_rows = gt.row_end > half_row0 ? min(gt.row_end - half_row0, 64u) : 0u;
-          uint8_t* bufs = smem_epi + cw * T::kEpiBufs * T::kEpiChunkBytes;
+          uint8_t* bufs = smem_epi + cw * 2 * T::kEpiChunkBytes;
           if (half_rows == 64) {
             detail::store_tile_tma<T>(&tma_d, acc[0], bufs, static_cast<int32_t>(half_row0),
                                       static_cast<int32_t>(tc.n_block * T::kBlockN), warp_in_wg, lane, signals,

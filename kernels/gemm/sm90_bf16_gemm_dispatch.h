@@ -37,22 +37,6 @@ constexpr int gemm_stages(int block_n, int block_m, int cluster_k) {
 }
 static_assert(gemm_stages(128, 192, 1) == 5 && gemm_stages(192, 192, 1) == 4,
               "192-row tiles: 5 stages at 128 columns, 4 at 144-192");
-// The library's plain 128-row instantiations (LibraryTraits and SwapTraits: no role, no hooks'
-// own shared memory) take one staging buffer per consumer (16 KB in all) instead of two where
-// the 16 KB saved hold one more pipeline stage: 144 columns 5 -> 6 stages, 192 4 -> 5, and
-// swapped 16-48 (10, 9, 8 -> 11, 10, 9), 80 (7 -> 8) and 96 (6 -> 7). Each chunk of the epilogue
-// then waits for the store of the one before it to have read the buffer (docs/kernels.md
-// section 7, "One staging buffer for one more stage").
-constexpr int gemm_plain_epi_bufs(int block_n) {
-  return gemm_stages_for_block_n(block_n, 128, 16 * 1024) > gemm_stages_for_block_n(block_n, 128, 32 * 1024) ? 1 : 2;
-}
-constexpr int gemm_plain_stages(int block_n) {
-  return gemm_stages_for_block_n(block_n, 128, gemm_plain_epi_bufs(block_n) * 16 * 1024);
-}
-static_assert(gemm_plain_stages(144) == 6 && gemm_plain_stages(192) == 5 && gemm_plain_stages(128) == 6 &&
-                  gemm_plain_epi_bufs(128) == 2 && gemm_plain_stages(256) == 4 && gemm_plain_stages(96) == 7 &&
-                  gemm_plain_stages(16) == 11,
-              "one buffer where it buys a stage");
 static_assert(gemm_stages(128, 128, 2) == 5 && gemm_stages(80, 128, 2) == 7 && gemm_epi_bytes(64, 128, 2) == 32 * 1024,
               "in-cluster split-K: 7 stages at 80 columns, 6 at 96-112, 5 at 128; 64 and narrower unchanged");
 

@@ -11,8 +11,8 @@
 namespace mkernel::kernels::detail {
 
 template <int kBlockN, int kClusterM, uint32_t kEpilogue, int kClusterN = 1>
-using LibraryTraits = Sm90GemmTraits<kBlockN, gemm_plain_stages(kBlockN), kClusterM, kEpilogue, false, 128, false, 1,
-                                     kClusterN, gemm_plain_epi_bufs(kBlockN)>;
+using LibraryTraits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogue, false, 128, false, 1, kClusterN>;
 
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
@@ -38,11 +38,8 @@ GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream) {
 }
 
 template <int kBlockN, int kClusterM, int kClusterN = 1>
-using SwapTraits = Sm90GemmTraits<kBlockN, gemm_plain_stages(kBlockN), kClusterM, kEpilogueStore, false, 128, true, 1,
-                                  kClusterN, gemm_plain_epi_bufs(kBlockN)>;
-static_assert(SwapTraits<192, 2>::kStages == 5 && SwapTraits<192, 2>::kEpiBytes == 16 * 1024 &&
-                  LibraryTraits<128, 2, kEpilogueStore>::kEpiBytes == 32 * 1024,
-              "gemm_plain_stages and the kernel's layout agree");
+using SwapTraits =
+    Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogueStore, false, 128, true, 1, kClusterN>;
 
 template <int kBlockN>
 GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream) {

@@ -360,7 +360,7 @@ struct GemmRsRole {
       // A tile inside the band: through shared memory and TMA stores that drain while the next
       // tile runs, as the engine's own epilogue (the map is over C, gemm_rebind).
       const uint32_t cw = ctid / 128, lane = ctid % 32, warp_in_wg = (ctid / 32) % 4;
-      detail::store_tile_tma<T>(tma_c, acc, smem_epi + cw * T::kEpiBufs * T::kEpiChunkBytes,
+      detail::store_tile_tma<T>(tma_c, acc, smem_epi + cw * 2 * T::kEpiChunkBytes,
                                 static_cast<int32_t>(row0 - c_first_row + cw * 64), static_cast<int32_t>(nb * kBN),
                                 warp_in_wg, lane, ctid % 128 == 0, 3 + cw);
     } else {
