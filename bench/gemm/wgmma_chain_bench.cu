@@ -93,7 +93,7 @@ struct Row {
 };
 
 template <int kN, int kChains, int kPending>
-Row run(int sms, int iters, int clock_khz, long long* d_cycles, float* d_sink) {
+Row run(int sms, int iters, long long* d_cycles, float* d_sink) {
   auto k = chain_kernel<kN, kChains, kPending>;
   CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   cudaEvent_t e0, e1;
@@ -114,7 +114,6 @@ Row run(int sms, int iters, int clock_khz, long long* d_cycles, float* d_sink) {
   const double flops = 2.0 * 2 * 64 * kN * kBlockK * static_cast<double>(iters) * sms;  // two warpgroups
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
-  (void)clock_khz;
   return Row{kN, kChains, kPending, med, flops / (ms * 1e-3) / 1e12};
 }
 
@@ -140,28 +139,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wgmma_chain_bench: device 0 is sm_%d%d; wgmma needs sm_90a\n", prop.major, prop.minor);
     return 1;
   }
-  int clock_khz = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   long long* d_cycles = nullptr;
   float* d_sink = nullptr;
   CHECK_CUDA(cudaMalloc(&d_cycles, 2 * prop.multiProcessorCount * sizeof(long long)));
   CHECK_CUDA(cudaMalloc(&d_sink, 256 * sizeof(float)));
   const int sms = prop.multiProcessorCount;
   std::vector<Row> rows;
-  rows.push_back(run<16, 1, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<16, 2, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<16, 4, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<16, 1, 0>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<32, 1, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<32, 2, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<32, 4, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<64, 1, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<64, 2, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<64, 4, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<128, 1, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<128, 2, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<256, 1, 1>(sms, iters, clock_khz, d_cycles, d_sink));
-  rows.push_back(run<256, 1, 0>(sms, iters, clock_khz, d_cycles, d_sink));
+  rows.push_back(run<16, 1, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<16, 2, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<16, 4, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<16, 1, 0>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<32, 1, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<32, 2, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<32, 4, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<64, 1, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<64, 2, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<64, 4, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<128, 1, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<128, 2, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<256, 1, 1>(sms, iters, d_cycles, d_sink));
+  rows.push_back(run<256, 1, 0>(sms, iters, d_cycles, d_sink));
   std::printf("wgmma k blocks (4 x m64nNk16, two warpgroups per SM, %d SMs, %d k blocks each)\n", sms, iters);
   std::printf("%6s %7s %8s %18s %12s\n", "N", "chains", "pending", "cycles/k block/wg", "TFLOP/s");
   for (const Row& r : rows)
