@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--hot]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--quads] [--hot]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -25,6 +25,11 @@
 // GemmConfig::cluster_n = 1), the rule weighing them itself ("pnrule": GemmScheduleRequest::
 // cluster_n = 0), held to them ("pn2"), held to them with 192-row tiles ("pn2m192", m > 128) and
 // with the operands as given ("pn2plain").
+// --quads times 2 x 2 clusters (GemmConfig::cluster_m = cluster_n = 2: each CTA multicasts half of
+// its A tile and half of its weight tile) beside the rule: the rule weighing them ("quadrule"), the
+// rule's own tile in them where they are built for its width ("q22same"), and, for m > 128, held
+// to them at each height and width, the rest the rule's choice ("q22m128w256", ...): the data
+// that fits their cost (GemmCostModel::quad_factor).
 // --hot times every implementation on one set of operands, which then stay in L2 when they fit
 // (the usual rotation over sets larger than L2 makes every launch read device memory): the
 // difference says how much of a shape's time is waiting for DRAM. A diagnosis, not a figure.
@@ -100,6 +105,7 @@ struct Options {
   bool cluster_k = false;  // --cluster-k: time the in-cluster split-K variants only
   bool m192 = false;       // --m192: time the rule held to 192-row tiles beside it
   bool pairs = false;      // --pairs: time the rule without and held to pairs along n beside it
+  bool quads = false;      // --quads: time 2 x 2 clusters beside the rule
   bool hot = false;        // --hot: one operand set (in L2 when it fits), a diagnosis only
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
@@ -622,12 +628,13 @@ int main(int argc, char** argv) {
     else if (a == "--cluster-k") o.cluster_k = true;
     else if (a == "--m192") o.m192 = true;
     else if (a == "--pairs") o.pairs = true;
+    else if (a == "--quads") o.quads = true;
     else if (a == "--hot") o.hot = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--hot]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--quads] [--hot]\n", argv[0]);
       return 2;
     }
   }
@@ -863,6 +870,40 @@ int main(int argc, char** argv) {
       }
       c.swap_ab = 0;
       add_variant("pn2plain", c);
+    }
+    if (o.quads && !o.variants && def_runner) {
+      // 2 x 2 clusters (cluster_m = cluster_n = 2, both tiles multicast): the rule weighing them
+      // ("quadrule": GemmConfig::quads = -1), the rule's own tile (height, width, operand order) in
+      // them where they are built for it ("q22same", when the rule did not take them), and held to
+      // them at each height and width with the operands as given, the decomposition the rule's
+      // ("q22m<rows>w<width>"; for m > 128: one m block would leave half of the CTAs padding).
+      mk::GemmConfig qr;
+      qr.quads = -1;
+      add_variant("quadrule", qr);
+      const mk::GemmConfig& dc = def_runner->plans[0].config;
+      if (mk::gemm_quad_width_built(dc.block_n) && (dc.block_m == 128 || dc.block_m == 192) && dc.cluster_k <= 1 &&
+          !(dc.cluster_m == 2 && dc.cluster_n == 2)) {
+        mk::GemmConfig c;
+        c.block_n = dc.block_n;
+        c.block_m = dc.block_m;
+        c.swap_ab = dc.swap_ab;
+        c.cluster_m = 2;
+        c.cluster_n = 2;
+        add_variant("q22same", c);
+      }
+      if (s.m > 128) {
+        for (int bm : {128, 192})
+          for (int bn : mk::kGemmQuadWidths) {
+            if (bm == 192 && !mk::gemm_m192_width_built(bn)) continue;
+            mk::GemmConfig c;
+            c.swap_ab = 0;
+            c.block_m = bm;
+            c.block_n = bn;
+            c.cluster_m = 2;
+            c.cluster_n = 2;
+            add_variant("q22m" + std::to_string(bm) + "w" + std::to_string(bn), c);
+          }
+      }
     }
     if (o.cluster_k && !o.variants && def_runner) {
       std::vector<std::pair<std::string, mk::GemmConfig>> vs;

@@ -8,7 +8,7 @@
 // microseconds for that configuration on a 132-SM H200, or "nan" for a line it cannot read
 // (printed with the reason on stderr). With --choose, each input line is "M N K" and the output
 // is the configuration the rule chooses and its prediction (--allow-m192: 192-row tiles too, as
-// the library allows them for plain GEMMs). name=value overrides one cost of the model (names as
+// the library allows them for plain GEMMs; --allow-quads: 2 x 2 clusters too). name=value overrides one cost of the model (names as
 // in GemmCostModel / GemmCostRegime, a regime's field prefixed with "small_m." or "general."); an
 // unknown name is refused.
 #include <cmath>
@@ -43,6 +43,8 @@ std::map<std::string, double*> cost_fields(mk::GemmCostModel& m) {
   f["m192_tile_factor"] = &m.m192_tile_factor;
   f["m192_c2_factor"] = &m.m192_c2_factor;
   f["pair_n_factor"] = &m.pair_n_factor;
+  f["quad_factor"] = &m.quad_factor;
+  f["quad_launch_us"] = &m.quad_launch_us;
   for (auto [prefix, r] : {std::pair<const char*, mk::GemmCostRegime*>{"small_m.", &m.small_m},
                            std::pair<const char*, mk::GemmCostRegime*>{"general.", &m.general}}) {
     const std::string p = prefix;
@@ -163,7 +165,7 @@ bool predict_config(const mk::GemmCostModel& model, int64_t m, int64_t n, int64_
 int main(int argc, char** argv) {
   mk::GemmCostModel model;
   auto fields = cost_fields(model);
-  bool choose = false, allow_m192 = false;
+  bool choose = false, allow_m192 = false, allow_quads = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--choose") {
@@ -172,6 +174,10 @@ int main(int argc, char** argv) {
     }
     if (a == "--allow-m192") {
       allow_m192 = true;
+      continue;
+    }
+    if (a == "--allow-quads") {
+      allow_quads = true;
       continue;
     }
     const auto eq = a.find('=');
@@ -209,9 +215,11 @@ int main(int argc, char** argv) {
       r.blocks_cluster_k8 = 128;
       r.swap_ab = -1;
       r.allow_m192 = allow_m192;
+      r.allow_quads = allow_quads;
+      r.blocks_cluster4 = 120;  // 30 clusters of 4 on the H200
       const mk::GemmSchedule s = mk::choose_gemm_schedule(r, model);
-      std::printf("%s%s n%d c%d%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : s.block_m == 192 ? "m192 " : "",
-                  s.block_n, s.cluster_m, s.cluster_k > 1 ? (" k" + std::to_string(s.cluster_k)).c_str() : "",
+      std::printf("%s%s n%d c%d%s%s b%d %s %.3f\n", s.swap_ab ? "T " : "", s.block_m == 64 ? "m64 " : s.block_m == 256 ? "m256 " : s.block_m == 192 ? "m192 " : "",
+                  s.block_n, s.cluster_m, s.cluster_n == 2 ? "x2" : "", s.cluster_k > 1 ? (" k" + std::to_string(s.cluster_k)).c_str() : "",
                   s.num_clusters * s.cluster_ctas(), s.describe().c_str(), s.predicted_us);
       continue;
     }

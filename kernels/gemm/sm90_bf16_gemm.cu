@@ -30,6 +30,7 @@ struct DeviceInfo {
   int major = 0, minor = 0;
   // GEMM blocks that can be resident at once, per cluster size (index 1, 2); filled on first use.
   int resident[3] = {0, 0, 0};
+  int resident_quad = 0;  // ... with 2 x 2 clusters
   // ... with split-K inside clusters of 2, 4 and 8 CTAs (index 1, 2, 3).
   int resident_k[4] = {0, 0, 0, 0};
 };
@@ -59,6 +60,8 @@ GemmResult device_info(DeviceInfo* info) {
       d.resident[cl] = std::min(detail::max_resident_block_n<256>(cl, d.num_sms),
                                 detail::max_resident_block_n<128>(cl, d.num_sms));
     }
+    d.resident_quad = std::min(detail::max_resident_quad_block_n<256>(d.num_sms),
+                               detail::max_resident_quad_block_n<128>(d.num_sms));
     for (int i = 1; i <= 3; ++i) {
       d.resident_k[i] = std::min({detail::max_resident_swapk_block_n<128>(1 << i, d.num_sms),
                                   detail::max_resident_swapk_block_n<64>(1 << i, d.num_sms),
@@ -215,14 +218,16 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   if (c->cluster_n != 0 && c->cluster_n != 1 && c->cluster_n != 2) {
     return fail(GemmError::kInvalidConfig, "cluster_n = " + std::to_string(c->cluster_n) + " is not supported (expected 0, 1 or 2)");
   }
+  // 2 x 2 clusters (cluster_m = cluster_n = 2): the same, with a width of kGemmQuadWidths.
+  const bool quads = c->cluster_n == 2 && c->cluster_m == 2;
   if (c->cluster_n == 2) {
     std::string why;
     if (!plain) {
       why = a.epilogue != kEpilogueStore ? "the atomic-add epilogue" : "hooks or role blocks";
     } else if (c->block_m == 64 || c->block_m == 256) {
       why = "block_m = " + std::to_string(c->block_m);
-    } else if (c->cluster_m == 2) {
-      why = "cluster_m = 2";
+    } else if (quads && c->block_n != 0 && !gemm_quad_width_built(c->block_n)) {
+      why = "cluster_m = 2 and block_n = " + std::to_string(c->block_n) + " (2 x 2 clusters are built with widths 128, 192 and 256)";
     } else if (c->cluster_k > 1) {
       why = "cluster_k = " + std::to_string(c->cluster_k);
     } else if (c->widths_128_256) {
@@ -230,7 +235,7 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
     }
     if (!why.empty()) {
       return fail(GemmError::kInvalidConfig, "cluster_n = 2 needs a plain GEMM (store epilogue, no hooks, no role blocks) "
-                                             "with 128- or 192-row tiles, cluster_m 0 or 1 and cluster_k 0 or 1; this call has " + why);
+                                             "with 128- or 192-row tiles and cluster_k 0 or 1; this call has " + why);
     }
   }
   if (c->raster < 0) c->raster = kRasterAlongN;
@@ -251,18 +256,27 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   req.k = a.k;
   req.num_sms = dev.num_sms;
   req.role_sms = std::min(c->num_role_blocks, dev.num_sms);
-  for (int cl : {1, 2}) {
-    // Clusters of 2 serve pairs along m and pairs along n (only when asked for); clusters of 1
-    // neither.
-    const bool pairs = c->cluster_m == 2 || c->cluster_n == 2;
-    if (cl == 1 ? pairs : (c->cluster_m == 1 && !pairs)) continue;
-    const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);
-    int blocks = c->num_gemm_blocks;
-    if (blocks == 0 || blocks > dev.resident[cl] - roles) blocks = dev.resident[cl] - roles;
-    blocks -= blocks % cl;
-    (cl == 1 ? req.blocks_cluster1 : req.blocks_cluster2) = std::max(0, blocks);
+  if (c->quads < -1 || c->quads > 0) {
+    return fail(GemmError::kInvalidConfig, "quads = " + std::to_string(c->quads) +
+                                               " is not supported (expected -1 to weigh 2 x 2 clusters or 0 for never; "
+                                               "cluster_m = cluster_n = 2 asks for them)");
   }
-  if (req.blocks_cluster1 < 1 && req.blocks_cluster2 < 2) {
+  // 2 x 2 clusters weighed by the rule: plain GEMMs whose cluster shape is left open.
+  const bool weigh_quads = plain && !c->widths_128_256 && c->quads != 0 && c->cluster_m == 0 && c->cluster_n != 2 &&
+                           c->cluster_k <= 1 && (c->block_m == 0 || c->block_m == 128 || c->block_m == 192);
+  for (int cl : {1, 2, 4}) {
+    // Clusters of 2 serve pairs along m and pairs along n (only when asked for); clusters of 1
+    // neither; clusters of 4 the 2 x 2 ones.
+    const bool pairs = c->cluster_m == 2 || c->cluster_n == 2;
+    if (cl == 4 ? !(quads || weigh_quads) : quads || (cl == 1 ? pairs : (c->cluster_m == 1 && !pairs))) continue;
+    const int roles = static_cast<int>(ceil_div(c->num_role_blocks, cl) * cl);
+    const int resident = cl == 4 ? dev.resident_quad : dev.resident[cl];
+    int blocks = c->num_gemm_blocks;
+    if (blocks == 0 || blocks > resident - roles) blocks = resident - roles;
+    blocks -= blocks % cl;
+    (cl == 1 ? req.blocks_cluster1 : cl == 2 ? req.blocks_cluster2 : req.blocks_cluster4) = std::max(0, blocks);
+  }
+  if (req.blocks_cluster1 < 1 && req.blocks_cluster2 < 2 && req.blocks_cluster4 < 4) {
     return fail(GemmError::kInvalidConfig, "num_gemm_blocks must be at least the cluster size (" +
                                                std::to_string(c->num_role_blocks) + " role blocks leave no room)");
   }
@@ -283,7 +297,8 @@ GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* 
   // its choice without them on average (0.997x over the 36 of 304 shapes where the choice
   // changed, 0.69-1.25x), and on seeds not used to set their cost they picked worse
   // (docs/kernels.md section 7, "Pairs along n").
-  req.cluster_n = (plain && !c->widths_128_256 && c->cluster_k <= 1 && c->cluster_m != 2 && c->cluster_n == 2) ? 2 : 1;
+  req.cluster_n = (plain && !c->widths_128_256 && c->cluster_k <= 1 && c->cluster_n == 2) ? 2 : 1;
+  req.allow_quads = weigh_quads;
   req.num_splits = c->num_splits;
   req.stream_k = c->stream_k;
   req.sk_units = c->sk_units;
@@ -561,10 +576,12 @@ GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t row
 }  // namespace detail
 
 GemmResult gemm_launch(const GemmPlan& plan, cudaStream_t stream) {
-  if (plan.config.cluster_n == 2 && (plan.config.cluster_m != 1 || plan.config.cluster_k > 1 || plan.config.block_m == 64 ||
-                                     plan.config.block_m == 256 || plan.epilogue != kEpilogueStore)) {
-    return fail(GemmError::kInvalidConfig, "plan.config.cluster_n = 2 is built with cluster_m 1, cluster_k 1, 128- or "
-                                           "192-row tiles and the store epilogue only");
+  if (plan.config.cluster_n == 2 &&
+      (plan.config.cluster_m < 1 || plan.config.cluster_m > 2 || plan.config.cluster_k > 1 || plan.config.block_m == 64 ||
+       plan.config.block_m == 256 || plan.epilogue != kEpilogueStore ||
+       (plan.config.cluster_m == 2 && !gemm_quad_width_built(plan.config.block_n)))) {
+    return fail(GemmError::kInvalidConfig, "plan.config.cluster_n = 2 is built with cluster_m 1 (or 2 at widths 128, 192 "
+                                           "and 256), cluster_k 1, 128- or 192-row tiles and the store epilogue only");
   }
   if (plan.config.swap_ab == 1 && plan.config.cluster_k > 1) {
     switch (plan.config.block_n) {

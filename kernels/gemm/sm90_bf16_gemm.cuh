@@ -18,7 +18,9 @@
 // shared memory; a stage is free again only when the consumers of both CTAs released it. With
 // kClusterN == 2 (plain GEMMs) the pair works on horizontally adjacent tiles with the same A tile
 // and multicasts halves of that instead: fewer bytes where A's tile is the larger one (192-row
-// tiles, swapped narrow tiles) or where the m blocks are odd and the n blocks even.
+// tiles, swapped narrow tiles) or where the m blocks are odd and the n blocks even. Both at once
+// (2 x 2 clusters, plain GEMMs): each CTA loads half of its A tile for its n neighbour and half of
+// its weight tile for its m neighbour, so a k block pulls half of both operands per CTA.
 // Work: whole tiles in waves, then stream-K or split-K units over the k blocks of the remaining
 // tiles (common/tile_scheduler.cuh); a tile shared by several units is finished by the last of
 // them to arrive, through an fp32 accumulator in the workspace (detail::fixup). The choice of
@@ -174,9 +176,10 @@ struct Sm90GemmTraits {
                 "swapped operands: plain GEMM, store epilogue, 64- or 128-row tiles");
   static_assert(!kGrouped_ || kBlockN % 64 == 0, "grouped GEMM: BLOCK_N a multiple of 64 (64-column chunks)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
-  static_assert(kClusterN == 1 || (kClusterN == 2 && kClusterM == 1 && kClusterK == 1 && !kGrouped_ &&
-                                   kEpilogue_ == kEpilogueStore && kBlockM_ != 256),
-                "pairs along N: plain GEMMs (store epilogue), 64-, 128- or 192-row tiles, no other cluster dimension");
+  static_assert(kClusterN == 1 || (kClusterN == 2 && kClusterK == 1 && !kGrouped_ && kEpilogue_ == kEpilogueStore &&
+                                   kBlockM_ != 256 && (kClusterM == 1 || kBlockM_ != 64)),
+                "pairs along N: plain GEMMs (store epilogue), 64-, 128- or 192-row tiles (2 x 2 clusters: 128 or "
+                "192), no split-K inside the cluster");
   static_assert(kClusterK == 1 || kClusterK == 2 || kClusterK == 4 || kClusterK == 8, "clusters of 1, 2, 4 or 8 CTAs along K");
   // The partial tile (128 x BLOCK_N fp32) lives in the epilogue's staging buffers, which the
   // in-cluster reduction never uses for TMA stores.
@@ -242,14 +245,26 @@ __device__ __forceinline__ uint64_t tile_flag_value(const GemmParams& p) {
   return p.tile_flag_value_ptr != nullptr ? sync::ld_acquire_gpu(p.tile_flag_value_ptr) : p.tile_flag_value;
 }
 
+// CTAs whose consumers hand back each stage of a CTA: those that write into it, i.e. the CTAs of
+// its n block (their weight halves) and of its m block (their A halves), itself included. In a
+// 2 x 2 cluster the diagonal CTA shares no operand and is left out (3 of the 4).
 template <class T>
-__device__ __forceinline__ void release_stage(uint64_t* empty_bar) {
+inline constexpr int kStageReleasers = T::kClusterM + T::kClusterN - 1;
+
+template <class T>
+__device__ __forceinline__ void release_stage(uint64_t* empty_bar, [[maybe_unused]] uint32_t cta_rank) {
   if constexpr (T::kPairSize == 1) {
     ptx::mbar_arrive(empty_bar);
-  } else {
+  } else if constexpr (T::kClusterM == 1 || T::kClusterN == 1) {
     // Both CTAs of a pair write into each other's stage (the multicast halves).
 #pragma unroll
     for (uint32_t r = 0; r < T::kPairSize; ++r) ptx::mbar_arrive_cluster(empty_bar, r);
+  } else {
+    const uint32_t mi = cta_rank % T::kClusterM, ni = cta_rank / T::kClusterM;
+#pragma unroll
+    for (uint32_t r = 0; r < T::kPairSize; ++r) {
+      if (r % T::kClusterM == mi || r / T::kClusterM == ni) ptx::mbar_arrive_cluster(empty_bar, r);
+    }
   }
 }
 
@@ -669,7 +684,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbar_init(&full_bar[s], 1);
-      ptx::mbar_init(&empty_bar[s], T::kNumConsumers * T::kPairSize);
+      ptx::mbar_init(&empty_bar[s], T::kNumConsumers * detail::kStageReleasers<T>);
     }
     for (int s = 0; s < T::kStages; ++s) stage_abort[s] = 0;
     if constexpr (T::kClusterK > 1) {
@@ -805,12 +820,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           uint8_t* b_dst = smem_b + stage * T::kBBytes;
           const int32_t k0 = static_cast<int32_t>(kb * T::kBlockK);
           ptx::mbar_arrive_expect_tx(&full_bar[stage], T::kStageBytes);
+          // This CTA's place in its cluster: mi along m (CTAs of one n block, sharing its weight
+          // tile), ni along n (CTAs of one m block, sharing its A tile); rank = mi + kClusterM * ni
+          // (TileScheduler::tile_coord).
+          [[maybe_unused]] const uint32_t mi = cta_rank % T::kClusterM;
+          [[maybe_unused]] const uint32_t ni = cta_rank / T::kClusterM;
           if constexpr (T::kClusterN == 2) {
             // Pairs along n: this CTA's half of the A tile (the map's box is kBlockM / 2 rows)
-            // for both CTAs of the pair, which share the m block.
+            // for both CTAs of its m block (ranks mi and mi + kClusterM).
             constexpr int kHalfM = T::kBlockM / 2;
-            ptx::tma_load_2d_multicast(a_dst + cta_rank * (T::kABytes / 2), map_a, &full_bar[stage], k0,
-                                       a_row + static_cast<int32_t>(cta_rank * kHalfM), static_cast<uint16_t>(0x3));
+            ptx::tma_load_2d_multicast(a_dst + ni * (T::kABytes / 2), map_a, &full_bar[stage], k0,
+                                       a_row + static_cast<int32_t>(ni * kHalfM),
+                                       static_cast<uint16_t>((1u | (1u << T::kClusterM)) << mi));
           } else {
             ptx::tma_load_2d(a_dst, map_a, &full_bar[stage], k0, a_row);
           }
@@ -823,11 +844,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ptx::tma_load_2d(b_dst, &tma_b, &full_bar[stage], k0, w_row);
             ptx::tma_load_2d(b_dst + T::kBBytes / 2, &tma_b, &full_bar[stage], k0, w_row + kHalfN);
           } else {
+            // This CTA's half of the weight tile for the CTAs of its n block (ranks
+            // kClusterM * ni ... kClusterM * ni + kClusterM - 1).
             constexpr int kHalfN = T::kBlockN / 2;
-            ptx::tma_load_2d_multicast(b_dst + cta_rank * (T::kBBytes / 2), &tma_b,
+            ptx::tma_load_2d_multicast(b_dst + mi * (T::kBBytes / 2), &tma_b,
                                        &full_bar[stage], k0,
-                                       w_row + static_cast<int32_t>(cta_rank * kHalfN),
-                                       static_cast<uint16_t>((1u << T::kClusterM) - 1));
+                                       w_row + static_cast<int32_t>(mi * kHalfN),
+                                       static_cast<uint16_t>(((1u << T::kClusterM) - 1) << (T::kClusterM * ni)));
           }
           if (++stage == T::kStages) {
             stage = 0;
@@ -934,7 +957,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           ptx::wgmma_commit();
           ptx::wgmma_wait<1>();
-          if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+          if (kb > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage], cta_rank);
         } else {
           // No MMA keeps this warpgroup's warps in step here: all four must have seen the stage
           // complete before its one signalling thread hands it back. Released early, the stage
@@ -942,7 +965,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // looked, and that warp would then wait one phase behind the others (a later wgmma
           // without it hangs or faults, or its last wait expires).
           ptx::named_barrier_sync(3 + cw, 128);
-          if (signals) detail::release_stage<T>(&empty_bar[stage]);
+          if (signals) detail::release_stage<T>(&empty_bar[stage], cta_rank);
         }
         prev_stage = stage;
         if (++stage == T::kStages) {
@@ -952,7 +975,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       ptx::wgmma_wait<0>();
       if (aborted) break;
-      if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage]);
+      if (rows_live && kb_end > kb_begin && signals) detail::release_stage<T>(&empty_bar[prev_stage], cta_rank);
 #pragma unroll
       for (int s = 0; s < T::kMSub; ++s) {
 #pragma unroll

@@ -107,6 +107,14 @@ struct GemmConfig {
   // weigh them on its own: measured, they won on some shapes (up to 1.25x) and lost on others by
   // as much, and the cost model could not tell which (docs/kernels.md section 7, "Pairs along n").
   int cluster_n = 0;
+  // 2 x 2 clusters (plain GEMMs, 128- or 192-row tiles of a width of kGemmQuadWidths, operands as
+  // given or swapped): each CTA loads half of its A tile for its neighbour along n and half of
+  // its weight tile for its neighbour along m, so a k block pulls half of both per CTA; clusters
+  // of 4 fit 120 of the H200's 132 SMs. 0: never; -1: the rule weighs them (with cluster_m 0 and
+  // cluster_n not 2); cluster_m = cluster_n = 2 asks for them. Not weighed by default: measured,
+  // they ran up to 1.38x as fast as the rule's choice on some mid-size shapes and slower on most
+  // others, and the cost model cannot yet tell which (docs/kernels.md section 7, "2 x 2 clusters").
+  int quads = 0;
 };
 
 struct GemmHooks {

@@ -46,6 +46,10 @@ GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream);
 template <int kBlockN>
 int max_resident_block_n(int cluster_m, int num_sms);
 
+// The same for 2 x 2 clusters (0 for a width of which they are not built).
+template <int kBlockN>
+int max_resident_quad_block_n(int num_sms);
+
 // The 256-row instantiations (sm90_bf16_gemm_m256_n*.cu, store epilogue only; kGemmTallWidths).
 template <int kBlockN>
 GemmResult launch_tall_block_n(const GemmPlan& plan, cudaStream_t stream);

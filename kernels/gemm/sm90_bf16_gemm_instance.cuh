@@ -1,6 +1,6 @@
 // sm90_bf16_gemm_instance.cuh: the library's instantiations of the persistent GEMM for one
-// BLOCK_N (clusters of 1, pairs along m and, for the store epilogue, pairs along n; store and
-// atomic-add epilogues; no role function). Every BLOCK_N is
+// BLOCK_N (clusters of 1, pairs along m and, for the store epilogue, pairs along n and 2 x 2
+// clusters; store and atomic-add epilogues; no role function). Every BLOCK_N is
 // a translation unit of its own, generated from sm90_bf16_gemm_instance.cu.in by
 // kernels/CMakeLists.txt, so the instantiations compile in parallel and cannot drift apart.
 #pragma once
@@ -10,6 +10,12 @@
 
 namespace mkernel::kernels::detail {
 
+// 2 x 2 clusters (cluster_m = cluster_n = 2) are built for kGemmQuadWidths only.
+inline GemmResult quad_not_built(int block_n) {
+  return GemmResult{GemmError::kInvalidConfig, "cluster_m = cluster_n = 2 is not built for block_n = " +
+                                                   std::to_string(block_n) + " (expected 128, 192 or 256)"};
+}
+
 template <int kBlockN, int kClusterM, uint32_t kEpilogue, int kClusterN = 1>
 using LibraryTraits =
     Sm90GemmTraits<kBlockN, gemm_stages_for_block_n(kBlockN), kClusterM, kEpilogue, false, 128, false, 1, kClusterN>;
@@ -17,6 +23,13 @@ using LibraryTraits =
 template <int kBlockN>
 GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
   const bool add = plan.epilogue == kEpilogueAtomicAdd;
+  if (plan.config.cluster_n == 2 && plan.config.cluster_m == 2 && !add) {
+    if constexpr (gemm_quad_width_built(kBlockN)) {
+      return launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 2, kEpilogueStore, 2>, NoRole>(plan, stream);
+    } else {
+      return quad_not_built(kBlockN);
+    }
+  }
   if (plan.config.cluster_n == 2 && !add) {
     return launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueStore, 2>, NoRole>(plan, stream);
   }
@@ -26,6 +39,15 @@ GemmResult launch_block_n(const GemmPlan& plan, cudaStream_t stream) {
   }
   return add ? launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueAtomicAdd>, NoRole>(plan, stream)
              : launch_sm90_bf16_gemm<LibraryTraits<kBlockN, 1, kEpilogueStore>, NoRole>(plan, stream);
+}
+
+template <int kBlockN>
+int max_resident_quad_block_n(int num_sms) {
+  if constexpr (gemm_quad_width_built(kBlockN)) {
+    return max_resident_gemm_blocks<LibraryTraits<kBlockN, 2, kEpilogueStore, 2>, NoRole>(num_sms);
+  } else {
+    return 0;
+  }
 }
 
 template <int kBlockN, int kClusterM>
@@ -43,6 +65,13 @@ using SwapTraits =
 
 template <int kBlockN>
 GemmResult launch_swap_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.cluster_n == 2 && plan.config.cluster_m == 2) {
+    if constexpr (gemm_quad_width_built(kBlockN)) {
+      return launch_sm90_bf16_gemm<SwapTraits<kBlockN, 2, 2>, NoRole>(plan, stream);
+    } else {
+      return quad_not_built(kBlockN);
+    }
+  }
   if (plan.config.cluster_n == 2) return launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1, 2>, NoRole>(plan, stream);
   return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<SwapTraits<kBlockN, 2>, NoRole>(plan, stream)
                                     : launch_sm90_bf16_gemm<SwapTraits<kBlockN, 1>, NoRole>(plan, stream);
@@ -65,6 +94,13 @@ static_assert(M192Traits<192, 1>::kEpiBytes == gemm_epi_bytes(192, 192, 1), "gem
 
 template <int kBlockN>
 GemmResult launch_m192_block_n(const GemmPlan& plan, cudaStream_t stream) {
+  if (plan.config.cluster_n == 2 && plan.config.cluster_m == 2) {
+    if constexpr (gemm_quad_width_built(kBlockN)) {
+      return launch_sm90_bf16_gemm<M192Traits<kBlockN, 2, 2>, NoRole>(plan, stream);
+    } else {
+      return quad_not_built(kBlockN);
+    }
+  }
   if (plan.config.cluster_n == 2) return launch_sm90_bf16_gemm<M192Traits<kBlockN, 1, 2>, NoRole>(plan, stream);
   return plan.config.cluster_m == 2 ? launch_sm90_bf16_gemm<M192Traits<kBlockN, 2>, NoRole>(plan, stream)
                                     : launch_sm90_bf16_gemm<M192Traits<kBlockN, 1>, NoRole>(plan, stream);

@@ -75,6 +75,16 @@ inline constexpr bool gemm_swap_width_built(int block_n) {
 // n rows fills n / 64 tiles (the whole k each, where 128-row tiles would need split-K to fill
 // the SMs) and up to 16 stages fit. Measured slower than the 128-row swapped tiles (0.80 against
 // 0.94 of the faster library on the m <= 64 shapes of seed 31337).
+// Widths built with 2 x 2 clusters (GemmConfig::cluster_m = cluster_n = 2; 128-row tiles with
+// the operands as given or swapped, and 192-row tiles): opt-in, never chosen by the rule.
+inline constexpr int kGemmQuadWidths[] = {256, 192, 128};
+
+inline constexpr bool gemm_quad_width_built(int block_n) {
+  for (int w : kGemmQuadWidths)
+    if (w == block_n) return true;
+  return false;
+}
+
 inline constexpr int kGemmSwap64Widths[] = {64, 48, 32, 16};
 
 inline constexpr bool gemm_swap64_width_built(int block_n) {
@@ -249,6 +259,15 @@ struct GemmCostModel {
   // (353d783, 128 groups) 1.0109 against 1.0081 without them: only weighed when asked for
   // (GemmScheduleRequest::cluster_n = 0).
   double pair_n_factor = 1.0;
+  // A 2 x 2 cluster's k block (each CTA pulls half of its A tile and half of its weight tile):
+  // half of the clusters-of-1 cost of its tile times quad_factor; and the launch's extra cost
+  // (GemmSchedule::cluster_m = cluster_n = 2). Unlike clusters of 2 no penalty below a full GPU:
+  // 764x2296x4120 in 108 CTAs ran 1.38x as fast in 2 x 2 clusters as in clusters of 1. 1.8 gave
+  // the lowest regret over 147 groups of 2 x 2 clusters timed beside the rule (1.0117 against
+  // 1.0141 without them; other forms of the cost did no better), too little to weigh them by
+  // default: they are asked for (GemmConfig::quads; docs/kernels.md section 7, "2 x 2 clusters").
+  double quad_factor = 1.8;
+  double quad_launch_us = 0.0;
   // The widest tile in-cluster split-K candidates may have (a width of kGemmSwapClusterKWidths;
   // 64 gives the rule before the widths 80-128 were built, for side-by-side benchmarks).
   int clusterk_max_width = 128;
@@ -259,6 +278,7 @@ struct GemmScheduleRequest {
   int64_t m = 0, n = 0, k = 0;
   int blocks_cluster1 = 0;  // GEMM blocks that can run at once with clusters of 1 (0: not allowed)
   int blocks_cluster2 = 0;  // ... of 2 (a multiple of 2; 0: not allowed)
+  int blocks_cluster4 = 0;  // ... of 2 x 2 (a multiple of 4; 0: not allowed)
   // ... with split-K inside clusters of 2, 4 and 8 CTAs (swapped operands; 0: not allowed)
   int blocks_cluster_k2 = 0, blocks_cluster_k4 = 0, blocks_cluster_k8 = 0;
   // Split-K inside a cluster (kGemmClusterKSizes): 0 = choose, 1 = never, 2 / 4 / 8 = always
@@ -273,8 +293,12 @@ struct GemmScheduleRequest {
   int cluster_m = 0;        // 1 or 2, 0 = choose
   // Pairs along n (GemmConfig::cluster_n): 0 = weigh them, 1 = never, 2 = always. The library
   // asks for 1 unless the caller sets 2 (measured: not a predictable win); 0 is for the
-  // benchmark's and the tests' model experiments.
+  // benchmark's and the tests' model experiments. cluster_m = cluster_n = 2: 2 x 2 clusters
+  // (kGemmQuadWidths), only then.
   int cluster_n = 1;
+  // 2 x 2 clusters weighed beside the others (plain GEMMs; cluster_m 0, cluster_n not 2, at
+  // kGemmQuadWidths, with blocks_cluster4 blocks). Asked for with cluster_m = cluster_n = 2.
+  bool allow_quads = false;
   int num_splits = 0;       // > 0: uniform split-K with that many splits (1 = none)
   int stream_k = -1;        // 0: never, 1: always (when there are split-able tiles), -1: choose
   int sk_units = 0;         // > 0: that many stream-K units (at most the clusters), 0 = choose
@@ -309,7 +333,7 @@ struct GemmSchedule {
   int block_m = 128;
   int block_n = 256;
   int cluster_m = 1;
-  int cluster_n = 1;         // 2: pairs along n (the A tile shared; cluster_m is then 1)
+  int cluster_n = 1;         // 2: pairs along n (the A tile shared), or with cluster_m 2 a 2 x 2 cluster
   int cluster_k = 1;         // CTAs of a cluster sharing each tile's k blocks (swapped operands)
   int num_clusters = 1;      // clusters launched (GEMM blocks = num_clusters * cluster_ctas())
   uint32_t m_blocks = 0, n_blocks = 0, k_blocks = 0;
@@ -382,7 +406,10 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const int cluster_ctas = s->cluster_ctas();
   // Pairs along m (the weight tile shared) or along n (the A tile shared): the same fitted costs,
   // scaled below for the bytes of the pair along n.
-  const bool pair = s->pair_ctas() == 2;
+  const bool pair = s->pair_ctas() >= 2;
+  // 2 x 2 clusters: charged from the clusters-of-1 costs (see the scaling below).
+  const bool quad = s->cluster_m == 2 && s->cluster_n == 2;
+  const bool pair_costs = pair && !quad;
   const double busy_fraction = std::min(1.0, static_cast<double>(active * cluster_ctas) / std::max(1, num_sms));
   // 0 at 128 columns, 1 at 256; below 128 (swapped operands) extrapolated (floored below).
   const double wide = (s->block_n - 128) / 128.0;
@@ -394,20 +421,20 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     // Tall tile: the 128 x 256 tile's cost per flop, times the margin; two 64-row sub-tiles per
     // consumer, each with its masked columns.
     const double area = s->block_n / 128.0;  // (256 x block_n) / (128 x 256)
-    it = (pair ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1) * area * model.tall_cost_factor;
+    it = (pair_costs ? cm.iter_us_n256_c2 : cm.iter_us_n256_c1) * area * model.tall_cost_factor;
     tile = cm.tile_us_n256 * area * model.tall_cost_factor + (s->block_n % 64 != 0 ? 2 * model.masked_tail_tile_us : 0.0);
   } else {
-    it = pair ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2) : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
+    it = pair_costs ? between(cm.iter_us_n128_c2, cm.iter_us_n256_c2) : between(cm.iter_us_n128_c1, cm.iter_us_n256_c1);
     tile = between(cm.tile_us_n128, cm.tile_us_n256) + (s->block_n % 64 != 0 ? model.masked_tail_tile_us : 0.0);
     if (s->block_m == 192) {
-      it *= rows192 * (pair ? model.m192_c2_factor : 1.0);
+      it *= rows192 * (pair_costs ? model.m192_c2_factor : 1.0);
       tile *= model.m192_tile_factor;
     }
   }
   // SMs running a launch's role blocks (communication) are not idle: they count as busy here.
   const double busy_with_roles =
       std::min(1.0, static_cast<double>(active * cluster_ctas + role_sms) / std::max(1, num_sms));
-  if (pair && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
+  if (pair_costs && (s->block_m == 128 || s->block_m == 192) && busy_with_roles < model.cluster_full_busy) {
     const double c1 = between(cm.iter_us_n128_c1, cm.iter_us_n256_c1) * rows192;
     const double partial = c1 * (1.0 + model.cluster_partial_penalty * (256 - s->block_n) / 128.0);
     const double w = std::clamp((busy_with_roles - model.cluster_fade_busy) /
@@ -424,12 +451,16 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
     tile = std::max(tile, cm.tile_us_n128);
     if (s->block_m == 64) it *= 0.5 * model.half_rows_cost_factor;
   }
-  if (s->cluster_n == 2) {
+  if (quad) {
+    // A 2 x 2 cluster's CTA pulls half of what a CTA alone pulls per k block (half of each tile):
+    // the clusters-of-1 cost (which `it` holds) halved, times quad_factor.
+    it *= 0.5 * model.quad_factor;
+  } else if (s->cluster_n == 2) {
     // A pair along n pulls half the A tile and the whole weight tile per CTA, where a pair along m
     // (whose costs `it` holds) pulls the whole A tile and half the weight tile: scaled by the
     // ratio of those bytes (the k block's cost follows the bytes into the SM), times a factor.
     const double a = s->block_m, b = s->block_n;
-    it *= (a / 2 + b) / (a + b / 2) * model.pair_n_factor;
+    it *= (b + a / 2) / (a + b / 2) * model.pair_n_factor;
   }
   it *= 1.0 - cm.concurrency * (1.0 - busy_fraction);
   const double partial_bytes = static_cast<double>(std::min<int64_t>(m, s->block_m)) * s->block_n * 4;
@@ -488,7 +519,7 @@ inline void predict(const GemmCostModel& model, int64_t m, int64_t n, int64_t k,
   const double bw = std::min(cm.dram_bytes_per_us, static_cast<double>(active * cluster_ctas) * cm.cta_bytes_per_us);
   s->busiest_us = busiest;
   s->dram_us = bytes / bw;
-  s->predicted_us = cm.launch_us + (pair ? cm.cluster2_launch_us : 0.0) +
+  s->predicted_us = cm.launch_us + (pair ? cm.cluster2_launch_us : 0.0) + (quad ? model.quad_launch_us : 0.0) +
                     (s->cluster_k > 1 ? cm.clusterk_launch_us : 0.0) + std::max(s->busiest_us, s->dram_us);
 }
 
@@ -558,11 +589,17 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
     const int64_t m_blocks = ceil_div(r.m, bm);
     // Cluster shapes: pairs along m (the weight tile shared), single CTAs, pairs along n (the A
     // tile shared; last, so ties keep the others).
-    for (const auto& [cl, cn] : {std::pair{2, 1}, std::pair{1, 1}, std::pair{1, 2}}) {
+    // 2 x 2 clusters (both tiles shared): always when asked for (cluster_m = cluster_n = 2, then
+    // nothing else), weighed when allowed (last, so ties keep the others).
+    const bool quads_only = r.cluster_m == 2 && r.cluster_n == 2;
+    const bool quads_weighed = r.allow_quads && r.cluster_m == 0 && r.cluster_n != 2;
+    for (const auto& [cl, cn] : {std::pair{2, 1}, std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+      const bool quad = cl == 2 && cn == 2;
+      if (quad ? !(quads_only || quads_weighed) || (bm != 128 && bm != 192) : quads_only) continue;
       if (r.cluster_m != 0 && r.cluster_m != cl) continue;
-      if (cn == 2 && (r.cluster_n == 1 || bm == 256 || bm == 64)) continue;
+      if (!quad && cn == 2 && (r.cluster_n == 1 || bm == 256 || bm == 64)) continue;
       if (cn == 1 && r.cluster_n == 2) continue;
-      const int blocks = (cl == 2 || cn == 2) ? r.blocks_cluster2 : r.blocks_cluster1;
+      const int blocks = quad ? r.blocks_cluster4 : (cl == 2 || cn == 2) ? r.blocks_cluster2 : r.blocks_cluster1;
       if (blocks < cl * cn) continue;
       if (cl == 2 && r.cluster_m == 0 && m_blocks < 2) continue;  // a cluster of one real tile and padding
       for (int bn : kGemmSwapWidths) {
@@ -572,6 +609,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         if (bm == 256 && !gemm_tall_width_built(bn)) continue;
         if (bm == 192 && !gemm_m192_width_built(bn)) continue;
         if (bm == 64 && !gemm_swap64_width_built(bn)) continue;
+        if (quad && !gemm_quad_width_built(bn)) continue;
         if (r.swapped && r.block_n == 0 && bn < 128) {
           // A narrow swapped width is never better than a narrower one with as many tiles (it
           // only pulls more activation rows); without this, predictions bound by DRAM tie and
@@ -591,7 +629,7 @@ inline GemmSchedule choose_gemm_schedule(const GemmScheduleRequest& r, const Gem
         base.n_blocks = static_cast<uint32_t>(ceil_div(r.n, bn));
         base.k_blocks = static_cast<uint32_t>(k_blocks);
         // A pair along n with one n block is one real tile and padding.
-        if (cn == 2 && r.cluster_n == 0 && base.n_blocks < 2) continue;
+        if (cn == 2 && (r.cluster_n == 0 || (quad && !quads_only)) && base.n_blocks < 2) continue;
         base.tiles = static_cast<uint32_t>(ceil_div(m_blocks, cl) * base.n_groups());
         const int64_t G = blocks / (cl * cn);
         const int64_t T = base.tiles;

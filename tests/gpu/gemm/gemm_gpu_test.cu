@@ -147,6 +147,14 @@ std::vector<mk::GemmConfig> pair_decompositions(int block_n, int block_m, int sw
   return out;
 }
 
+// 2 x 2 clusters (GemmConfig::cluster_m = cluster_n = 2): whole tiles, 3 splits per tile and
+// stream-K.
+std::vector<mk::GemmConfig> quad_decompositions(int block_n, int block_m, int swap_ab) {
+  std::vector<mk::GemmConfig> out = pair_decompositions(block_n, block_m, swap_ab);
+  for (auto& c : out) c.cluster_m = 2;
+  return out;
+}
+
 // Fresh random inputs (from the test's seed and `seed_offset`), the fp32 reference and a plan;
 // false (with the failure recorded) when planning fails.
 bool prepare_case(Buffers& b, int m, int n, int k, const mk::GemmConfig& cfg, uint64_t seed_offset,
@@ -729,6 +737,21 @@ int main() {
     for (const auto& c : pair_decompositions(bn, 192, 0)) run_case(1100, 2 * bn + 8, 1096, c, "pair along n, 192 rows");
   for (int bn : mk::kGemmSwapWidths)
     for (const auto& c : pair_decompositions(bn, 128, 1)) run_case(2 * bn + 8, 1096, 1096, c, "pair along n, swapped");
+  // 2 x 2 clusters: each CTA multicasts half of its A tile to its n neighbour and half of its
+  // weight tile to its m neighbour. Odd and even m and n block counts (a padding CTA along m,
+  // along n, or both: its loads are out of bounds, it stores nothing, and it still sends its
+  // halves), m and n ending inside a tile, every decomposition, operands as given and swapped,
+  // 192-row tiles.
+  for (int bn : mk::kGemmQuadWidths) {
+    for (const auto& c : quad_decompositions(bn, 128, 0)) {
+      run_case(1100, 2 * bn + 8, 1096, c, "2 x 2 clusters, odd m and n blocks");
+      run_case(1000, 3 * bn + 8, 520, c, "2 x 2 clusters, even n blocks");
+      run_case(200, bn - 8, 776, c, "2 x 2 clusters, one m block, one n block");
+    }
+    if (mk::gemm_m192_width_built(bn))
+      for (const auto& c : quad_decompositions(bn, 192, 0)) run_case(1100, 2 * bn + 8, 1096, c, "2 x 2 clusters, 192 rows");
+    for (const auto& c : quad_decompositions(bn, 128, 1)) run_case(2 * bn + 8, 1096, 1096, c, "2 x 2 clusters, swapped");
+  }
   {
     // Deterministic split-K and stream-K with pairs along n: bitwise equal over launches.
     mk::GemmConfig c;
@@ -744,6 +767,9 @@ int main() {
     c.sk_units = 0;
     c.num_splits = 5;
     run_bitwise_case(300, 1000, 4096, c, "deterministic, pairs along n, 5 splits");
+    c.cluster_m = 2;
+    run_bitwise_case(300, 1000, 4096, c, "deterministic, 2 x 2 clusters, 5 splits");
+    c.cluster_m = 0;
     // Refusals, naming the field and what the call has.
     mk::GemmConfig bad;
     bad.cluster_n = 3;
@@ -751,8 +777,16 @@ int main() {
     bad.cluster_n = 2;
     expect_refused(bad, mk::kEpilogueAtomicAdd, {"cluster_n = 2", "atomic-add"}, "cluster_n = 2 with atomic add refused");
     bad.cluster_m = 2;
-    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "cluster_m = 2"}, "cluster_n = 2 with cluster_m = 2 refused");
+    bad.block_n = 144;
+    expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "cluster_m = 2", "block_n = 144"},
+                   "2 x 2 clusters at a width they are not built for refused");
+    bad.block_n = 0;
     bad.cluster_m = 0;
+    bad.cluster_n = 0;
+    bad.quads = 2;
+    expect_refused(bad, mk::kEpilogueStore, {"quads = 2"}, "quads = 2 refused");
+    bad.quads = 0;
+    bad.cluster_n = 2;
     bad.block_m = 256;
     expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "block_m = 256"}, "cluster_n = 2 with block_m = 256 refused");
     bad.block_m = 0;
@@ -1014,6 +1048,10 @@ int main() {
     // The rule, on shapes where it takes a split last wave (gemm_model_eval --choose).
     run_case(7658, 608, 5776, def, "rule (split last wave)");
     run_case(585, 9168, 4024, def, "rule");
+    mk::GemmConfig weigh_quads;  // the rule weighing 2 x 2 clusters (it takes them here)
+    weigh_quads.quads = -1;
+    run_case(764, 2296, 4120, weigh_quads, "rule, 2 x 2 clusters weighed");
+    run_case(1061, 1776, 3400, weigh_quads, "rule, 2 x 2 clusters weighed");
   }
   // The random family (issue 13), smaller: fresh shapes every run from the test's seed, the same
   // distribution as gemm_bench --random without the shapes whose fp32 reference would take
@@ -1026,6 +1064,10 @@ int main() {
     mk::GemmConfig pairs;
     pairs.cluster_n = 2;
     for (size_t i = 0; i < family.size(); i += 2) run_case(family[i].m, family[i].n, family[i].k, pairs, "random, pairs along n");
+    // ... and in 2 x 2 clusters.
+    mk::GemmConfig quads = pairs;
+    quads.cluster_m = 2;
+    for (size_t i = 1; i < family.size(); i += 2) run_case(family[i].m, family[i].n, family[i].k, quads, "random, 2 x 2 clusters");
   }
   // Fewer blocks than SMs (SMs withheld) and a single block.
   for (int blocks : {116, 2}) {

@@ -59,6 +59,7 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
                      : s.cluster_k == 4 ? r.blocks_cluster_k4
                      : s.cluster_k == 8 ? r.blocks_cluster_k8
                      : kPair == 1       ? r.blocks_cluster1
+                     : kPair == 4       ? r.blocks_cluster4
                                         : r.blocks_cluster2;
   if (s.num_clusters < 1 || s.num_clusters * kPair * s.cluster_k > blocks) return fail(name + ": more clusters than blocks");
   // The CTAs of every cluster tile cover each (m block, n block) exactly once; the others are a
@@ -199,6 +200,7 @@ void replay(const mk::GemmScheduleRequest& r, const mk::GemmSchedule& s, std::mt
 
 int g_split_last_waves = 0;  // rule-chosen schedules with whole tiles then split ones
 int g_cluster_k = 0;         // schedules with split-K inside clusters (free choices of the rule)
+int g_quads = 0;             // schedules in 2 x 2 clusters (asked for)
 
 void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   const mk::GemmSchedule s = mk::choose_gemm_schedule(r_in);
@@ -271,16 +273,26 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   if (r.stream_k == 0 && s.sk_units != 0 && s.sk_per_tile == 0) fail(shape_str(r, s) + ": stream-K although switched off");
   // Pairs along n: as built (128- or 192-row tiles, not with a pair along m or in-cluster split-K),
   // never when switched off, always when asked for.
+  // 2 x 2 clusters: only when asked for (cluster_m = cluster_n = 2), at their widths.
   if (s.cluster_n == 2) {
-    if (s.cluster_m != 1 || s.cluster_k != 1 || (s.block_m != 128 && s.block_m != 192))
+    if (s.cluster_k != 1 || (s.block_m != 128 && s.block_m != 192))
       fail(shape_str(r, s) + ": a pair along n outside what is built");
-    if (r_in.cluster_n == 1) fail(shape_str(r, s) + ": a pair along n although cluster_n = 1");
+    const bool weighed = r_in.allow_quads && r_in.cluster_m == 0 && r_in.cluster_n != 2;
+    if (s.cluster_m == 2 && ((r_in.cluster_m != 2 && !weighed) || !mk::gemm_quad_width_built(s.block_n)))
+      fail(shape_str(r, s) + ": a 2 x 2 cluster not asked for or allowed, or at a width not built");
+    if (s.cluster_m == 2 && weighed && (s.m_blocks < 2 || s.n_blocks < 2))
+      fail(shape_str(r, s) + ": a weighed 2 x 2 cluster with half of its CTAs padding");
+    if (s.cluster_m != 2 && r_in.cluster_m == 2) fail(shape_str(r, s) + ": 2 x 2 clusters asked for but not taken");
+    if (r_in.cluster_n == 1 && !(s.cluster_m == 2 && weighed)) fail(shape_str(r, s) + ": a pair along n although cluster_n = 1");
   } else if (s.cluster_n != 1) {
     fail(shape_str(r, s) + ": a cluster_n not built");
   } else if (r_in.cluster_n == 2 && r_in.cluster_k <= 1) {
     fail(shape_str(r, s) + ": cluster_n = 2 asked for but not taken");
   }
-  if (s.cluster_n == 2) {
+  if (s.cluster_n == 2 && s.cluster_m == 2) {
+    ++g_quads;
+    replay<2, 2>(r, s, rng);
+  } else if (s.cluster_n == 2) {
     replay<1, 2>(r, s, rng);
   } else if (s.cluster_m == 2) {
     replay<2, 1>(r, s, rng);
@@ -295,7 +307,8 @@ void check(const mk::GemmScheduleRequest& r_in, std::mt19937_64& rng) {
   again.k = r_in.k;
   again.swap_ab = s.swap_ab ? 1 : 0;
   if (s.swap_ab) again.block_m = s.block_m;
-  (s.pair_ctas() == 2 ? again.blocks_cluster2 : again.blocks_cluster1) = s.num_clusters * s.pair_ctas();
+  (s.pair_ctas() == 4 ? again.blocks_cluster4 : s.pair_ctas() == 2 ? again.blocks_cluster2 : again.blocks_cluster1) =
+      s.num_clusters * s.pair_ctas();
   again.cluster_n = s.cluster_n;
   again.cluster_k = s.cluster_k;
   if (s.cluster_k > 1) {
@@ -551,6 +564,17 @@ int main(int argc, char** argv) {
       if (r.swap_ab == 1 && r.block_n != 0 && !mk::gemm_swap_width_built(r.block_n)) r.block_n = 0;
     }
     if (i % 7 == 3) r.m = 1 + pick(rng) % 64;  // small m, where in-cluster split-K is a candidate
+    // 2 x 2 clusters asked for, where the launcher accepts them (as pairs along n, at their
+    // widths; a GPU offers whole clusters of 4).
+    if (r.cluster_n == 2 && pick(rng) < 40) {
+      r.cluster_m = 2;
+      r.blocks_cluster4 = r.blocks_cluster1 - r.blocks_cluster1 % 4;
+      if (r.block_n != 0) r.block_n = mk::kGemmQuadWidths[pick(rng) % std::size(mk::kGemmQuadWidths)];
+      if (r.blocks_cluster4 < 4) r.blocks_cluster4 = 4;
+    } else if (pick(rng) < 50) {  // weighed, as the library asks for plain GEMMs
+      r.allow_quads = true;
+      r.blocks_cluster4 = std::min(r.blocks_cluster1, 120) / 4 * 4;  // the H200 fits 30 clusters of 4
+    }
     check(r, rng);
     ++cases;
   }
@@ -603,6 +627,8 @@ int main(int argc, char** argv) {
   // The rule takes split last waves somewhere in the family (a last wave at most half full).
   if (g_split_last_waves == 0) fail("the rule chose no split last wave over the random family");
   std::printf("split last waves chosen: %d\n", g_split_last_waves);
+  std::printf("2 x 2 clusters replayed: %d\n", g_quads);
+  if (g_quads < 50) fail("fewer than 50 schedules in 2 x 2 clusters replayed: " + std::to_string(g_quads));
   std::printf("in-cluster split-K chosen: %d\n", g_cluster_k);
   if (g_failures) {
     std::printf("gemm_schedule_test: %d of %d cases FAILED\n", g_failures, cases);

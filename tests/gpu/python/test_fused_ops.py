@@ -24,6 +24,8 @@ compare verdicts; at the first failure anywhere they stop, since a rank that ref
 leaves its peer's kernel waiting (until its bound) and the communicator failed.
 Prints one line per case and rank, and on rank 0 'N passed, M failed' last.
 MKERNEL_PY_TEST_CASES=name,prefix,... runs only the cases whose names start with one of those.
+MKERNEL_PY_TEST_KEEP_GOING=1 runs the rest after a failure too (a failed communicator may then
+fail the cases after it; the first failure is the one to read).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def expect_same(ours, theirs, what: str) -> None:
 
 
 CASES = []
+KEEP_GOING = False
 
 
 def case(fn):
@@ -440,6 +443,10 @@ def main() -> int:
     log(f"{COMM!r}; staging {COMM.staging}, transport {COMM.transport}")
     passed = failed = 0
     only = [p for p in os.environ.get("MKERNEL_PY_TEST_CASES", "").split(",") if p]
+    # MKERNEL_PY_TEST_KEEP_GOING=1: run every selected case even after a failure (for a first
+    # run of many cases on a machine that is hard to get; the ranks still agree on each verdict).
+    global KEEP_GOING
+    KEEP_GOING = os.environ.get("MKERNEL_PY_TEST_KEEP_GOING", "") == "1"
     selected = [fn for fn in CASES if not only or any(fn.__name__.startswith(p) for p in only)]
     if only:
         log(f"MKERNEL_PY_TEST_CASES={','.join(only)}: {len(selected)} of {len(CASES)} cases")
@@ -459,7 +466,8 @@ def main() -> int:
             passed += 1
         else:
             failed += 1
-            break
+            if not KEEP_GOING:
+                break
     not_run = len(selected) - passed - failed
     if RANK == 0:
         print(f"{passed} passed, {failed} failed" + (f" ({not_run} not run after the failure)" if not_run else ""),
