@@ -7,7 +7,8 @@
 #
 # 1. Correctness against SDPA (output and log-sum-exp) and against fp32 attention on upcast inputs
 #    (smaller shapes): causal and not, head dim 64 and 128, grouped-query, [B, S, H, D] inputs.
-# 2. Timing (B = 1, H = 32, D = 128, S = 8K / 16K / 32K, causal and not): medians of CUDA-event
+# 2. Timing (B = 1, H = 32, D = 128, S = 8K / 16K / 32K, causal and not; --head-dims 64,128 and
+#    --kv-heads for other head dims and grouped-query attention): medians of CUDA-event
 #    timings, the implementations interleaved round by round so drift of the card's clocks hits
 #    all alike; TFLOP/s = 4 B H D (visible query-key pairs) / time, the same count for all.
 #    SDPA three ways: `sdpa` (PyTorch's own backend choice, what the baselines in
@@ -26,6 +27,8 @@ p.add_argument("--commit", default="unknown")
 p.add_argument("--machine", default="1xH200")
 p.add_argument("--seqs", default="8192,16384,32768")
 p.add_argument("--heads", type=int, default=32)
+p.add_argument("--head-dims", default="128", help="head dims to time, e.g. 64,128")
+p.add_argument("--kv-heads", type=int, default=0, help="K/V heads for the timing (grouped-query); 0: as many as Q")
 p.add_argument("--variants", action="store_true", help="also time every built configuration")
 p.add_argument("--check-only", action="store_true")
 p.add_argument("--rounds", type=int, default=3)
@@ -71,13 +74,17 @@ def device_status():
 
 
 def sdpa(q, k, v, causal, backend=None):
+    gqa = k.shape[1] != q.shape[1]  # [B, H, S, D]: fewer K/V heads (grouped-query)
     if backend is None:  # PyTorch's own choice, as an application gets it (cuDNN on this H200)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
 def sdpa_with_lse(q, k, v, causal):
+    if k.shape[1] != q.shape[1]:  # the flash op takes as many K/V heads as Q heads
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False)
     return r[0], r[1]
 
@@ -163,17 +170,21 @@ def main():
         return
 
     print("== timing", flush=True)
-    B, H, D = 1, a.heads, 128
+    B, H = 1, a.heads
+    Hkv = a.kv_heads or H
+    if H % Hkv != 0:
+        sys.exit(f"attention_bench: --kv-heads {Hkv} does not divide --heads {H}")
     variants = [("default", 0, -1, -1)]
     if a.variants:
         variants += [("n128", 128, 1, -1), ("n160", 160, 1, -1), ("static order", 0, -1, 0)]
     rows = []
     table = []
-    for S in [int(s) for s in a.seqs.split(",") if s]:
-        for causal in (False, True):
+    for D, S, causal in [(d, s_, c) for d in (int(x) for x in a.head_dims.split(",") if x)
+                         for s_ in (int(x) for x in a.seqs.split(",") if x) for c in (False, True)]:
+        if True:
             q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
             o = torch.empty_like(q)
             lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
             fl = flops(B, H, S, S, D, causal)
@@ -229,8 +240,8 @@ def main():
             for n, ts in samples.items():
                 med = ts[len(ts) // 2]
                 tf = fl / (med * 1e-3) / 1e12
-                table.append((S, causal, n, med, tf, base / med, impls[n][1]))
-                shape = {"B": B, "H": H, "H_kv": H, "S": S, "D": D, "causal": causal, "layout": "BHSD"}
+                table.append((D, S, causal, n, med, tf, base / med, impls[n][1]))
+                shape = {"B": B, "H": H, "H_kv": Hkv, "S": S, "D": D, "causal": causal, "layout": "BHSD"}
                 rows.append({"benchmark": "ring_attention", "shape": shape, "world": 1, "nodes": 1,
                              "impl": n.replace(" ", "_"), "median_ms": round(med, 4),
                              "p10_ms": round(ts[len(ts) // 10], 4), "p90_ms": round(ts[min(len(ts) - 1, len(ts) * 9 // 10)], 4),
@@ -238,7 +249,7 @@ def main():
                              "max_err_vs_sdpa": {"o_rel": float(f"{e_o:.3g}"), "lse_abs": float(f"{e_l:.3g}")},
                              "machine": a.machine, "commit": a.commit, "date": datetime.date.today().isoformat(),
                              "torch": torch.__version__})
-            print(f"S={S} {'causal' if causal else 'full'}: ours vs SDPA O {e_o:.2e} lse {e_l:.2e}; " +
+            print(f"D={D} S={S} {'causal' if causal else 'full'}: ours vs SDPA O {e_o:.2e} lse {e_l:.2e}; " +
                   ", ".join(f"{n} {sorted(ts)[len(ts) // 2]:.3f} ms" for n, ts in samples.items()), flush=True)
             del q, k, v, o, lse, o_s, lse_s, impls
             qt = kt = vt = ot = None
@@ -247,9 +258,9 @@ def main():
         with open(a.jsonl, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    print("\n    S  mask    impl                          ms   TFLOP/s vs best sdpa  config")
-    for (S, causal, n, med, tf, ratio, cfg) in table:
-        print(f"{S:6d}  {'causal' if causal else 'full  '}  {n:26s} {med:8.3f} {tf:8.1f} {ratio:7.3f}  {cfg[:34]}")
+    print(f"\n  D      S  mask    impl (H {H}, K/V heads {Hkv})      ms   TFLOP/s vs best sdpa  config")
+    for (D, S, causal, n, med, tf, ratio, cfg) in table:
+        print(f"{D:3d} {S:6d}  {'causal' if causal else 'full  '}  {n:26s} {med:8.3f} {tf:8.1f} {ratio:7.3f}  {cfg[:34]}")
 
 
 main()
