@@ -176,7 +176,7 @@ def main():
         sys.exit(f"attention_bench: --kv-heads {Hkv} does not divide --heads {H}")
     variants = [("default", 0, -1, -1)]
     if a.variants:
-        variants += [("n128", 128, 1, -1), ("n160", 160, 1, -1), ("static order", 0, -1, 0)]
+        variants += [("n128", 128, 1, -1), ("n160", 160, 1, -1), ("n192", 192, 1, -1), ("static order", 0, -1, 0)]
     rows = []
     table = []
     for D, S, causal in [(d, s_, c) for d in (int(x) for x in a.head_dims.split(",") if x)

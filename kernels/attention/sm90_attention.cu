@@ -325,13 +325,13 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
                     ") for its counters");
   }
   const bool built = (c.block_n == 128 && (c.pingpong == 0 || c.pingpong == 1)) ||
-                     (args.head_dim == 128 && c.block_n == 160 && c.pingpong == 1);
+                     (c.block_n == 160 && c.pingpong == 1) || (args.head_dim == 64 && c.block_n == 192 && c.pingpong == 1);
   if (!built) {
     return fail(AttnError::kInvalidConfig, "config block_n = " + std::to_string(c.block_n) + ", pingpong = " +
                                                std::to_string(c.pingpong) + " is not built for head_dim " +
                                                str(args.head_dim) +
                                                " (built: block_n 128 with pingpong 0 or 1; block_n 160 with "
-                                               "pingpong 1 for head_dim 128)");
+                                               "pingpong 1; block_n 192 with pingpong 1 for head_dim 64)");
   }
   if (c.num_blocks < 1) {
     return fail(AttnError::kInvalidConfig, "config num_blocks = " + std::to_string(c.num_blocks) + " is not supported: at least 1");

@@ -76,7 +76,7 @@ struct AttnStrides {
 
 // Kernel configuration. Zero (or -1) means "choose".
 struct AttnConfig {
-  int block_n = 0;     // key block: 128, or 160 (head_dim 128)
+  int block_n = 0;     // key block: 128, 160 (pingpong 1), or 192 (pingpong 1, head_dim 64)
   int pingpong = -1;   // 1: the two consumer warpgroups take turns on the tensor cores
   int num_blocks = 0;  // persistent blocks; 0 = one per SM (or fewer when there are fewer units)
   int unit_order = -1; // AttnUnitOrder; -1: kAttnDynamic for a causal launch given a workspace, else

@@ -470,9 +470,9 @@ int main() {
 
   // Every built configuration, and a persistent grid of few blocks (many units per block).
   for (int d : {64, 128}) {
-    for (int bn : {128, 160}) {
+    for (int bn : {128, 160, 192}) {
       for (int pp : {0, 1}) {
-        if (bn == 160 && (d == 64 || pp == 0)) continue;
+        if ((bn != 128 && pp == 0) || (bn == 192 && d != 64)) continue;
         mk::AttnConfig c;
         c.block_n = bn;
         c.pingpong = pp;
