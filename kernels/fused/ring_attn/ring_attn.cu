@@ -155,7 +155,7 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
   std::unique_ptr<RingAttnPlan> p(new RingAttnPlan());
   p->setup_ = s;
   p->geo_ = geo;
-  p->block_n_ = s.head_dim == 128 ? 160 : 128;
+  p->block_n_ = 160;  // RingTraitsD64 / RingTraitsD128
   p->comm_blocks_ = comm_blocks;
   p->grid_ = comm_blocks + attn_blocks;
   p->maps_ = std::make_unique<RingAttnMaps>();

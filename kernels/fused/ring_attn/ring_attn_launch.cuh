@@ -41,9 +41,9 @@ AttnResult launch_ring_attention_kernel(const RingAttnMaps& maps, const RingAttn
   return {};
 }
 
-// The built instantiations: head dim 64 with 128-key blocks, head dim 128 with 160 (the core's
-// defaults), ping-pong on.
-using RingTraitsD64 = Sm90AttnTraits<64, 128, 2, true>;
+// The built instantiations: 160-key blocks at head dims 64 and 128 (the core's defaults),
+// ping-pong on.
+using RingTraitsD64 = Sm90AttnTraits<64, 160, 2, true>;
 using RingTraitsD128 = Sm90AttnTraits<128, 160, 2, true>;
 AttnResult launch_ring_attention_d64(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
                                      cudaStream_t stream);
