@@ -181,79 +181,78 @@ def main():
     table = []
     for D, S, causal in [(d, s_, c) for d in (int(x) for x in a.head_dims.split(",") if x)
                          for s_ in (int(x) for x in a.seqs.split(",") if x) for c in (False, True)]:
-        if True:
-            q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
-            o = torch.empty_like(q)
-            lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-            fl = flops(B, H, S, S, D, causal)
-            # Correctness on the timed inputs too.
-            ours(q, k, v, o, lse, causal)
-            o_s, lse_s = sdpa_with_lse(q, k, v, causal)
-            torch.cuda.synchronize()
-            e_o, e_l = rel(o, o_s), (lse - lse_s.float()).abs().max().item()
-            impls = {}
-            for name, backend in (("sdpa", None), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
-                                  ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-                try:
-                    sdpa(q, k, v, causal, backend)
-                    torch.cuda.synchronize()
-                    impls[name] = ((lambda backend=backend: sdpa(q, k, v, causal, backend)),
-                                   "default backend" if backend is None else str(backend))
-                except RuntimeError as ex:
-                    print(f"  {name}: {str(ex)[:200]}", flush=True)
-            for (name, bn, pp, order) in variants:
-                try:
-                    ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)
-                    torch.cuda.synchronize()
-                    impls["mkernel_attention" if name == "default" else "mkernel_attention " + name] = (
-                        (lambda bn=bn, pp=pp, order=order: ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)),
-                        config_string())
-                except RuntimeError as ex:
-                    print(f"  {name}: {ex}", flush=True)
-            if a.variants:  # the same inputs held [B, S, H, D]
-                qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-                ot = torch.empty_like(qt)
-                ours(qt, kt, vt, ot, lse, causal, BSHD)
+        q = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+        lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+        fl = flops(B, H, S, S, D, causal)
+        # Correctness on the timed inputs too.
+        ours(q, k, v, o, lse, causal)
+        o_s, lse_s = sdpa_with_lse(q, k, v, causal)
+        torch.cuda.synchronize()
+        e_o, e_l = rel(o, o_s), (lse - lse_s.float()).abs().max().item()
+        impls = {}
+        for name, backend in (("sdpa", None), ("sdpa_flash", SDPBackend.FLASH_ATTENTION),
+                              ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                sdpa(q, k, v, causal, backend)
                 torch.cuda.synchronize()
-                impls["mkernel_attention bshd"] = ((lambda: ours(qt, kt, vt, ot, lse, causal, BSHD)),
-                                                   config_string() + " BSHD")
-            est_ms = fl / 600e12 * 1e3
-            reps = max(1, int(8 / est_ms))
-            iters = max(5, min(30, int(250 / (est_ms * reps))))
-            samples = {n: [] for n in impls}
-            for fn, _ in impls.values():  # warm-up
-                for _ in range(3):
-                    fn()
+                impls[name] = ((lambda backend=backend: sdpa(q, k, v, causal, backend)),
+                               "default backend" if backend is None else str(backend))
+            except RuntimeError as ex:
+                print(f"  {name}: {str(ex)[:200]}", flush=True)
+        for (name, bn, pp, order) in variants:
+            try:
+                ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)
+                torch.cuda.synchronize()
+                impls["mkernel_attention" if name == "default" else "mkernel_attention " + name] = (
+                    (lambda bn=bn, pp=pp, order=order: ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)),
+                    config_string())
+            except RuntimeError as ex:
+                print(f"  {name}: {ex}", flush=True)
+        if a.variants:  # the same inputs held [B, S, H, D]
+            qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+            ot = torch.empty_like(qt)
+            ours(qt, kt, vt, ot, lse, causal, BSHD)
             torch.cuda.synchronize()
-            for r in range(a.rounds):
-                order = list(impls) if r % 2 == 0 else list(reversed(list(impls)))
-                for n in order:
-                    samples[n] += time_fn(impls[n][0], iters, reps)
-            code, msg = device_status()
-            if code != 0:
-                print("  device status: " + msg, flush=True)
-            for ts in samples.values():
-                ts.sort()
-            base = min(ts[len(ts) // 2] for n, ts in samples.items() if n.startswith("sdpa"))
-            for n, ts in samples.items():
-                med = ts[len(ts) // 2]
-                tf = fl / (med * 1e-3) / 1e12
-                table.append((D, S, causal, n, med, tf, base / med, impls[n][1]))
-                shape = {"B": B, "H": H, "H_kv": Hkv, "S": S, "D": D, "causal": causal, "layout": "BHSD"}
-                rows.append({"benchmark": "ring_attention", "shape": shape, "world": 1, "nodes": 1,
-                             "impl": n.replace(" ", "_"), "median_ms": round(med, 4),
-                             "p10_ms": round(ts[len(ts) // 10], 4), "p90_ms": round(ts[min(len(ts) - 1, len(ts) * 9 // 10)], 4),
-                             "iters": len(ts) * reps, "tflops": round(tf, 1), "config": impls[n][1],
-                             "max_err_vs_sdpa": {"o_rel": float(f"{e_o:.3g}"), "lse_abs": float(f"{e_l:.3g}")},
-                             "machine": a.machine, "commit": a.commit, "date": datetime.date.today().isoformat(),
-                             "torch": torch.__version__})
-            print(f"D={D} S={S} {'causal' if causal else 'full'}: ours vs SDPA O {e_o:.2e} lse {e_l:.2e}; " +
-                  ", ".join(f"{n} {sorted(ts)[len(ts) // 2]:.3f} ms" for n, ts in samples.items()), flush=True)
-            del q, k, v, o, lse, o_s, lse_s, impls
-            qt = kt = vt = ot = None
-            torch.cuda.empty_cache()
+            impls["mkernel_attention bshd"] = ((lambda: ours(qt, kt, vt, ot, lse, causal, BSHD)),
+                                               config_string() + " BSHD")
+        est_ms = fl / 600e12 * 1e3
+        reps = max(1, int(8 / est_ms))
+        iters = max(5, min(30, int(250 / (est_ms * reps))))
+        samples = {n: [] for n in impls}
+        for fn, _ in impls.values():  # warm-up
+            for _ in range(3):
+                fn()
+        torch.cuda.synchronize()
+        for r in range(a.rounds):
+            order = list(impls) if r % 2 == 0 else list(reversed(list(impls)))
+            for n in order:
+                samples[n] += time_fn(impls[n][0], iters, reps)
+        code, msg = device_status()
+        if code != 0:
+            print("  device status: " + msg, flush=True)
+        for ts in samples.values():
+            ts.sort()
+        base = min(ts[len(ts) // 2] for n, ts in samples.items() if n.startswith("sdpa"))
+        for n, ts in samples.items():
+            med = ts[len(ts) // 2]
+            tf = fl / (med * 1e-3) / 1e12
+            table.append((D, S, causal, n, med, tf, base / med, impls[n][1]))
+            shape = {"B": B, "H": H, "H_kv": Hkv, "S": S, "D": D, "causal": causal, "layout": "BHSD"}
+            rows.append({"benchmark": "ring_attention", "shape": shape, "world": 1, "nodes": 1,
+                         "impl": n.replace(" ", "_"), "median_ms": round(med, 4),
+                         "p10_ms": round(ts[len(ts) // 10], 4), "p90_ms": round(ts[min(len(ts) - 1, len(ts) * 9 // 10)], 4),
+                         "iters": len(ts) * reps, "tflops": round(tf, 1), "config": impls[n][1],
+                         "max_err_vs_sdpa": {"o_rel": float(f"{e_o:.3g}"), "lse_abs": float(f"{e_l:.3g}")},
+                         "machine": a.machine, "commit": a.commit, "date": datetime.date.today().isoformat(),
+                         "torch": torch.__version__})
+        print(f"D={D} S={S} {'causal' if causal else 'full'}: ours vs SDPA O {e_o:.2e} lse {e_l:.2e}; " +
+              ", ".join(f"{n} {sorted(ts)[len(ts) // 2]:.3f} ms" for n, ts in samples.items()), flush=True)
+        del q, k, v, o, lse, o_s, lse_s, impls
+        qt = kt = vt = ot = None
+        torch.cuda.empty_cache()
     if a.jsonl:
         with open(a.jsonl, "a") as f:
             for r in rows:
