@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--quads] [--hot]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--quads] [--promo] [--hot]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -30,6 +30,8 @@
 // rule's own tile in them where they are built for its width ("q22same"), and, for m > 128, held
 // to them at each height and width, the rest the rule's choice ("q22m128w256", ...): the data
 // that fits their cost (GemmCostModel::quad_factor).
+// --promo times, beside the rule's choice, the same configuration with each other L2 promotion of
+// the operand maps ("pr0", "pr128", "pr256": GemmConfig::l2_promotion).
 // --hot times every implementation on one set of operands, which then stay in L2 when they fit
 // (the usual rotation over sets larger than L2 makes every launch read device memory): the
 // difference says how much of a shape's time is waiting for DRAM. A diagnosis, not a figure.
@@ -106,6 +108,7 @@ struct Options {
   bool m192 = false;       // --m192: time the rule held to 192-row tiles beside it
   bool pairs = false;      // --pairs: time the rule without and held to pairs along n beside it
   bool quads = false;      // --quads: time 2 x 2 clusters beside the rule
+  bool promo = false;      // --promo: the rule's configuration with the other L2 promotions
   bool hot = false;        // --hot: one operand set (in L2 when it fits), a diagnosis only
   bool prev_model = false; // also time the previous cost model's choice ("mkernel_prev")
 };
@@ -629,12 +632,13 @@ int main(int argc, char** argv) {
     else if (a == "--m192") o.m192 = true;
     else if (a == "--pairs") o.pairs = true;
     else if (a == "--quads") o.quads = true;
+    else if (a == "--promo") o.promo = true;
     else if (a == "--hot") o.hot = true;
     else if (a == "--overhead") o.overhead = true;
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--quads] [--hot]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--quads] [--promo] [--hot]\n", argv[0]);
       return 2;
     }
   }
@@ -903,6 +907,16 @@ int main(int argc, char** argv) {
             c.cluster_n = 2;
             add_variant("q22m" + std::to_string(bm) + "w" + std::to_string(bn), c);
           }
+      }
+    }
+    if (o.promo && def_runner) {
+      // The rule's own configuration with each other L2 promotion of the operand maps
+      // ("pr<bytes>": GemmConfig::l2_promotion), in the same rounds.
+      for (int pr : {0, 128, 256}) {
+        if (pr == mk::kGemmDefaultL2Promotion) continue;
+        mk::GemmConfig c;
+        c.l2_promotion = pr;
+        add_variant("pr" + std::to_string(pr), c);
       }
     }
     if (o.cluster_k && !o.variants && def_runner) {

@@ -91,18 +91,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // 128-byte swizzle (box_cols = 64: one swizzle row; matches make_desc_k_major_sw128). Out-of-bounds elements read as zero,
 // which is what makes partial tiles in m, n and k correct without padding.
 GemmResult make_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
-                           uint32_t box_rows, uint32_t box_cols, const char* name) {
+                           uint32_t box_rows, uint32_t box_cols, const char* name, int l2_promotion = kGemmDefaultL2Promotion) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) {
     return fail(GemmError::kCudaError, "cuTensorMapEncodeTiled is not available from the driver");
   }
+  const CUtensorMapL2promotion promotion = l2_promotion == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                           : l2_promotion == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                           : l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return fail(GemmError::kCudaError,
@@ -128,6 +132,12 @@ GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError co
 // configuration that cannot run; `c` gets no zeros back.
 GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* c, GemmSchedule* sched) {
   *c = a.config;
+  if (c->l2_promotion != -1 && c->l2_promotion != 0 && c->l2_promotion != 64 && c->l2_promotion != 128 &&
+      c->l2_promotion != 256) {
+    return fail(GemmError::kInvalidConfig, "l2_promotion = " + std::to_string(c->l2_promotion) +
+                                               " is not supported (expected -1, 0, 64, 128 or 256 bytes)");
+  }
+  if (c->l2_promotion == -1) c->l2_promotion = kGemmDefaultL2Promotion;
   if (c->swap_ab < -1 || c->swap_ab > 1) {
     return fail(GemmError::kInvalidConfig, "swap_ab = " + std::to_string(c->swap_ab) + " is not supported (expected -1, 0 or 1)");
   }
@@ -354,27 +364,28 @@ GemmResult encode_maps(GemmPlan* plan) {
     // in 16 x 64 boxes (8 x 64 with 64-row tiles, whose consumers own half of the width each).
     // (Pairs along n: each CTA loads half of the kernel's A tile, the weight's rows, for both.)
     GemmResult r = make_tensor_map(&plan->tma_a, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_m / c.cluster_n),
-                                   kBlockK, "w");
+                                   kBlockK, "w", c.l2_promotion);
     if (!r.ok()) return r;
     plan->tma_a_local = plan->tma_a;
     r = make_tensor_map(&plan->tma_b, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
-                        "a");
+                        "a", c.l2_promotion);
     if (!r.ok()) return r;
     return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, c.block_m == 64 ? 8 : 16, 64, "d");
   }
   // Pairs along n: each CTA loads half of the A tile for both.
   GemmResult r =
-      make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m / c.cluster_n), kBlockK, "a");
+      make_tensor_map(&plan->tma_a, a.a, a.m, a.k, a.lda, static_cast<uint32_t>(c.block_m / c.cluster_n), kBlockK, "a",
+                      c.l2_promotion);
   if (!r.ok()) return r;
   if (a.hooks.a_local != nullptr) {
     r = make_tensor_map(&plan->tma_a_local, a.hooks.a_local, a.hooks.local_rows_end - a.hooks.local_rows_begin, a.k,
-                        a.lda, kBlockM, kBlockK, "a_local");
+                        a.lda, kBlockM, kBlockK, "a_local", c.l2_promotion);
     if (!r.ok()) return r;
   } else {
     plan->tma_a_local = plan->tma_a;
   }
   r = make_tensor_map(&plan->tma_b, a.w, a.n, a.k, a.ldw, static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK,
-                      "w");
+                      "w", c.l2_promotion);
   if (!r.ok()) return r;
   // The output as a [m, n] tensor stored in 64 x 64 chunks (see store_tile_tma).
   return make_tensor_map(&plan->tma_d, a.d, a.m, a.n, a.ldd, 64, 64, "d");
@@ -569,8 +580,8 @@ GemmResult gemm_device_query(int* num_sms, int* major, int* minor) {
 }
 
 GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
-                                  uint32_t box_rows, uint32_t box_cols, const char* name) {
-  return make_tensor_map(map, ptr, rows, k, ld, box_rows, box_cols, name);
+                                  uint32_t box_rows, uint32_t box_cols, const char* name, int l2_promotion) {
+  return make_tensor_map(map, ptr, rows, k, ld, box_rows, box_cols, name, l2_promotion);
 }
 
 }  // namespace detail

@@ -115,7 +115,14 @@ struct GemmConfig {
   // they ran up to 1.38x as fast as the rule's choice on some mid-size shapes and slower on most
   // others, and the cost model cannot yet tell which (docs/kernels.md section 7, "2 x 2 clusters").
   int quads = 0;
+  // L2 fill size of the operand loads (the TMA maps' L2 promotion): 0 (none: a miss fills the
+  // 128-byte lines the box touches), 64, 128 or 256 bytes; -1 = kGemmDefaultL2Promotion.
+  int l2_promotion = -1;
 };
+
+// The operand maps' L2 promotion when GemmConfig::l2_promotion is -1 (docs/kernels.md section 7,
+// "What holds the mid-size tiles").
+inline constexpr int kGemmDefaultL2Promotion = 256;
 
 struct GemmHooks {
   // Ordering by availability: before loading a tile's A rows, wait until every flag covering

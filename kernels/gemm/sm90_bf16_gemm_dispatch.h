@@ -85,9 +85,11 @@ int max_resident_grouped_block_n(int cluster_m, int num_sms);
 
 // Shared with the grouped GEMM's host code (sm90_bf16_gemm.cu): the device's SM count and
 // compute capability (cached per device), and a 2-D bf16 tensor map with 128-byte swizzle
-// (out-of-bounds elements read as zero, stores clipped).
+// (out-of-bounds elements read as zero, stores clipped) whose loads fill `l2_promotion` bytes
+// of L2 on a miss (GemmConfig::l2_promotion).
 GemmResult gemm_device_query(int* num_sms, int* major, int* minor);
 GemmResult gemm_encode_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int64_t k, int64_t ld,
-                                  uint32_t box_rows, uint32_t box_cols, const char* name);
+                                  uint32_t box_rows, uint32_t box_cols, const char* name,
+                                  int l2_promotion = kGemmDefaultL2Promotion);
 
 }  // namespace mkernel::kernels::detail

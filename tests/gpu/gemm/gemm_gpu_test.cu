@@ -737,6 +737,23 @@ int main() {
     for (const auto& c : pair_decompositions(bn, 192, 0)) run_case(1100, 2 * bn + 8, 1096, c, "pair along n, 192 rows");
   for (int bn : mk::kGemmSwapWidths)
     for (const auto& c : pair_decompositions(bn, 128, 1)) run_case(2 * bn + 8, 1096, 1096, c, "pair along n, swapped");
+  // Every L2 promotion of the operand maps (GemmConfig::l2_promotion: how much a load's miss
+  // fills): a cache hint, so results must not change, with the operands as given, with pairs
+  // along n and swapped, on shapes whose m, n and k end inside a tile.
+  for (int pr : {0, 64, 128, 256}) {
+    mk::GemmConfig c;
+    c.l2_promotion = pr;
+    run_case(1100, 1000, 1096, c, "l2 promotion, rule");
+    c.swap_ab = 0;
+    c.block_m = 128;
+    c.block_n = 128;
+    c.cluster_n = 2;
+    run_case(764, 1160, 1048, c, "l2 promotion, pair along n");
+    c.cluster_n = 1;
+    c.swap_ab = 1;
+    c.block_n = 0;
+    run_case(40, 1096, 2056, c, "l2 promotion, swapped");
+  }
   // 2 x 2 clusters: each CTA multicasts half of its A tile to its n neighbour and half of its
   // weight tile to its m neighbour. Odd and even m and n block counts (a padding CTA along m,
   // along n, or both: its loads are out of bounds, it stores nothing, and it still sends its
@@ -786,6 +803,9 @@ int main() {
     bad.quads = 2;
     expect_refused(bad, mk::kEpilogueStore, {"quads = 2"}, "quads = 2 refused");
     bad.quads = 0;
+    bad.l2_promotion = 96;
+    expect_refused(bad, mk::kEpilogueStore, {"l2_promotion = 96"}, "l2_promotion = 96 refused");
+    bad.l2_promotion = -1;
     bad.cluster_n = 2;
     bad.block_m = 256;
     expect_refused(bad, mk::kEpilogueStore, {"cluster_n = 2", "block_m = 256"}, "cluster_n = 2 with block_m = 256 refused");
