@@ -7,7 +7,8 @@
 
 Reads gemm_bench's JSON lines (bench/results/gemm.jsonl by default), keeps the rows of our
 kernel timed on all SMs at the given commits in configurations the rule may choose (without
---opt-in: no 256- or 64-row tiles, no deterministic fix-up), and groups them by (commit, seed, shape): one
+--opt-in: no 256- or 64-row tiles, no deterministic fix-up, no
+L2 promotion but the default), and groups them by (commit, seed, shape): one
 group is the configurations of one shape timed in the same interleaved rounds. For a set of
 costs it reports
   * the rms error of log(predicted / measured) over every row, and
@@ -51,8 +52,10 @@ def load(records, commits, opt_in=False):
                 if not cfg or r.get("median_ms", 0) <= 0:
                     continue
                 # configurations the rule never chooses on its own: opt-in tile heights and the
-                # deterministic fix-up (and split tail tiles, which were taken out)
-                if not opt_in and (" det" in cfg or "m256 " in cfg or "m64 " in cfg or "split-tail" in cfg):
+                # deterministic fix-up (and split tail tiles, which were taken out), and an L2
+                # promotion other than the default (" pr<bytes>": the model does not see it)
+                if not opt_in and (" det" in cfg or "m256 " in cfg or "m64 " in cfg or "split-tail" in cfg
+                                   or " pr" in cfg):
                     continue
                 s = r["shape"]
                 rows.append((r["commit"], r.get("seed"), s["M"], s["N"], s["K"], cfg, r["median_ms"] * 1000.0))

@@ -4,6 +4,11 @@
 //
 //   grouped_gemm_bench [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick]
 //                      [--aligned] [--case NAME] [--iters N] [--seed S] [--config BLOCK_N,CLUSTER]
+//                      [--promo BYTES]
+//
+// --promo sets the L2 promotion of the operand maps of both our grouped and dense GEMMs
+// (GemmConfig::l2_promotion; -1, the default, leaves kGemmDefaultL2Promotion): run it twice in
+// one call to compare two promotions, each against the same cuBLAS calls.
 //
 // Cases (issue 13): 128 experts; the up projection (K = 7168 -> N = 2048) and the down
 // projection (K = 2048 -> N = 7168); 4096 x 8 and 16384 x 8 routed rows (tokens x top-8);
@@ -52,6 +57,7 @@ struct Options {
   int iters = 50;
   uint64_t seed = 20261201;
   int block_n = 0, cluster = 0;
+  int promo = -1;  // --promo BYTES: the operand maps' L2 promotion, grouped and dense (-1: the default)
 };
 
 struct Case {
@@ -272,6 +278,7 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
   ga.k = c.k;
   ga.config.block_n = o.block_n;
   ga.config.cluster_m = o.cluster;
+  ga.config.l2_promotion = o.promo;
   ga.wait.status = status;
   mk::GroupedGemmPlan gplan;
   mk::GemmResult r = mk::grouped_gemm_plan(ga, &gplan);
@@ -302,6 +309,7 @@ std::vector<Row> run_case(const Options& o, const Case& c, cublasHandle_t cublas
   da.m = rows;
   da.n = c.n;
   da.k = c.k;
+  da.config.l2_promotion = o.promo;
   da.wait.status = status;
   void* ws = nullptr;
   da.workspace_bytes = mk::gemm_workspace_bytes(da);
@@ -391,6 +399,8 @@ int main(int argc, char** argv) {
       o.iters = std::max(5, std::atoi(next("--iters").c_str()));
     else if (a == "--seed")
       o.seed = std::strtoull(next("--seed").c_str(), nullptr, 10);
+    else if (a == "--promo")
+      o.promo = std::atoi(next("--promo").c_str());
     else if (a == "--config") {
       const std::string v = next("--config");
       if (std::sscanf(v.c_str(), "%d,%d", &o.block_n, &o.cluster) != 2) {
@@ -400,7 +410,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json FILE] [--cases-out FILE] [--commit SHA] [--machine NAME] [--quick] [--aligned] [--case NAME] [--iters N] "
-                   "[--seed S] [--config BLOCK_N,CLUSTER]\n",
+                   "[--seed S] [--config BLOCK_N,CLUSTER] [--promo BYTES]\n",
                    argv[0]);
       return 2;
     }

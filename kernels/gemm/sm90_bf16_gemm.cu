@@ -716,7 +716,8 @@ std::string gemm_config_string(const GemmPlan& plan) {
          (c.cluster_k > 1 ? " k" + std::to_string(c.cluster_k) : "") + " s" + std::to_string(c.num_splits) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " g" + std::to_string(c.group) + " b" +
          std::to_string(c.num_gemm_blocks) + " " + plan.schedule.describe() +
-         (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "");
+         (plan.schedule.deterministic && plan.schedule.sk_units > 0 ? " det" : "") +
+         (c.l2_promotion != kGemmDefaultL2Promotion ? " pr" + std::to_string(c.l2_promotion) : "");
 }
 
 }  // namespace mkernel::kernels

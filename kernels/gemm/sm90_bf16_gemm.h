@@ -122,7 +122,7 @@ struct GemmConfig {
 
 // The operand maps' L2 promotion when GemmConfig::l2_promotion is -1 (docs/kernels.md section 7,
 // "What holds the mid-size tiles").
-inline constexpr int kGemmDefaultL2Promotion = 256;
+inline constexpr int kGemmDefaultL2Promotion = 128;
 
 struct GemmHooks {
   // Ordering by availability: before loading a tile's A rows, wait until every flag covering

@@ -76,6 +76,10 @@ GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGem
     return fail(GemmError::kInvalidConfig, "config.raster = " + std::to_string(c->raster) + "; expected -1, 0 or 1");
   if (c->band < 0)
     return fail(GemmError::kInvalidConfig, "config.band = " + std::to_string(c->band) + "; expected 0 or more");
+  if (c->l2_promotion != -1 && c->l2_promotion != 0 && c->l2_promotion != 64 && c->l2_promotion != 128 &&
+      c->l2_promotion != 256)
+    return fail(GemmError::kInvalidConfig, "config.l2_promotion = " + std::to_string(c->l2_promotion) +
+                                               "; expected -1, 0, 64, 128 or 256 bytes");
   if (c->num_gemm_blocks < 0 || c->num_role_blocks < 0)
     return fail(GemmError::kInvalidConfig, "config.num_gemm_blocks = " + std::to_string(c->num_gemm_blocks) +
                                                ", num_role_blocks = " + std::to_string(c->num_role_blocks) +
@@ -84,6 +88,7 @@ GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGem
   if (c->cluster_m == 0) c->cluster_m = choose_cluster(a.capacity, a.num_groups, ceil_div(a.n, c->block_n), c->block_n);
   if (c->raster < 0) c->raster = kRasterAlongN;
   if (c->band == 0) c->band = 8;
+  if (c->l2_promotion == -1) c->l2_promotion = kGemmDefaultL2Promotion;
   c->num_role_blocks = static_cast<int>(ceil_div(c->num_role_blocks, c->cluster_m) * c->cluster_m);
   const int resident = resident_blocks(device, num_sms, c->block_n, c->cluster_m);
   int blocks = c->num_gemm_blocks;
@@ -102,14 +107,15 @@ GemmResult encode_maps(GroupedGemmPlan* plan) {
   const GroupedGemmArgs& a = plan->args;
   const GroupedGemmConfig& c = plan->config;
   GemmPlan& e = plan->engine;
-  GemmResult r = detail::gemm_encode_tensor_map(&e.tma_a, a.a, a.capacity, a.k, a.k, kBlockM, kBlockK, "a");
+  GemmResult r = detail::gemm_encode_tensor_map(&e.tma_a, a.a, a.capacity, a.k, a.k, kBlockM, kBlockK, "a",
+                                                 c.l2_promotion);
   if (!r.ok()) return r;
   e.tma_a_local = e.tma_a;
   // Every group's weight in one [num_groups * n, k] map: group g's rows start at g * n. The last
   // n block of a group may read the next group's first rows when n is not a multiple of the
   // tile; those columns are past n and never stored.
   r = detail::gemm_encode_tensor_map(&e.tma_b, a.w, a.num_groups * a.n, a.k, a.k,
-                                     static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK, "w");
+                                     static_cast<uint32_t>(c.block_n / c.cluster_m), kBlockK, "w", c.l2_promotion);
   if (!r.ok()) return r;
   return detail::gemm_encode_tensor_map(&e.tma_d, a.d, a.capacity, a.n, a.n, 64, 64, "d");
 }
@@ -304,7 +310,8 @@ std::string grouped_gemm_config_string(const GroupedGemmPlan& plan) {
   return "grouped n" + std::to_string(c.block_n) + " c" + std::to_string(c.cluster_m) +
          (c.raster == kRasterAlongN ? " rN" : " rM") + " b" + std::to_string(c.band) + " blocks" +
          std::to_string(c.num_gemm_blocks) + " G" + std::to_string(plan.args.num_groups) + " cap" +
-         std::to_string(plan.args.capacity);
+         std::to_string(plan.args.capacity) +
+         (c.l2_promotion != kGemmDefaultL2Promotion ? " pr" + std::to_string(c.l2_promotion) : "");
 }
 
 }  // namespace mkernel::kernels

@@ -50,6 +50,7 @@ struct GroupedGemmConfig {
   int band = 0;             // band width of the swizzled raster inside a group
   int num_gemm_blocks = 0;  // blocks that run tiles; 0 = all that fit beside the role blocks
   int num_role_blocks = 0;  // extra blocks that run the launch's role function
+  int l2_promotion = -1;    // the operand maps' L2 promotion (GemmConfig::l2_promotion)
 };
 
 struct GroupedGemmHooks {

@@ -636,6 +636,9 @@ void run_argument_errors() {
   a = good;
   a.config.block_n = 192;
   expect_error("block_n", a, mk::GemmError::kInvalidConfig, "config.block_n = 192");
+  a = good;
+  a.config.l2_promotion = 32;
+  expect_error("l2_promotion", a, mk::GemmError::kInvalidConfig, "config.l2_promotion = 32");
 }
 
 }  // namespace
@@ -695,6 +698,12 @@ int main() {
           cfg.band = 3;
           run_case("config", offsets_from_counts(c), 2600, 1288, 776, cfg);
         }
+    // Every L2 promotion of the operand maps (a cache hint: the results must not change).
+    for (int pr : {0, 64, 128, 256}) {
+      mk::GroupedGemmConfig cfg;
+      cfg.l2_promotion = pr;
+      run_case("l2 promotion", offsets_from_counts(c), 2600, 1288, 776, cfg);
+    }
   }
   // G = 1 (a dense GEMM through the grouped path), G = 1024 with a few rows each, a first offset
   // that is not 0, spare capacity after the last group, few blocks.
