@@ -40,9 +40,9 @@
 // event time, for mkernel and cuBLAS.
 //
 // --prev-model also times, in the same rounds, the configuration the cost model's previous costs
-// choose ("prev", previous_cost_model() below; the previous rule, which had no split last waves)
-// and the current costs' choice without split last waves ("nost"): the check of a refit of the model
-// (bench/gemm/fit_cost_model.py) and of the split last wave on shapes it was not fitted to.
+// choose ("prev", previous_cost_model() below: the costs before the last refit, asked with
+// everything the library weighs for a plain GEMM): the check of a refit of the model
+// (bench/gemm/fit_cost_model.py) on shapes it was not fitted to.
 // --shape-list times the given shapes instead of the fixed list (e.g. the worst of a random run).
 // --profile launches cuBLAS, cuBLASLt and the default mkernel configuration twice each per shape
 // and times nothing: a run for a profiler (`ncu`), which then sees every library kernel's name,
@@ -536,12 +536,13 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
 
 // The cost model's costs before the refit of 2026-12-02 (general regime, masked tail, cluster
 // penalty, the clusters-of-2 launch charge; bench/gemm/fit_cost_model.py): --prev-model times their choice beside the current one.
+// The costs before the last refit (the clusters-of-1 k blocks and the partial-GPU penalty of
+// clusters of 2, fitted when the operand maps filled 256 bytes of L2 a miss).
 mk::GemmCostModel previous_cost_model() {
   mk::GemmCostModel m;
-  m.masked_tail_tile_us = 0.6;
-  m.cluster_partial_penalty = 0.10;
-  m.general = mk::GemmCostRegime{7.3, 0.835, 1.0, 0.535, 0.56, 0.44, 0.61, 0.12, 2.4, 0.16, 50e3, 3.26e6, 94e3};
-  m.small_m.cluster2_launch_us = 0.0;  // the small-m costs are otherwise unchanged
+  m.cluster_partial_penalty = 0.15;
+  m.general.iter_us_n256_c1 = 1.006;
+  m.general.iter_us_n128_c1 = 0.637;
   return m;
 }
 
@@ -813,12 +814,9 @@ int main(int argc, char** argv) {
       return req;
     };
     if (o.prev_model && def_runner) {
-      // The previous costs' choice for this shape.
-      mk::GemmScheduleRequest req = full_gpu_request();
-      req.allow_split_last_wave = false;
-      const mk::GemmSchedule prev = mk::choose_gemm_schedule(req, previous_cost_model());
-      const mk::GemmSchedule nost = mk::choose_gemm_schedule(req);
-      for (const auto& [tag, sched] : {std::pair<const char*, mk::GemmSchedule>{"prev", prev}, {"nost", nost}}) {
+      // The previous costs' choice for this shape, asked as the library asks.
+      const mk::GemmSchedule prev = mk::choose_gemm_schedule(plain_gemm_request(), previous_cost_model());
+      for (const auto& [tag, sched] : {std::pair<const char*, mk::GemmSchedule>{"prev", prev}}) {
         Row v{s, std::string("mkernel_") + tag, "", {}, 0, 0};
         auto runner = make_mk(config_forcing(sched), &v);
         if (!runner) continue;
