@@ -217,18 +217,16 @@ struct GemmCostModel {
   // 208-256 (docs/kernels.md section 7). So below `cluster_full_busy` of the SMs a k block in a
   // cluster of 2 costs the clusters-of-1 one times 1 + cluster_partial_penalty x (256 - width) /
   // 128, reaching the fitted clusters-of-2 cost linearly between cluster_fade_busy and
-  // cluster_full_busy. Since the operand loads fill 128 bytes of L2 a miss instead of 256
-  // (kGemmDefaultL2Promotion), clusters of 1 pull up to 1.25x the bytes per cycle below a full GPU
-  // and the refit of their k-block costs leaves no penalty (it was 0.15; docs/kernels.md section 7,
-  // "The load path").
-  double cluster_partial_penalty = 0.0;
+  // cluster_full_busy. (Refitted with the clusters-of-1 k blocks after the operand loads went to
+  // 128-byte L2 promotion, it went to 0 and the clusters-of-1 costs down 6-8%, which chose worse
+  // on 8192^3 and 8192x14336x4096 and no better over 358 groups: kept; docs/kernels.md section 7,
+  // "The load path".)
+  double cluster_partial_penalty = 0.15;
   double cluster_fade_busy = 0.90;
   double cluster_full_busy = 1.00;
   GemmCostRegime small_m{6.6, 1.11, 1.11, 0.75, 0.75, 0.67, 0.86, 0.0, 2.3, 0.05, 76e3, 3.94e6, 75e3,
                          1.0, 0.0, 1.0, 0.0, 1.2};
-  // general: the clusters-of-1 k blocks (1.006 and 0.637 before) refitted to 2f299ca's records,
-  // the first with 128-byte L2 promotion (docs/kernels.md section 7, "The load path").
-  GemmCostRegime general{5.17, 0.80, 0.93, 0.538, 0.60, 0.478, 1.13, 0.266, 0.385, 0.16, 28.7e3, 3.26e6, 94e3,
+  GemmCostRegime general{5.17, 0.80, 1.006, 0.538, 0.637, 0.478, 1.13, 0.266, 0.385, 0.16, 28.7e3, 3.26e6, 94e3,
                          1.324, 0.24, 1.0, 0.0, 1.6};
   // Where stream-K is considered at all when the caller leaves it open (measured, not modelled:
   // with a last wave at least half full, or few k blocks per tile, the stream-K region ran
