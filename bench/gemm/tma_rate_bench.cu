@@ -59,6 +59,7 @@ struct Params {
   int a_lsu, w_lsu;  // load that operand with cp.async instead of TMA
   int a_boxes;       // TMA boxes per A tile (1: bm rows; 2: two of bm / 2)
   int a_hint, w_hint;  // L2 eviction policy of the operand's TMA loads: 0 none, 1 first, 2 last
+  int kbox;            // k blocks per TMA load and stage (1, or 2 through a 3-D view of the operand)
   const __nv_bfloat16* a;
   const __nv_bfloat16* w;
   long long* cycles;  // per CTA: first full stage -> last full stage
@@ -92,6 +93,25 @@ __device__ __forceinline__ void tma_load_hint(void* dst, const void* map, uint64
       : "memory");
 }
 
+// Two k blocks of `rows` rows in one load: the operand seen as [k / 64][rows][64] (3-D map,
+// box {64, rows, 2}), landing as two swizzled slabs one after the other.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int32_t row, int32_t kb) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(ptx::smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(ptx::smem_addr(bar)), "r"(0), "r"(row), "r"(kb)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const void* map, uint64_t* bar, int32_t row,
+                                                      int32_t kb, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(ptx::smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(ptx::smem_addr(bar)), "r"(0), "r"(row), "r"(kb), "h"(mask)
+      : "memory");
+}
+
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
@@ -117,7 +137,8 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
                                                       const __grid_constant__ CUtensorMap map_w_half, Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const int a_bytes = p.bm * kRowBytes, w_bytes = p.bn * kRowBytes;
+  const int a_bytes = p.bm * kRowBytes * p.kbox, w_bytes = p.bn * kRowBytes * p.kbox;
+  const int k_steps = (p.k_blocks + p.kbox - 1) / p.kbox;  // stages filled, kbox k blocks each
   uint8_t* sa = smem;
   uint8_t* sw = smem + p.stages * a_bytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(sw + p.stages * w_bytes);
@@ -148,7 +169,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
   if (tid < 128) {
     // Producer.
     int tma_bytes = (p.a_lsu ? 0 : a_bytes) + (p.w_lsu ? 0 : w_bytes);
-    for (int kb = 0; kb < p.k_blocks; ++kb) {
+    for (int kb = 0; kb < k_steps; ++kb) {
       const int s = kb % p.stages;
       const uint32_t ph = (kb / p.stages) & 1;
       if ((tid == 0 || lsu) && !wait_parity(&empty[s], ph ^ 1, p.error)) break;
@@ -156,7 +177,17 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
       uint8_t* dw = sw + s * w_bytes;
       if (tid == 0) {
         ptx::mbar_arrive_expect_tx(&full[s], static_cast<uint32_t>(tma_bytes));
-        if (!p.a_lsu) {
+        if (p.kbox == 2) {
+          tma_load_3d(da, &map_a, &full[s], mb * p.bm, 2 * kb);
+          if (p.cluster == 1) {
+            tma_load_3d(dw, &map_w, &full[s], nb * p.bn, 2 * kb);
+          } else {
+            // Each CTA loads half of the rows of both k blocks (as [2][bn / 2][64]: a rate
+            // measurement, not the layout an MMA would read) into its half of the stage.
+            tma_load_3d_multicast(dw + rank * (w_bytes / 2), &map_w_half, &full[s],
+                                  nb * p.bn + static_cast<int>(rank) * (p.bn / 2), 2 * kb, 0b11);
+          }
+        } else if (!p.a_lsu) {
           if (p.a_hint != 0) {
             tma_load_hint(da, &map_a, &full[s], kb * kBlockK, mb * p.bm, l2_policy(p.a_hint));
           } else if (p.a_boxes == 1) {
@@ -166,7 +197,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
             ptx::tma_load_2d(da + a_bytes / 2, &map_a, &full[s], kb * kBlockK, mb * p.bm + p.bm / 2);
           }
         }
-        if (!p.w_lsu) {
+        if (!p.w_lsu && p.kbox == 1) {
           if (p.cluster == 1 && p.w_hint != 0) {
             tma_load_hint(dw, &map_w, &full[s], kb * kBlockK, nb * p.bn, l2_policy(p.w_hint));
           } else if (p.cluster == 1) {
@@ -186,7 +217,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
   } else if (tid == 128) {
     // Consumer: each stage straight back.
     long long t0 = 0;
-    for (int kb = 0; kb < p.k_blocks; ++kb) {
+    for (int kb = 0; kb < k_steps; ++kb) {
       const int s = kb % p.stages;
       const uint32_t ph = (kb / p.stages) & 1;
       if (!wait_parity(&full[s], ph, p.error)) break;
@@ -207,7 +238,7 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
   }
 }
 
-CUtensorMap make_map(const void* ptr, int rows, int k, int box_rows, int promote) {
+CUtensorMap make_map(const void* ptr, int rows, int k, int box_rows, int promote, int kbox = 1) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -219,11 +250,14 @@ CUtensorMap make_map(const void* ptr, int rows, int k, int box_rows, int promote
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {kBlockK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t es[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims, strides, box, es,
+  // kbox 2: [k / 64][rows][64] (k-block stride 128 bytes, row stride k * 2), boxes {64, rows, 2}.
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kbox == 1 ? k : kBlockK), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>((k + kBlockK - 1) / kBlockK)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k) * 2, static_cast<cuuint64_t>(kRowBytes)};
+  const cuuint32_t box[3] = {kBlockK, static_cast<cuuint32_t>(box_rows), 2};
+  const cuuint32_t es[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kbox == 1 ? 2 : 3, const_cast<void*>(ptr), dims,
+                            strides, box, es,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             promote == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
                             : promote == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
@@ -231,8 +265,10 @@ CUtensorMap make_map(const void* ptr, int rows, int k, int box_rows, int promote
                                              : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "tma_rate_bench: cuTensorMapEncodeTiled failed with CUresult %d (rows %d, k %d, box %d)\n",
-                 static_cast<int>(r), rows, k, box_rows);
+    std::fprintf(stderr,
+                 "tma_rate_bench: cuTensorMapEncodeTiled failed with CUresult %d (rows %d, k %d, box %d, k blocks per "
+                 "box %d)\n",
+                 static_cast<int>(r), rows, k, box_rows, kbox);
     std::exit(1);
   }
   return map;
@@ -244,6 +280,7 @@ struct Case {
   int bn = 128, stages = 6, cluster = 1, ctas = 0;  // ctas 0: every tile, at most one per SM
   int a_lsu = 0, w_lsu = 0, a_boxes = 1, promote = 256;
   int a_hint = 0, w_hint = 0;
+  int kbox = 1;  // k blocks per load and stage
 };
 
 struct Result {
@@ -269,6 +306,7 @@ Result run_case(const Case& cs, int sms, int iters, const __nv_bfloat16* a, cons
   p.a_boxes = cs.a_boxes;
   p.a_hint = cs.a_hint;
   p.w_hint = cs.w_hint;
+  p.kbox = cs.kbox;
   p.a = a;
   p.w = w;
   p.cycles = d_cycles;
@@ -278,10 +316,10 @@ Result run_case(const Case& cs, int sms, int iters, const __nv_bfloat16* a, cons
   int cap = cs.ctas > 0 ? cs.ctas : sms;
   cap -= cap % p.cluster;
   ctas = std::min(ctas, cap);
-  const CUtensorMap ma = make_map(a, cs.m, cs.k, cs.a_boxes == 1 ? p.bm : p.bm / 2, cs.promote);
-  const CUtensorMap mw = make_map(w, cs.n, cs.k, p.bn, cs.promote);
-  const CUtensorMap mwh = make_map(w, cs.n, cs.k, p.bn / 2, cs.promote);
-  const int smem = p.stages * (p.bm + p.bn) * kRowBytes + 2 * p.stages * 8 + 1024;
+  const CUtensorMap ma = make_map(a, cs.m, cs.k, cs.a_boxes == 1 ? p.bm : p.bm / 2, cs.promote, cs.kbox);
+  const CUtensorMap mw = make_map(w, cs.n, cs.k, p.bn, cs.promote, cs.kbox);
+  const CUtensorMap mwh = make_map(w, cs.n, cs.k, p.bn / 2, cs.promote, cs.kbox);
+  const int smem = p.stages * (p.bm + p.bn) * kRowBytes * cs.kbox + 2 * p.stages * 8 + 1024;
   if (smem > kMaxSmem) {
     std::fprintf(stderr, "tma_rate_bench: case %s needs %d bytes of shared memory (at most %d)\n", cs.name.c_str(),
                  smem, kMaxSmem);
@@ -326,9 +364,12 @@ Result run_case(const Case& cs, int sms, int iters, const __nv_bfloat16* a, cons
   const double med_cyc = static_cast<double>(cyc[ctas / 2]);
   const double us = times[times.size() / 2] * 1e3;
   const double a_b = 128.0 * kRowBytes, w_b = p.bn * kRowBytes;
-  const double req = (a_b + w_b / p.cluster) * (p.k_blocks - 1);  // the clock starts at the first full stage
-  const double got = (a_b + w_b) * (p.k_blocks - 1);
-  const double all_req = (a_b + w_b / p.cluster) * p.k_blocks * ctas;
+  // The clock starts at the first full stage; a stage holds kbox k blocks (the last may be past k:
+  // its bytes still arrive, zero-filled).
+  const int timed = ((p.k_blocks + cs.kbox - 1) / cs.kbox - 1) * cs.kbox;
+  const double req = (a_b + w_b / p.cluster) * timed;
+  const double got = (a_b + w_b) * timed;
+  const double all_req = (a_b + w_b / p.cluster) * (timed + cs.kbox) * ctas;
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   return Result{req / med_cyc, got / med_cyc, all_req / (us * 1e-6) / 1e12, us, 0.0, ctas};
@@ -439,6 +480,36 @@ int main(int argc, char** argv) {
       add(c);
     }
   add({"c1_n128_abox2", M, N, K, 128, 6, 1, 0, 0, 0, 2});
+  {
+    // Bytes in flight against loads issued: two A boxes on one SM; 3 stages of one k block (half
+    // the bytes in flight); 3 stages of two k blocks each (the same bytes in flight as 6 stages,
+    // half the loads), alone, on 108 SMs and on all, in clusters of 1 and 2 (128-byte promotion).
+    Case c{"c1_n128_1cta_abox2", M, N, K, 128, 6, 1, 1, 0, 0, 2};
+    c.promote = 128;
+    add(c);
+    for (int kbox : {1, 2}) {
+      const std::string t = kbox == 1 ? "_s3" : "_kb2";
+      Case d{"c1_n128_1cta" + t, M, N, K, 128, 3, 1, 1};
+      d.promote = 128;
+      d.kbox = kbox;
+      add(d);
+      d.ctas = 0;
+      d.name = "c1_n128" + t;
+      add(d);
+      d.name = "all_c1_n128" + t;
+      d.m = M8;
+      d.n = N8;
+      add(d);
+      Case e{"c2_n128" + t, M, N, K, 128, 3, 2};
+      e.promote = 128;
+      e.kbox = kbox;
+      add(e);
+      Case f{std::string("c1_n256_1cta") + (kbox == 1 ? "_s4" : "_kb2"), M, N, K, 256, kbox == 1 ? 4 : 2, 1, 1};  // 192 KB in flight
+      f.promote = 128;
+      f.kbox = kbox;
+      add(f);
+    }
+  }
   add({"c1_n128_wlsu", M, N, K, 128, 6, 1, 0, 0, 1});
   add({"c1_n128_alsu", M, N, K, 128, 6, 1, 0, 1, 0});
   add({"all_c1_n128_wlsu", M8, N8, K, 128, 6, 1, 0, 0, 1});
