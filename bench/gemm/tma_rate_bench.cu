@@ -13,7 +13,7 @@
 // multicast half once), "got" the bytes that land in its shared memory. Operands are re-read
 // launch after launch (they fit in L2 on the default shapes): the rate is L2 -> SM.
 //
-// The question it answers (docs/kernels.md section 7, "What holds the mid-size tiles"): is the
+// The question it answers (docs/kernels.md section 7, "The load path"): is the
 // ~30 B/clk per SM the GEMM's mid-size tiles reach a per-SM limit of the load path (then more
 // SMs do not lower it, and a second path may add to it) or a shared one (then fewer SMs each get
 // more)?

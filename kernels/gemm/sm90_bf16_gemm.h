@@ -121,7 +121,7 @@ struct GemmConfig {
 };
 
 // The operand maps' L2 promotion when GemmConfig::l2_promotion is -1 (docs/kernels.md section 7,
-// "What holds the mid-size tiles").
+// "The load path").
 inline constexpr int kGemmDefaultL2Promotion = 128;
 
 struct GemmHooks {
