@@ -60,6 +60,8 @@ struct Params {
   int a_boxes;       // TMA boxes per A tile (1: bm rows; 2: two of bm / 2)
   int a_hint, w_hint;  // L2 eviction policy of the operand's TMA loads: 0 none, 1 first, 2 last
   int kbox;            // k blocks per TMA load and stage (1, or 2 through a 3-D view of the operand)
+  int hold;            // cycles the consumer holds each k block (its MMAs' time), 0: none; then each
+                       // stage is handed back one step late, as the GEMM's consumers do
   const __nv_bfloat16* a;
   const __nv_bfloat16* w;
   long long* cycles;  // per CTA: first full stage -> last full stage
@@ -215,20 +217,34 @@ __global__ void __launch_bounds__(256, 1) rate_kernel(const __grid_constant__ CU
       }
     }
   } else if (tid == 128) {
-    // Consumer: each stage straight back.
+    // Consumer: each stage straight back; or (hold) kept for the k blocks' MMA time and handed
+    // back once the next stage has arrived (the GEMM keeps one k block of wgmma in flight).
     long long t0 = 0;
-    for (int kb = 0; kb < k_steps; ++kb) {
-      const int s = kb % p.stages;
-      const uint32_t ph = (kb / p.stages) & 1;
-      if (!wait_parity(&full[s], ph, p.error)) break;
-      if (kb == 0) t0 = clock64();
+    auto release = [&](int s) {
       if (p.cluster == 1) {
         ptx::mbar_arrive(&empty[s]);
       } else {
         ptx::mbar_arrive_cluster(&empty[s], 0);
         ptx::mbar_arrive_cluster(&empty[s], 1);
       }
+    };
+    int prev = -1;
+    for (int kb = 0; kb < k_steps; ++kb) {
+      const int s = kb % p.stages;
+      const uint32_t ph = (kb / p.stages) & 1;
+      if (!wait_parity(&full[s], ph, p.error)) break;
+      if (kb == 0) t0 = clock64();
+      if (p.hold == 0) {
+        release(s);
+        continue;
+      }
+      if (prev >= 0) release(prev);
+      const long long h0 = clock64();
+      while (clock64() - h0 < static_cast<long long>(p.hold) * p.kbox) {
+      }
+      prev = s;
     }
+    if (prev >= 0) release(prev);
     p.cycles[blockIdx.x] = clock64() - t0;
   }
   if (p.cluster == 2) {
@@ -281,6 +297,7 @@ struct Case {
   int a_lsu = 0, w_lsu = 0, a_boxes = 1, promote = 256;
   int a_hint = 0, w_hint = 0;
   int kbox = 1;  // k blocks per load and stage
+  int hold = 0;  // the consumer's cycles per k block (0: stages straight back)
 };
 
 struct Result {
@@ -307,6 +324,7 @@ Result run_case(const Case& cs, int sms, int iters, const __nv_bfloat16* a, cons
   p.a_hint = cs.a_hint;
   p.w_hint = cs.w_hint;
   p.kbox = cs.kbox;
+  p.hold = cs.hold;
   p.a = a;
   p.w = w;
   p.cycles = d_cycles;
@@ -508,6 +526,39 @@ int main(int argc, char** argv) {
       f.promote = 128;
       f.kbox = kbox;
       add(f);
+    }
+    // With the MMA's time held per k block (512 cycles for 128 x 128, 1024 for 128 x 256) and
+    // stages handed back one step late: does a load of two k blocks still pay when the ring
+    // turns over at the GEMM's pace? Ideal time: k blocks x hold.
+    for (int kbox : {1, 2}) {
+      const std::string t = kbox == 1 ? "_h" : "_kb2_h";
+      for (int ctas : {1, 0}) {
+        Case c{"c1_n128" + std::string(ctas == 1 ? "_1cta" : "") + t, M, N, K, 128, 6 / kbox, 1, ctas};
+        c.promote = 128;
+        c.kbox = kbox;
+        c.hold = 512;
+        add(c);
+        Case d{"c2_n256" + std::string(ctas == 1 ? "_1cta" : "") + t, M, N, K, 256, 4 / kbox, 2, ctas == 1 ? 2 : 0};
+        d.promote = 128;
+        d.kbox = kbox;
+        d.hold = 1024;
+        add(d);
+      }
+      Case e{"all_c1_n128" + t, M8, N8, K, 128, 6 / kbox, 1};
+      e.promote = 128;
+      e.kbox = kbox;
+      e.hold = 512;
+      add(e);
+      Case f{"all_c2_n128" + t, M8, N8, K, 128, 6 / kbox, 2};
+      f.promote = 128;
+      f.kbox = kbox;
+      f.hold = 512;
+      add(f);
+      Case g{"all_c2_n256" + t, M8, N8, K, 256, 4 / kbox, 2};
+      g.promote = 128;
+      g.kbox = kbox;
+      g.hold = 1024;
+      add(g);
     }
   }
   add({"c1_n128_wlsu", M, N, K, 128, 6, 1, 0, 0, 1});
