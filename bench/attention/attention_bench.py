@@ -30,6 +30,8 @@ p.add_argument("--heads", type=int, default=32)
 p.add_argument("--head-dims", default="128", help="head dims to time, e.g. 64,128")
 p.add_argument("--kv-heads", type=int, default=0, help="K/V heads for the timing (grouped-query); 0: as many as Q")
 p.add_argument("--variants", action="store_true", help="also time every built configuration")
+p.add_argument("--promo", action="store_true",
+               help="also time the default configuration with each other L2 promotion of the q, k and v loads")
 p.add_argument("--check-only", action="store_true")
 p.add_argument("--rounds", type=int, default=3)
 a = p.parse_args()
@@ -37,7 +39,7 @@ a = p.parse_args()
 lib = ctypes.CDLL(a.lib)
 lib.mk_attention_fwd.restype = ctypes.c_int
 lib.mk_attention_fwd.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_void_p] + [ctypes.c_longlong] * 6 + \
-    [ctypes.c_int] * 5 + [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
 lib.mk_attention_status.restype = ctypes.c_int
 lib.mk_attention_status.argtypes = [ctypes.c_char_p, ctypes.c_int]
 lib.mk_attention_config.restype = ctypes.c_int
@@ -46,7 +48,7 @@ ERR = ctypes.create_string_buffer(1024)
 BHSD, BSHD = 0, 1
 
 
-def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1, order=-1):
+def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1, order=-1, promo=-1):
     """q, k, v, o in `layout` (BHSD: [B, H, S, D]; BSHD: [B, S, H, D]); lse [B, H, S] fp32."""
     if layout == BHSD:
         B, H, S, D = q.shape
@@ -55,7 +57,7 @@ def ours(q, k, v, o, lse, causal, layout=BHSD, block_n=0, pingpong=-1, order=-1)
         B, S, H, D = q.shape
         Skv, Hkv = k.shape[1], k.shape[2]
     rc = lib.mk_attention_fwd(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), B, H, Hkv, S,
-                              Skv, D, layout, int(causal), block_n, pingpong, order,
+                              Skv, D, layout, int(causal), block_n, pingpong, order, promo,
                               ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ERR, 1024)
     if rc != 0:
         raise RuntimeError("mk_attention_fwd: " + ERR.value.decode())
@@ -174,9 +176,12 @@ def main():
     Hkv = a.kv_heads or H
     if H % Hkv != 0:
         sys.exit(f"attention_bench: --kv-heads {Hkv} does not divide --heads {H}")
-    variants = [("default", 0, -1, -1)]
+    variants = [("default", 0, -1, -1, -1)]
     if a.variants:
-        variants += [("n128", 128, 1, -1), ("n160", 160, 1, -1), ("n192", 192, 1, -1), ("static order", 0, -1, 0)]
+        variants += [("n128", 128, 1, -1, -1), ("n160", 160, 1, -1, -1), ("n192", 192, 1, -1, -1),
+                     ("static order", 0, -1, 0, -1)]
+    if a.promo:
+        variants += [(f"pr{pr}", 0, -1, -1, pr) for pr in (0, 128, 256)]
     rows = []
     table = []
     for D, S, causal in [(d, s_, c) for d in (int(x) for x in a.head_dims.split(",") if x)
@@ -202,12 +207,12 @@ def main():
                                "default backend" if backend is None else str(backend))
             except RuntimeError as ex:
                 print(f"  {name}: {str(ex)[:200]}", flush=True)
-        for (name, bn, pp, order) in variants:
+        for (name, bn, pp, order, pr) in variants:
             try:
-                ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)
+                ours(q, k, v, o, lse, causal, BHSD, bn, pp, order, pr)
                 torch.cuda.synchronize()
                 impls["mkernel_attention" if name == "default" else "mkernel_attention " + name] = (
-                    (lambda bn=bn, pp=pp, order=order: ours(q, k, v, o, lse, causal, BHSD, bn, pp, order)),
+                    (lambda bn=bn, pp=pp, order=order, pr=pr: ours(q, k, v, o, lse, causal, BHSD, bn, pp, order, pr)),
                     config_string())
             except RuntimeError as ex:
                 print(f"  {name}: {ex}", flush=True)

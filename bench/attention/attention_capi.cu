@@ -4,7 +4,7 @@
 // entry point and the Python package come with the ring kernel.
 //
 //   int mk_attention_fwd(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-//                        layout, causal, block_n, pingpong, unit_order, stream, err, err_len)
+//                        layout, causal, block_n, pingpong, unit_order, l2_promotion, stream, err, err_len)
 //       0 on success; else the planner's message in err. The plan of the last call is kept and
 //       reused when every argument is the same (the tensor maps are encoded once).
 //   int mk_attention_status(msg, len)
@@ -26,7 +26,7 @@ namespace {
 std::mutex g_mu;
 mk::AttnPlan g_plan;
 bool g_have_plan = false;
-long long g_key[16];
+long long g_key[17];
 mk::DeviceStatus* g_status = nullptr;
 void* g_workspace = nullptr;  // the schedule counters (attention_workspace_bytes of one chunk)
 
@@ -40,7 +40,7 @@ void put(char* dst, int len, const std::string& s) {
 extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, void* o, float* lse, long long batch,
                                 long long heads_q, long long heads_kv, long long seq_q, long long seq_kv,
                                 long long head_dim, int layout, int causal, int block_n, int pingpong, int unit_order,
-                                void* stream,
+                                int l2_promotion, void* stream,
                                 char* err, int err_len) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_status == nullptr) {
@@ -51,10 +51,10 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
       return 1;
     }
   }
-  const long long key[16] = {reinterpret_cast<long long>(q), reinterpret_cast<long long>(k),
+  const long long key[17] = {reinterpret_cast<long long>(q), reinterpret_cast<long long>(k),
                              reinterpret_cast<long long>(v), reinterpret_cast<long long>(o),
                              reinterpret_cast<long long>(lse), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-                             layout, causal, block_n, pingpong, unit_order};
+                             layout, causal, block_n, pingpong, unit_order, l2_promotion};
   if (!g_have_plan || std::memcmp(key, g_key, sizeof(key)) != 0) {
     mk::AttnArgs a;
     a.q = q;
@@ -73,6 +73,7 @@ extern "C" int mk_attention_fwd(const void* q, const void* k, const void* v, voi
     a.config.block_n = block_n;
     a.config.pingpong = pingpong;
     a.config.unit_order = unit_order;
+    a.config.l2_promotion = l2_promotion;
     a.wait.status = g_status;
     a.workspace = g_workspace;
     a.workspace_bytes = 256;

@@ -69,7 +69,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // Rows past `rows` read as zero and are not written, which is what makes a ragged last tile of
 // queries or keys correct without padding (the kernel masks keys past the end).
 AttnResult make_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t rows, int64_t heads, int64_t batch,
-                    const AttnStrides& st, uint32_t box_rows, const char* name) {
+                    const AttnStrides& st, uint32_t box_rows, const char* name,
+                    int l2_promotion = kAttnDefaultL2Promotion) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return fail(AttnError::kCudaError, "cuTensorMapEncodeTiled is not available from the driver");
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows),
@@ -80,7 +81,11 @@ AttnResult make_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            l2_promotion == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                            : l2_promotion == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                            : l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                  : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return fail(AttnError::kCudaError, std::string("cuTensorMapEncodeTiled(") + name + ") failed with CUresult " +
                                            std::to_string(static_cast<int>(r)));
@@ -157,8 +162,9 @@ const char* attn_dtype_name(AttnDtype t) {
 }
 
 AttnResult attention_tensor_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t rows, int64_t heads,
-                                int64_t batch, const AttnStrides& strides, uint32_t box_rows, const char* name) {
-  return make_map(map, ptr, head_dim, rows, heads, batch, strides, box_rows, name);
+                                int64_t batch, const AttnStrides& strides, uint32_t box_rows, const char* name,
+                                int l2_promotion) {
+  return make_map(map, ptr, head_dim, rows, heads, batch, strides, box_rows, name, l2_promotion);
 }
 
 AttnStrides attention_packed_strides(AttnLayout layout, int64_t heads, int64_t seq, int64_t head_dim) {
@@ -306,6 +312,12 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
     c.block_n = 160;
   }
   if (c.pingpong < 0) c.pingpong = 1;
+  if (c.l2_promotion != -1 && c.l2_promotion != 0 && c.l2_promotion != 64 && c.l2_promotion != 128 &&
+      c.l2_promotion != 256) {
+    return fail(AttnError::kInvalidConfig, "config l2_promotion = " + std::to_string(c.l2_promotion) +
+                                               " is not supported (expected -1, 0, 64, 128 or 256 bytes)");
+  }
+  if (c.l2_promotion == -1) c.l2_promotion = kAttnDefaultL2Promotion;
   if (c.num_blocks == 0) c.num_blocks = static_cast<int>(num_units < dev.num_sms ? num_units : dev.num_sms);
   if (c.unit_order < 0) {
     // Units of a causal launch differ in cost: take them dynamically when there is a workspace
@@ -374,13 +386,16 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
 
   AttnMaps& m = plan->maps;
   m = AttnMaps{};
-  if (!(r = make_map(&m.q, args.q, args.head_dim, args.seq_q, args.heads_q, args.batch, sq, 128, "q")).ok()) return r;
+  if (!(r = make_map(&m.q, args.q, args.head_dim, args.seq_q, args.heads_q, args.batch, sq, 128, "q", c.l2_promotion)).ok())
+    return r;
   if (!(r = make_map(&m.o, args.o, args.head_dim, args.seq_q, args.heads_q, args.batch, so, 64, "o")).ok()) return r;
   for (int i = 0; i < num_chunks; ++i) {
     const auto rows = static_cast<uint32_t>(c.block_n);
-    if (!(r = make_map(&m.k[i], chunks[i].k, args.head_dim, chunks[i].kv_len, args.heads_kv, args.batch, sk, rows, "k")).ok())
+    if (!(r = make_map(&m.k[i], chunks[i].k, args.head_dim, chunks[i].kv_len, args.heads_kv, args.batch, sk, rows, "k",
+                       c.l2_promotion)).ok())
       return r;
-    if (!(r = make_map(&m.v[i], chunks[i].v, args.head_dim, chunks[i].kv_len, args.heads_kv, args.batch, sv, rows, "v")).ok())
+    if (!(r = make_map(&m.v[i], chunks[i].v, args.head_dim, chunks[i].kv_len, args.heads_kv, args.batch, sv, rows, "v",
+                       c.l2_promotion)).ok())
       return r;
   }
   return {};
@@ -402,7 +417,8 @@ std::string attention_config_string(const AttnPlan& plan) {
   return "d" + str(plan.args.head_dim) + " n" + std::to_string(plan.config.block_n) + " pp" +
          std::to_string(plan.config.pingpong) + " b" + std::to_string(plan.config.num_blocks) +
          (plan.config.unit_order == kAttnCostSnake ? " snake" : (plan.config.unit_order == kAttnDynamic ? " dynamic" : " heads")) +
-         " c" + std::to_string(plan.params.num_chunks);
+         " c" + std::to_string(plan.params.num_chunks) +
+         (plan.config.l2_promotion != kAttnDefaultL2Promotion ? " pr" + std::to_string(plan.config.l2_promotion) : "");
 }
 
 }  // namespace mkernel::kernels

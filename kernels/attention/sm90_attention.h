@@ -81,7 +81,11 @@ struct AttnConfig {
   int num_blocks = 0;  // persistent blocks; 0 = one per SM (or fewer when there are fewer units)
   int unit_order = -1; // AttnUnitOrder; -1: kAttnDynamic for a causal launch given a workspace, else
                        // kAttnHeadMajor (sm90_attention_params.h note 1)
+  int l2_promotion = -1;  // L2 fill size of the q, k and v loads: 0, 64, 128 or 256 bytes; -1:
+                          // kAttnDefaultL2Promotion (the GEMM's GemmConfig::l2_promotion)
 };
+
+inline constexpr int kAttnDefaultL2Promotion = 256;
 
 // One span of keys/values (num_chunks > 0). k and v point at the chunk's first position, with
 // the strides of args.k_strides / v_strides (or of the layout over seq_kv = this chunk's length
@@ -146,7 +150,8 @@ size_t attention_workspace_bytes(const AttnArgs& args);
 // written), and the strides of a packed layout.
 [[nodiscard]] AttnResult attention_tensor_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t rows,
                                               int64_t heads, int64_t batch, const AttnStrides& strides,
-                                              uint32_t box_rows, const char* name);
+                                              uint32_t box_rows, const char* name,
+                                              int l2_promotion = kAttnDefaultL2Promotion);
 AttnStrides attention_packed_strides(AttnLayout layout, int64_t heads, int64_t seq, int64_t head_dim);
 
 // "d128 n128 pp1 b132 snake c1", for logs and benchmarks.

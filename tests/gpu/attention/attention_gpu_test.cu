@@ -394,6 +394,9 @@ void run_error_cases() {
   a.config.unit_order = 5;
   expect_error(a, mk::AttnError::kInvalidConfig, "unit_order = 5", "unit order");
   a = base;
+  a.config.l2_promotion = 100;
+  expect_error(a, mk::AttnError::kInvalidConfig, "l2_promotion = 100", "l2 promotion");
+  a = base;
   a.scale = -1.0f;
   expect_error(a, mk::AttnError::kInvalidConfig, "scale = -1", "negative scale");
 }
@@ -480,6 +483,13 @@ int main() {
         run_case({2, 4, 2, 777, 777, d, true, L::kBSHD}, c, "config");
       }
     }
+  }
+  // Every L2 promotion of the q, k and v loads (a cache hint: results must not change).
+  for (int pr : {0, 64, 128, 256}) {
+    mk::AttnConfig c;
+    c.l2_promotion = pr;
+    run_case({2, 4, 2, 777, 777, 64, true, L::kBHSD}, c, "l2 promotion");
+    run_case({1, 4, 4, 1000, 1000, 128, false, L::kBSHD}, c, "l2 promotion");
   }
   mk::AttnConfig few;
   few.num_blocks = 7;
