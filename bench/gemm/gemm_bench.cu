@@ -534,8 +534,6 @@ void overhead_report(cublasHandle_t cublas, size_t l2) {
 
 }  // namespace
 
-// The cost model's costs before the refit of 2026-12-02 (general regime, masked tail, cluster
-// penalty, the clusters-of-2 launch charge; bench/gemm/fit_cost_model.py): --prev-model times their choice beside the current one.
 // The costs --prev-model compares with the header's: a refit under test goes here. It holds the
 // last one measured, which was not kept (the clusters-of-1 k blocks and no partial-GPU penalty
 // for clusters of 2, fitted at 128-byte L2 promotion; docs/kernels.md section 7, "The load path").

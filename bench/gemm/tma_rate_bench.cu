@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/l2_promotion.h"
 #include "common/ptx.cuh"
 
 namespace {
@@ -275,10 +276,7 @@ CUtensorMap make_map(const void* ptr, int rows, int k, int box_rows, int promote
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, kbox == 1 ? 2 : 3, const_cast<void*>(ptr), dims,
                             strides, box, es,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            promote == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                            : promote == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                            : promote == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                             : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            mkernel::kernels::tensor_map_l2_promotion(promote),
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr,

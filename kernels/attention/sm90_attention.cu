@@ -10,6 +10,7 @@
 
 #include "attention/sm90_attention.h"
 #include "attention/sm90_attention_launch.cuh"
+#include "common/l2_promotion.h"
 
 namespace mkernel::kernels {
 
@@ -81,11 +82,7 @@ AttnResult make_map(CUtensorMap* map, const void* ptr, int64_t head_dim, int64_t
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            l2_promotion == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                            : l2_promotion == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                            : l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                  : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            tensor_map_l2_promotion(l2_promotion), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return fail(AttnError::kCudaError, std::string("cuTensorMapEncodeTiled(") + name + ") failed with CUresult " +
                                            std::to_string(static_cast<int>(r)));
@@ -312,10 +309,9 @@ AttnResult attention_plan(const AttnArgs& args, AttnPlan* plan) {
     c.block_n = 160;
   }
   if (c.pingpong < 0) c.pingpong = 1;
-  if (c.l2_promotion != -1 && c.l2_promotion != 0 && c.l2_promotion != 64 && c.l2_promotion != 128 &&
-      c.l2_promotion != 256) {
+  if (!l2_promotion_valid(c.l2_promotion)) {
     return fail(AttnError::kInvalidConfig, "config l2_promotion = " + std::to_string(c.l2_promotion) +
-                                               " is not supported (expected -1, 0, 64, 128 or 256 bytes)");
+                                               " is not supported (" + kL2PromotionExpected + ")");
   }
   if (c.l2_promotion == -1) c.l2_promotion = kAttnDefaultL2Promotion;
   if (c.num_blocks == 0) c.num_blocks = static_cast<int>(num_units < dev.num_sms ? num_units : dev.num_sms);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/l2_promotion.h"
 #include "gemm/sm90_bf16_gemm.h"
 #include "gemm/sm90_bf16_gemm_dispatch.h"
 
@@ -96,17 +97,13 @@ GemmResult make_tensor_map(CUtensorMap* map, const void* ptr, int64_t rows, int6
   if (encode == nullptr) {
     return fail(GemmError::kCudaError, "cuTensorMapEncodeTiled is not available from the driver");
   }
-  const CUtensorMapL2promotion promotion = l2_promotion == 0    ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                                           : l2_promotion == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                                           : l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ptr), dims,
                             strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+                            CU_TENSOR_MAP_SWIZZLE_128B, tensor_map_l2_promotion(l2_promotion),
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     return fail(GemmError::kCudaError,
@@ -132,10 +129,9 @@ GemmResult check_dim(const char* name, int64_t v, int64_t multiple, GemmError co
 // configuration that cannot run; `c` gets no zeros back.
 GemmResult resolve_config(const GemmArgs& a, const DeviceInfo& dev, GemmConfig* c, GemmSchedule* sched) {
   *c = a.config;
-  if (c->l2_promotion != -1 && c->l2_promotion != 0 && c->l2_promotion != 64 && c->l2_promotion != 128 &&
-      c->l2_promotion != 256) {
-    return fail(GemmError::kInvalidConfig, "l2_promotion = " + std::to_string(c->l2_promotion) +
-                                               " is not supported (expected -1, 0, 64, 128 or 256 bytes)");
+  if (!l2_promotion_valid(c->l2_promotion)) {
+    return fail(GemmError::kInvalidConfig, "l2_promotion = " + std::to_string(c->l2_promotion) + " is not supported (" +
+                                               kL2PromotionExpected + ")");
   }
   if (c->l2_promotion == -1) c->l2_promotion = kGemmDefaultL2Promotion;
   if (c->swap_ab < -1 || c->swap_ab > 1) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/l2_promotion.h"
 #include "gemm/sm90_bf16_gemm_dispatch.h"
 #include "gemm/sm90_bf16_grouped_gemm.h"
 
@@ -76,10 +77,9 @@ GemmResult resolve(const GroupedGemmArgs& a, int device, int num_sms, GroupedGem
     return fail(GemmError::kInvalidConfig, "config.raster = " + std::to_string(c->raster) + "; expected -1, 0 or 1");
   if (c->band < 0)
     return fail(GemmError::kInvalidConfig, "config.band = " + std::to_string(c->band) + "; expected 0 or more");
-  if (c->l2_promotion != -1 && c->l2_promotion != 0 && c->l2_promotion != 64 && c->l2_promotion != 128 &&
-      c->l2_promotion != 256)
-    return fail(GemmError::kInvalidConfig, "config.l2_promotion = " + std::to_string(c->l2_promotion) +
-                                               "; expected -1, 0, 64, 128 or 256 bytes");
+  if (!l2_promotion_valid(c->l2_promotion))
+    return fail(GemmError::kInvalidConfig,
+                "config.l2_promotion = " + std::to_string(c->l2_promotion) + "; " + kL2PromotionExpected);
   if (c->num_gemm_blocks < 0 || c->num_role_blocks < 0)
     return fail(GemmError::kInvalidConfig, "config.num_gemm_blocks = " + std::to_string(c->num_gemm_blocks) +
                                                ", num_role_blocks = " + std::to_string(c->num_role_blocks) +
