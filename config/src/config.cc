@@ -91,6 +91,8 @@ void write_transport(Writer& w, const TransportConfig& t) {
   w.line("provider", quoted(t.provider));
   w.line("nic", quoted(t.nic));
   w.line("signal_value", std::string(to_string(t.signal_value)));
+  w.line("write_piece_bytes",
+         t.write_piece_bytes == kAutoWritePieceBytes ? std::string("auto") : std::to_string(t.write_piece_bytes));
   w.close();
 }
 
@@ -265,6 +267,7 @@ std::vector<std::string> restart_required_changes(const DaemonConfig& a, const D
   check(a.transport.provider != b.transport.provider, "transport.provider");
   check(a.transport.nic != b.transport.nic, "transport.nic");
   check(a.transport.signal_value != b.transport.signal_value, "transport.signal_value");
+  check(a.transport.write_piece_bytes != b.transport.write_piece_bytes, "transport.write_piece_bytes");
   for (const uint32_t gpu : override_gpus(a, b)) {
     const GpuOverride* oa = find_override(a, gpu);
     const GpuOverride* ob = find_override(b, gpu);

@@ -638,6 +638,24 @@ void read_transport(const Section& s, TransportConfig& out) {
               is_nic, out.nic);
   const bool signal_value_given =
       read_enum(s, "signal_value", detail::signal_value_names(), out.signal_value);
+  bool pieces_given = false;
+  if (const Entry* e = s.get("write_piece_bytes"); e != nullptr) {
+    pieces_given = true;
+    const std::string expected = "\"auto\", 0 (whole writes) or a size in " +
+                                 detail::format_bytes(kMinWritePieceBytes) + ".." +
+                                 detail::format_bytes(kMaxWritePieceBytes) +
+                                 ", in bytes or with a suffix KiB, MiB or GiB";
+    if (const auto text = scalar(s, *e, expected)) {
+      if (*text == "auto") {
+        out.write_piece_bytes = kAutoWritePieceBytes;
+      } else if (const auto v = detail::parse_bytes(*text);
+                 v && (*v == 0 || (*v >= kMinWritePieceBytes && *v <= kMaxWritePieceBytes))) {
+        out.write_piece_bytes = *v;
+      } else {
+        s.ctx().invalid(*e, expected);
+      }
+    }
+  }
   if (out.kind == TransportKind::kVerbs && out.provider != "auto") {
     if (provider_given && kind_ok) {
       s.ctx().invalid(*s.get("provider"), "\"auto\" when " + s.child("kind") + " is \"verbs\"");
@@ -650,6 +668,12 @@ void read_transport(const Section& s, TransportConfig& out) {
       s.ctx().invalid(*s.get("signal_value"), "\"auto\" when " + s.child("kind") + " is \"verbs\"");
     }
     out.signal_value = SignalValue::kAuto;
+  }
+  if (out.kind == TransportKind::kVerbs && out.write_piece_bytes != kAutoWritePieceBytes) {
+    if (pieces_given && kind_ok) {
+      s.ctx().invalid(*s.get("write_piece_bytes"), "\"auto\" when " + s.child("kind") + " is \"verbs\"");
+    }
+    out.write_piece_bytes = kAutoWritePieceBytes;
   }
 }
 

@@ -18,7 +18,7 @@ constexpr std::array kGpusKeys{"select"sv, "ids"sv, "host_slots"sv, "fallback_ho
 constexpr std::array kProxyKeys{"cpu_affinity"sv, "poll"sv, "batch"sv};
 constexpr std::array kPollKeys{"mode"sv, "spin_us"sv, "sleep_us"sv};
 constexpr std::array kBatchKeys{"max_commands"sv};
-constexpr std::array kTransportKeys{"kind"sv, "provider"sv, "nic"sv, "signal_value"sv};
+constexpr std::array kTransportKeys{"kind"sv, "provider"sv, "nic"sv, "signal_value"sv, "write_piece_bytes"sv};
 constexpr std::array kOverrideKeys{"gpu"sv, "cpu_affinity"sv, "poll"sv, "batch"sv,
                                    "transport"sv};
 constexpr std::array kRingsKeys{"capacity"sv, "max_capacity"sv};

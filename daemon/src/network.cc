@@ -115,6 +115,8 @@ StatusOr<std::unique_ptr<net::Transport>> open_transport(const TransportChoice& 
   fo.domain = choice.domain;
   fo.av_size = std::max<uint32_t>(16, options.world_size);
   fo.completion_timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, options.command_timeout.count()));
+  fo.write_piece_bytes =
+      choice.write_piece_bytes == config::kAutoWritePieceBytes ? net::kAutoWritePiece : choice.write_piece_bytes;
   switch (choice.signal_value) {
     case config::SignalValue::kCqData:
       fo.signal_value = net::SignalValuePath::kCqData;
@@ -158,6 +160,7 @@ TransportProbe probe_transport(const config::TransportConfig& cfg, const std::st
   TransportChoice c;
   c.kind = config::TransportKind::kFabric;
   c.signal_value = cfg.signal_value;
+  c.write_piece_bytes = cfg.write_piece_bytes;
   std::vector<std::string> providers;
   if (cfg.provider != "auto") providers.push_back(cfg.provider);
   else providers = {"efa", "tcp;ofi_rxm"};

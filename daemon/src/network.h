@@ -48,6 +48,7 @@ struct TransportChoice {
   std::string provider;  // fabric: "tcp;ofi_rxm", "shm", "efa"; verbs: ""
   std::string domain;    // fabric domain / verbs device; "" = the library's first
   config::SignalValue signal_value = config::SignalValue::kAuto;  // fabric: how signal values travel
+  uint64_t write_piece_bytes = config::kAutoWritePieceBytes;       // fabric: writes in pieces
   std::string describe() const;  // "fabric tcp;ofi_rxm (domain lo)", "verbs mlx5_0"
 };
 

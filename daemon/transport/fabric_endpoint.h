@@ -200,13 +200,27 @@ struct OpSlot {
   // the provider holds the data write, kSignalQueued once that completed and the message waits
   // for room in the provider's queue (we hold the context: nothing to quarantine), kSignal while
   // the provider holds the message. The Completion is reported once, at the end.
-  enum class Phase : uint8_t { kOne, kData, kSignalQueued, kSignal } phase;
+  // A write in pieces (design note 6): kPieceQueued while its next piece waits for its turn (we
+  // hold the context), kPiece while the provider holds one piece; after the last piece it is
+  // done, or goes on to kSignalQueued with a signal by message.
+  enum class Phase : uint8_t { kOne, kData, kSignalQueued, kSignal, kPieceQueued, kPiece } phase;
   uint32_t signal_idx;
   uint64_t signal_value;
   uint64_t cookie;
   uint32_t peer;
   uint64_t generation;
   uint64_t local_region;  // a write's source registration (0: the scratch region)
+  // A write in pieces: bytes already at the target, the piece the provider holds, the whole
+  // write, where it comes from and goes to, and what the last piece carries.
+  uint64_t piece_done;
+  uint64_t piece_bytes;
+  uint64_t total_bytes;
+  uint8_t* local_buf;
+  void* local_desc;
+  uint64_t remote_addr;
+  uint64_t remote_key;
+  uint64_t cq_data;
+  enum class PieceSignal : uint8_t { kNone, kCqData, kMessage } piece_signal;
 };
 static_assert(std::is_standard_layout_v<OpSlot>);
 
@@ -276,6 +290,9 @@ class FabricTransport final : public Transport {
   // Posts the signal messages waiting for room (signal_queue_) until the provider says it is
   // full; never calls progress().
   void post_queued_signals();
+  // Posts the next piece of the oldest write in pieces (piece_queue_) when the provider holds
+  // none of it; never calls progress().
+  void post_queued_pieces();
   // Reports a write's Completion and gives its slot back.
   void finish_write(OpSlot* slot, Status status);
   // A receive completed with a signal message: an Arrival, never below the last one reported
@@ -339,6 +356,9 @@ class FabricTransport final : public Transport {
     uint64_t generation;
   };
   std::deque<QueuedSignal> signal_queue_;
+  // Writes in pieces, in post order: the head's pieces go one at a time (design note 6).
+  uint64_t piece_bytes_ = 0;  // 0: whole writes
+  std::deque<QueuedSignal> piece_queue_;
   // Receives of something that is not a signal message (wrong length or magic); dropped.
   uint64_t foreign_messages_ = 0;
   // Errors with no write to report them on (a receive that could not be re-posted, an error

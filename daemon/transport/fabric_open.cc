@@ -180,6 +180,12 @@ Status FabricTransport::open(const FabricOptions& options) {
                   "signal_value: " + std::to_string(static_cast<unsigned>(options.signal_value)) +
                       "; expected auto, cq_data or message");
   }
+  if (options.write_piece_bytes != kAutoWritePiece && options.write_piece_bytes != 0 &&
+      options.write_piece_bytes < 4096) {
+    return Status(StatusCode::kInvalidArgument,
+                  "write_piece_bytes: " + std::to_string(options.write_piece_bytes) +
+                      "; expected 0 (whole writes), auto, or at least 4096");
+  }
   completion_timeout_ = std::chrono::milliseconds(options.completion_timeout_ms);
   MK_RETURN_IF_ERROR(find_info(options));
   mr_mode_ = info_->domain_attr->mr_mode;
@@ -293,6 +299,10 @@ Status FabricTransport::open(const FabricOptions& options) {
                   (signal_path_ == SignalValuePath::kMessage
                        ? std::string("by message after the data (64 bits)")
                        : "in CQ data (" + std::to_string(encoding_.value_bits) + " bits)");
+  piece_bytes_ = options.write_piece_bytes == kAutoWritePiece ? auto_write_piece_bytes(caps_.provider)
+                                                                  : options.write_piece_bytes;
+  caps_.version += piece_bytes_ > 0 ? ", writes over " + std::to_string(piece_bytes_) + " bytes in pieces"
+                                    : std::string(", whole writes");
   caps_.remote_write = true;
   caps_.addressing = Addressing::kEndpoints;
   caps_.signals = encoding_.cq_data_bytes > 0 || signal_path_ == SignalValuePath::kMessage
@@ -548,6 +558,8 @@ std::string_view to_string(SignalValuePath path) {
   }
   return "?";
 }
+
+uint64_t auto_write_piece_bytes(std::string_view provider) { return provider == "shm" ? uint64_t{1} << 20 : 0; }
 
 void pack_signal_message(uint32_t signal_idx, uint64_t value, uint8_t* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(kSignalMessageMagic >> (8 * i));

@@ -19,6 +19,11 @@ OpSlot* FabricTransport::take_slot(OpSlot::Kind kind) {
   slot->cookie = 0;
   slot->peer = 0;
   slot->local_region = 0;
+  slot->piece_done = slot->piece_bytes = slot->total_bytes = 0;
+  slot->local_buf = nullptr;
+  slot->local_desc = nullptr;
+  slot->remote_addr = slot->remote_key = slot->cq_data = 0;
+  slot->piece_signal = OpSlot::PieceSignal::kNone;
   ++slot->generation;
   return slot;
 }
@@ -181,6 +186,29 @@ Status FabricTransport::post_write(const WriteOp& op) {
   }
   slot->cookie = op.cookie;
   slot->peer = op.peer;
+  if (piece_bytes_ > 0 && op.length > piece_bytes_) {
+    // In pieces, after the writes in pieces posted before it (design note 6).
+    slot->phase = OpSlot::Phase::kPieceQueued;
+    slot->total_bytes = op.length;
+    slot->local_buf = static_cast<uint8_t*>(local_buf);
+    slot->local_desc = local_desc;
+    slot->remote_addr = remote_addr;
+    slot->remote_key = remote_key;
+    slot->cq_data = data;
+    slot->piece_signal = !op.has_signal ? OpSlot::PieceSignal::kNone
+                         : by_message   ? OpSlot::PieceSignal::kMessage
+                                        : OpSlot::PieceSignal::kCqData;
+    slot->signal_idx = op.signal_idx;
+    slot->signal_value = op.signal_value;
+    ++inflight_;
+    slot->local_region = op.local_region;
+    ++regions_.at(op.local_region).inflight;
+    deadlines_.push_back(Deadline{std::chrono::steady_clock::now() + completion_timeout_, slot, slot->generation});
+    if (op.has_signal && !by_message) last_sent_[signal_key] = op.signal_value;
+    piece_queue_.push_back(QueuedSignal{slot, slot->generation});
+    post_queued_pieces();
+    return Status::Ok();
+  }
   if (by_message) {
     // The data first (no CQ data), the message once its completion is in; a signal-only op is the
     // message alone.
@@ -257,6 +285,45 @@ void FabricTransport::post_queued_signals() {
                            .with_context("write " + std::to_string(slot->cookie) + " to peer " +
                                          std::to_string(slot->peer) +
                                          ": the data arrived but its signal message could not be sent"));
+  }
+}
+
+void FabricTransport::post_queued_pieces() {
+  while (!piece_queue_.empty()) {
+    const QueuedSignal q = piece_queue_.front();
+    OpSlot* slot = q.slot;
+    if (slot->generation != q.generation || slot->kind != OpSlot::Kind::kWrite ||
+        (slot->phase != OpSlot::Phase::kPieceQueued && slot->phase != OpSlot::Phase::kPiece)) {
+      piece_queue_.pop_front();  // done, failed or timed out meanwhile
+      continue;
+    }
+    if (slot->phase == OpSlot::Phase::kPiece) return;  // the provider holds its current piece
+    const uint64_t at = slot->piece_done;
+    const uint64_t bytes = std::min(piece_bytes_, slot->total_bytes - at);
+    const bool last = at + bytes == slot->total_bytes;
+    const Peer& peer = peers_[slot->peer];
+    std::memset(&slot->context, 0, sizeof(slot->context));
+    const ssize_t ret =
+        last && slot->piece_signal == OpSlot::PieceSignal::kCqData
+            ? fi_writedata(ep_.get(), slot->local_buf + at, bytes, slot->local_desc, slot->cq_data, peer.addr,
+                           slot->remote_addr + at, slot->remote_key, &slot->context)
+            : fi_write(ep_.get(), slot->local_buf + at, bytes, slot->local_desc, peer.addr, slot->remote_addr + at,
+                       slot->remote_key, &slot->context);
+    if (ret == -FI_EAGAIN) return;  // no room now: the next progress() tries again
+    if (ret != 0) {
+      piece_queue_.pop_front();
+      finish_write(slot, fi_status(StatusCode::kDeviceError, last && slot->piece_signal == OpSlot::PieceSignal::kCqData
+                                                                 ? "fi_writedata"
+                                                                 : "fi_write",
+                                   static_cast<int>(ret))
+                             .with_context("write " + std::to_string(slot->cookie) + " to peer " +
+                                           std::to_string(slot->peer) + ", the piece at byte " + std::to_string(at) +
+                                           " of " + std::to_string(slot->total_bytes)));
+      continue;
+    }
+    slot->piece_bytes = bytes;
+    slot->phase = OpSlot::Phase::kPiece;
+    return;
   }
 }
 
@@ -349,6 +416,25 @@ void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t sour
     return;
   }
   if (slot->kind == OpSlot::Kind::kWrite) {
+    if (slot->phase == OpSlot::Phase::kPiece) {
+      // A piece is at the target (delivery complete): the next one is posted at the end of this
+      // progress() pass (post_queued_pieces); after the last, the write is done or its signal
+      // message follows.
+      slot->piece_done += slot->piece_bytes;
+      slot->piece_bytes = 0;
+      if (slot->piece_done < slot->total_bytes) {
+        slot->phase = OpSlot::Phase::kPieceQueued;
+        return;
+      }
+      if (slot->piece_signal == OpSlot::PieceSignal::kMessage) {
+        release_source(slot);
+        slot->phase = OpSlot::Phase::kSignalQueued;
+        signal_queue_.push_back(QueuedSignal{slot, slot->generation});
+        return;
+      }
+      finish_write(slot, Status::Ok());
+      return;
+    }
     if (slot->phase == OpSlot::Phase::kData) {
       // The data is in the peer's memory (delivery complete): now its signal. Posted at the end
       // of this progress() pass (post_queued_signals), in completion order.
@@ -400,7 +486,11 @@ void FabricTransport::handle_error() {
                                 std::to_string(slot->peer) +
                                 (slot->phase == OpSlot::Phase::kSignal
                                      ? " failed at its signal message (after any data had arrived): "
-                                     : " failed: ") +
+                                 : slot->phase == OpSlot::Phase::kPiece
+                                     ? " failed at its piece of " + std::to_string(slot->piece_bytes) +
+                                           " bytes at byte " + std::to_string(slot->piece_done) + " of " +
+                                           std::to_string(slot->total_bytes) + ": "
+                                     : std::string(" failed: ")) +
                                 message));
 }
 
@@ -427,6 +517,7 @@ void FabricTransport::progress() {
     }
     handled += static_cast<size_t>(got);
   }
+  post_queued_pieces();
   post_queued_signals();
 }
 
@@ -439,6 +530,19 @@ void FabricTransport::expire() {
       continue;
     }
     if (d.at > now) break;
+    if (d.slot->phase == OpSlot::Phase::kPieceQueued) {
+      // Its next piece still waits for its turn (we hold the context): free at once; its queue
+      // entry is skipped.
+      OpSlot* slot = d.slot;
+      deadlines_.pop_front();
+      finish_write(slot, Status(StatusCode::kDeadlineExceeded,
+                                "write " + std::to_string(slot->cookie) + " to peer " + std::to_string(slot->peer) +
+                                    ": " + std::to_string(slot->piece_done) + " of its " +
+                                    std::to_string(slot->total_bytes) + " bytes written within " +
+                                    std::to_string(completion_timeout_.count()) +
+                                    " ms of its post (writes in pieces go one after another)"));
+      continue;
+    }
     if (d.slot->phase == OpSlot::Phase::kSignalQueued) {
       // The data arrived but the provider never had room for its signal message: we hold the
       // context, so the slot is free at once (its queue entry is skipped).
@@ -459,7 +563,11 @@ void FabricTransport::expire() {
                "write " + std::to_string(d.slot->cookie) + " to peer " +
                    std::to_string(d.slot->peer) + ": no completion from the provider within " +
                    std::to_string(completion_timeout_.count()) + " ms" +
-                   (d.slot->phase == OpSlot::Phase::kSignal ? " (for its signal message)" : ""))});
+                   (d.slot->phase == OpSlot::Phase::kSignal  ? " (for its signal message)"
+                    : d.slot->phase == OpSlot::Phase::kPiece ? " (for its piece at byte " +
+                                                                   std::to_string(d.slot->piece_done) + " of " +
+                                                                   std::to_string(d.slot->total_bytes) + ")"
+                                                             : std::string()))});
     d.slot->kind = OpSlot::Kind::kTimedOut;
     --inflight_;
     deadlines_.pop_front();

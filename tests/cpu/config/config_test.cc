@@ -152,6 +152,15 @@ const BadConfig kBadConfigs[] = {
      "mkerneld.yaml:2:8: transport.nic: value \"/dev/mlx5_0\" is invalid; expected \"auto\" or "
      "a device name like \"mlx5_0\" (letters, digits, \"_\", \"-\", \".\" and \":\"; at most "
      "64)"},
+    {"write_pieces_too_small", "transport:\n  write_piece_bytes: 100\n",
+     "mkerneld.yaml:2:22: transport.write_piece_bytes: value \"100\" is invalid; expected \"auto\", 0 "
+     "(whole writes) or a size in 4KiB..1GiB, in bytes or with a suffix KiB, MiB or GiB"},
+    {"write_pieces_word", "transport:\n  write_piece_bytes: big\n",
+     "mkerneld.yaml:2:22: transport.write_piece_bytes: value \"big\" is invalid; expected \"auto\", 0 "
+     "(whole writes) or a size in 4KiB..1GiB, in bytes or with a suffix KiB, MiB or GiB"},
+    {"write_pieces_with_verbs", "transport:\n  kind: verbs\n  write_piece_bytes: 1MiB\n",
+     "mkerneld.yaml:3:22: transport.write_piece_bytes: value \"1MiB\" is invalid; expected \"auto\" "
+     "when transport.kind is \"verbs\""},
     {"override_provider_with_verbs",
      "overrides:\n  - gpu: 0\n    transport:\n      kind: verbs\n      provider: shm\n",
      "mkerneld.yaml:5:17: overrides[0].transport.provider: value \"shm\" is invalid; expected "
@@ -615,6 +624,27 @@ overrides:
   EXPECT_EQ(p2.poll.mode, PollMode::kSpin);  // node-wide mode, own sleep
   EXPECT_EQ(p2.poll.sleep, 5us);
   EXPECT_EQ(p2.transport.nic, "mlx5_0");
+}
+
+TEST(GoodConfig, WritePiecesAutoZeroSizeAndPerGpu) {
+  const DaemonConfig c = load_ok(R"(
+transport:
+  kind: fabric
+  provider: shm
+  write_piece_bytes: 2MiB
+overrides:
+  - gpu: 1
+    transport: {write_piece_bytes: 0}
+  - gpu: 2
+    transport: {write_piece_bytes: auto}
+  - gpu: 3
+    transport: {write_piece_bytes: 65536}
+)");
+  EXPECT_EQ(proxy_settings(c, 0).transport.write_piece_bytes, uint64_t{2} << 20);
+  EXPECT_EQ(proxy_settings(c, 1).transport.write_piece_bytes, 0u);
+  EXPECT_EQ(proxy_settings(c, 2).transport.write_piece_bytes, kAutoWritePieceBytes);
+  EXPECT_EQ(proxy_settings(c, 3).transport.write_piece_bytes, 65536u);
+  EXPECT_EQ(load_ok("gpus: all\n").transport.write_piece_bytes, kAutoWritePieceBytes);
 }
 
 TEST(GoodConfig, EfaNodeOverrideSwitchingToVerbsDropsTheProvider) {

@@ -56,7 +56,8 @@ struct Topology {
 // The daemons of an emulated cluster. Ranks r of node n = r / gpus use device device_of(r).
 class Cluster {
  public:
-  Cluster(const Topology& t, const char* name) : topo_(t) {
+  // transport_extra: settings joined to each daemon's transport section ("write_piece_bytes: 0").
+  Cluster(const Topology& t, const char* name, const std::string& transport_extra = "") : topo_(t) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     devices_ = static_cast<uint32_t>(n);
@@ -67,7 +68,7 @@ class Cluster {
     for (uint32_t node = 0; node < t.nodes; ++node)
       daemons_.push_back(std::make_unique<mkt::Daemon>(
           mkt::temp_dir(name),
-          mkt::daemon_yaml(t.provider, ids) + "node: {name: \"emulated-node-" + std::to_string(node) + "\"}\n"));
+          mkt::daemon_yaml(t.provider, ids, transport_extra) + "node: {name: \"emulated-node-" + std::to_string(node) + "\"}\n"));
   }
   bool start() {
     for (auto& d : daemons_)

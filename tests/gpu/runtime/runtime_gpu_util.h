@@ -146,10 +146,13 @@ inline std::string temp_dir(const char* name) {
   return ::mkdtemp(b.data()) ? std::string(b.data()) : t;
 }
 
-// A daemon config for GPU tests: GPUs `ids`, libfabric `provider`, peers on a Unix socket.
-inline std::string daemon_yaml(const std::string& provider, const std::string& gpu_ids) {
+// A daemon config for GPU tests: GPUs `ids`, libfabric `provider`, peers on a Unix socket;
+// `transport_extra` ("key: value, ...") joins the transport section.
+inline std::string daemon_yaml(const std::string& provider, const std::string& gpu_ids,
+                               const std::string& transport_extra = "") {
   return "gpus: {select: list, ids: [" + gpu_ids + "]}\n"
-         "transport: {kind: fabric, provider: \"" + provider + "\"" + (provider == "shm" ? "" : ", nic: lo") + "}\n"
+         "transport: {kind: fabric, provider: \"" + provider + "\"" + (provider == "shm" ? "" : ", nic: lo") +
+         (transport_extra.empty() ? "" : ", " + transport_extra) + "}\n"
          "proxy: {poll: {mode: spin}, cpu_affinity: none}\n"
          "timeouts: {command_ms: 5000, rendezvous_ms: 30000}\n";
 }

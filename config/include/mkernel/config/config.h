@@ -110,12 +110,20 @@ struct ProxyConfig {
   bool operator==(const ProxyConfig&) const = default;
 };
 
+inline constexpr uint64_t kAutoWritePieceBytes = ~uint64_t{0};  // TransportConfig::write_piece_bytes "auto"
+inline constexpr uint64_t kMinWritePieceBytes = 4096;
+inline constexpr uint64_t kMaxWritePieceBytes = uint64_t{1} << 30;
+
 struct TransportConfig {
   TransportKind kind = TransportKind::kAuto;
   std::string provider = "auto";  // libfabric provider ("efa", "tcp;ofi_rxm", "shm") or "auto";
                                   // always "auto" when kind is kVerbs
   std::string nic = "auto";       // device name ("mlx5_0", "rdmap79s0", "eth0") or "auto"
   SignalValue signal_value = SignalValue::kAuto;  // fabric only; always kAuto when kind is kVerbs
+  // fabric only: writes longer than this go to the provider in pieces of this size, one at a time
+  // and in post order (docs/transports.md); kAutoWritePieceBytes = the provider's default (1 MiB
+  // for shm, whole writes for the others), 0 = whole writes. Always auto when kind is kVerbs.
+  uint64_t write_piece_bytes = kAutoWritePieceBytes;
   bool operator==(const TransportConfig&) const = default;
 };
 
