@@ -1013,14 +1013,15 @@ int main(int argc, char** argv) {
       c.num_gemm_blocks = sms;
       auto r = std::make_unique<MkRunner>(s, ops, c);
       if (r->ok) {
-        shape_rows.push_back({s, "mkernel", mk::gemm_config_string(r->plans[0]), {}, 0, sms});
+        // Named apart from the main table's rows of the same shapes (records: impl and "sms").
+        shape_rows.push_back({s, "mkernel_withheld", mk::gemm_config_string(r->plans[0]), {}, 0, sms});
         MkRunner* rp = r.get();
         fns.push_back([&ops, rp](int i) { rp->launch(i); });
         mks.push_back(std::move(r));
       }
       auto lr = std::make_unique<LtRunner>(lt, s, held ? sms : 0);
       if (lr->ok) {
-        shape_rows.push_back({s, "cublaslt", "sm_count_target", {}, 0, sms});
+        shape_rows.push_back({s, "cublaslt_withheld", "sm_count_target", {}, 0, sms});
         LtRunner* lp = lr.get();
         fns.push_back([&ops, lp](int i) { lp->launch(ops.a[i], ops.w[i], ops.d[i]); });
         lts.push_back(std::move(lr));
@@ -1039,7 +1040,7 @@ int main(int argc, char** argv) {
   // ---- tables, ratios last ------------------------------------------------------------------------
   std::printf("\nSM-withheld sweep (TFLOP/s; scaling = throughput / (full-GPU throughput x SMs/%d))\n",
               prop.multiProcessorCount);
-  std::printf("%-18s %5s %-9s %9s %8s  %s\n", "shape", "SMs", "impl", "TFLOP/s", "scaling", "config");
+  std::printf("%-18s %5s %-17s %9s %8s  %s\n", "shape", "SMs", "impl", "TFLOP/s", "scaling", "config");
   for (const Row& r : withheld) {
     double full = 0;
     for (const Row& q : withheld)
@@ -1049,7 +1050,7 @@ int main(int argc, char** argv) {
     const double scaling = tflops(r.shape, r.t.median_ms) / (full * r.sms / prop.multiProcessorCount);
     char shape[32];
     std::snprintf(shape, sizeof shape, "%dx%dx%d", r.shape.m, r.shape.n, r.shape.k);
-    std::printf("%-18s %5d %-9s %9.1f %8.3f  %s\n", shape, r.sms, r.impl.c_str(), tflops(r.shape, r.t.median_ms),
+    std::printf("%-18s %5d %-17s %9.1f %8.3f  %s\n", shape, r.sms, r.impl.c_str(), tflops(r.shape, r.t.median_ms),
                 scaling, r.config.c_str());
   }
 
