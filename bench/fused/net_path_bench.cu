@@ -9,8 +9,8 @@
 // libfabric into the peer's workspace with the arrival flag, and the receiver's blocks copy it
 // into GPU memory. Shapes with a tiny n (N = 16: n_local = 8) time that path alone.
 //
-// Before timing each variant, the gathered output of its first launch is checked bit for bit
-// against the concatenation of the shards on both ranks. Timing: --iters launches per variant,
+// Before timing each variant, the gathered output of --check-launches launches (fresh inputs for
+// each) is checked bit for bit against the concatenation of the shards on both ranks. Timing: --iters launches per variant,
 // both ranks released together before each (a barrier of their threads), each launch timed with
 // CUDA events on its rank's stream; medians (p10, p90) of rank 0 and of the slower rank per
 // launch. Then one launch of the same plan with AllGatherGemmConfig::trace, and rank 0's report
@@ -18,7 +18,8 @@
 // written there.
 //
 //   net_path_bench [--provider shm] [--shapes 8192x16x8192,8192x8192x8192] [--comm-blocks 4,8,16]
-//                  [--chunk-rows 0,512] [--pieces auto,0] [--iters 10] [--no-trace] [--trace DIR]
+//                  [--chunk-rows 0,512] [--pieces auto,0] [--iters 10] [--check-launches 1]
+//                  [--no-trace] [--trace DIR]
 //                  [--jsonl FILE --commit C --machine M]
 // --pieces: the daemons' transport.write_piece_bytes, one setting after another (fresh daemons
 // for each; docs/config.md).
@@ -58,6 +59,7 @@ struct Args {
   std::vector<uint32_t> chunk_rows = {0};
   std::vector<std::string> pieces = {"auto"};
   int iters = 10;
+  int check_launches = 1;
   bool trace = true;
   std::string trace_dir, jsonl, commit = "unknown", machine = "unknown";
 };
@@ -128,6 +130,8 @@ int main(int argc, char** argv) {
       for (const std::string& s : split(next())) args.chunk_rows.push_back(static_cast<uint32_t>(std::atoi(s.c_str())));
     } else if (a == "--pieces") {
       args.pieces = split(next());
+    } else if (a == "--check-launches") {
+      args.check_launches = std::atoi(next().c_str());
     } else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--no-trace") args.trace = false;
     else if (a == "--trace") args.trace_dir = next();
@@ -151,6 +155,10 @@ int main(int argc, char** argv) {
                   kSmsPerRank);
       return 2;
     }
+  if (args.check_launches < 1) {
+    std::printf("net_path_bench: --check-launches %d: expected at least 1\n", args.check_launches);
+    return 2;
+  }
   if (args.iters < 1) {
     std::printf("net_path_bench: --iters %d: expected at least 1\n", args.iters);
     return 2;
@@ -240,21 +248,34 @@ int main(int argc, char** argv) {
                     sync();
                     continue;
                   }
-                  // Checked: the first launch's gathered output, bit for bit.
-                  gemm_test::poison(g, sh.m * k, stream);
-                  GT_CUDA(cudaStreamSynchronize(stream));
-                  sync();
-                  const mkernel::Status s = op.launch(a, w, c, g, stream);
-                  RANK_CHECK(s.ok(), "launch: %s", s.to_string().c_str());
-                  GT_CUDA(cudaStreamSynchronize(stream));
-                  const mkernel::Status st = comm.check();
-                  RANK_CHECK(st.ok(), "check(): %s", st.to_string().c_str());
-                  GT_CUDA(cudaMemcpy(got.data(), g, got.size() * 2, cudaMemcpyDeviceToHost));
-                  size_t diff = 0, first = 0;
-                  for (size_t i = 0; i < got.size(); ++i)
-                    if (got[i] != want[i] && diff++ == 0) first = i;
-                  RANK_CHECK(diff == 0, "%lux%lux%lu comm_blocks %d: gathered A differs in %zu elements (first: row %zu)",
-                             sh.m, sh.n, sh.k, cb, diff, first / k);
+                  // Checked: --check-launches launches, each with fresh inputs (stale rows would
+                  // otherwise look right), their gathered output bit for bit on every rank.
+                  for (int l = 0; l < args.check_launches; ++l) {
+                    if (l > 0) {
+                      const uint64_t ls = seed + 1000003 * static_cast<uint64_t>(l);
+                      gemm_test::fill_random(a, m_local * k, shard_seed(ls, rank), 1.0f, stream);
+                      for (uint32_t q = 0; q < kWorld; ++q)
+                        gemm_test::fill_random(a_all + q * m_local * k, m_local * k, shard_seed(ls, q), 1.0f, stream);
+                      GT_CUDA(cudaMemcpyAsync(want.data(), a_all, want.size() * 2, cudaMemcpyDeviceToHost, stream));
+                    }
+                    gemm_test::poison(g, sh.m * k, stream);
+                    GT_CUDA(cudaStreamSynchronize(stream));
+                    sync();
+                    const mkernel::Status s = op.launch(a, w, c, g, stream);
+                    RANK_CHECK(s.ok(), "launch: %s", s.to_string().c_str());
+                    GT_CUDA(cudaStreamSynchronize(stream));
+                    const mkernel::Status st = comm.check();
+                    RANK_CHECK(st.ok(), "check(): %s", st.to_string().c_str());
+                    GT_CUDA(cudaMemcpy(got.data(), g, got.size() * 2, cudaMemcpyDeviceToHost));
+                    size_t diff = 0, first = 0;
+                    for (size_t i = 0; i < got.size(); ++i)
+                      if (got[i] != want[i] && diff++ == 0) first = i;
+                    RANK_CHECK(diff == 0,
+                               "%lux%lux%lu comm_blocks %d, checked launch %d: gathered A differs in %zu elements "
+                               "(first: row %zu)",
+                               sh.m, sh.n, sh.k, cb, l, diff, first / k);
+                    if (diff != 0) break;
+                  }
                   // Timed: C only (the gathered output is the copy engine's, beside the path).
                   std::vector<double> mine;
                   for (int it = 0; it < args.iters + 2; ++it) {

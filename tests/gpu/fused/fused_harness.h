@@ -13,6 +13,7 @@
 #include <atomic>
 #include <barrier>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,8 +57,12 @@ struct Topology {
 // The daemons of an emulated cluster. Ranks r of node n = r / gpus use device device_of(r).
 class Cluster {
  public:
-  // transport_extra: settings joined to each daemon's transport section ("write_piece_bytes: 0").
-  Cluster(const Topology& t, const char* name, const std::string& transport_extra = "") : topo_(t) {
+  // transport_extra: settings joined to each daemon's transport section ("write_piece_bytes: 0");
+  // when empty, MKERNEL_TEST_TRANSPORT from the environment (the same form), so any GPU test can
+  // run its emulated nodes with other transport settings.
+  Cluster(const Topology& t, const char* name, std::string transport_extra = "") : topo_(t) {
+    if (const char* env = std::getenv("MKERNEL_TEST_TRANSPORT"); transport_extra.empty() && env != nullptr)
+      transport_extra = env;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     devices_ = static_cast<uint32_t>(n);

@@ -121,7 +121,7 @@ struct TransportConfig {
   std::string nic = "auto";       // device name ("mlx5_0", "rdmap79s0", "eth0") or "auto"
   SignalValue signal_value = SignalValue::kAuto;  // fabric only; always kAuto when kind is kVerbs
   // fabric only: writes longer than this go to the provider in pieces of this size, one at a time
-  // and in post order (docs/transports.md); kAutoWritePieceBytes = the provider's default (256 KiB
+  // and in post order (docs/transports.md); kAutoWritePieceBytes = the provider's default (1 MiB
   // for shm, whole writes for the others), 0 = whole writes. Always auto when kind is kVerbs.
   uint64_t write_piece_bytes = kAutoWritePieceBytes;
   bool operator==(const TransportConfig&) const = default;
