@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -180,6 +181,67 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     RANK_CUDA(cudaStreamSynchronize(stream));
     return 0;
   };
+  // When O is wrong: which chunk was. Compares, after the launch, every K/V slot of this rank (the
+  // chunk of step t >= 1 in slot (t - 1) mod slots of its NVLink buffer: K, then V; a slot holds
+  // the last step that used it, so earlier steps of a reused slot cannot be checked) and every
+  // network slot (the rail peer on node m's chunk at m x chunk bytes of the network workspace)
+  // with the chunk it should hold, and prints the wrong byte ranges of each half. Slots that are
+  // right afterwards while O was wrong point at a chunk read before it was complete or after it
+  // was overwritten; a wrong slot at its writer (ring_attn_plan.h notes 1-3 give the layout).
+  const uint32_t slots = [&] {
+    const std::string d = op->describe();
+    const size_t at = d.find("slots=");
+    return at == std::string::npos ? 0u : static_cast<uint32_t>(std::atoi(d.c_str() + at + 6));
+  }();
+  auto diagnose = [&](const char* what) {
+    const uint32_t G = cs.topo.gpus, N = cs.topo.nodes, n = rank / G, g = rank % G;
+    const uint64_t half = kv_loc * 2;
+    std::vector<uint8_t> want(2 * half), got(2 * half);
+    auto expected = [&](uint32_t src) {  // the chunk of rank src, placed as prepare() placed it
+      for (int part = 0; part < 2; ++part) {
+        const __nv_bfloat16* whole = part == 0 ? ka : va;
+        if (cs.placement == rt::RingPlacement::kCausalZigzag) {
+          (void)rt::zigzag_reorder(whole, tmp, B, Hkv, S, D, 2, cs.layout, R, true, stream);
+          whole = tmp;
+        }
+        auto* dst = reinterpret_cast<__nv_bfloat16*>(ref_o);  // scratch: q_all fp32 >= a chunk
+        (void)slice_rank(whole, dst, cs, static_cast<uint32_t>(Hkv), src, stream);
+        (void)cudaMemcpyAsync(want.data() + part * half, dst, half, cudaMemcpyDeviceToHost, stream);
+      }
+      (void)cudaStreamSynchronize(stream);
+    };
+    auto report = [&](const std::string& where) {
+      for (int part = 0; part < 2; ++part) {
+        uint64_t wrong = 0, first = 0, last = 0;
+        for (uint64_t i = 0; i < half; ++i)
+          if (got[part * half + i] != want[part * half + i]) {
+            if (wrong++ == 0) first = i;
+            last = i;
+          }
+        std::lock_guard<std::mutex> lock(fused_test::g_print);
+        std::printf("      %s rank %u %s, %s: %llu of %llu bytes wrong", what, rank, where.c_str(), part ? "V" : "K",
+                    static_cast<unsigned long long>(wrong), static_cast<unsigned long long>(half));
+        if (wrong) std::printf(" (bytes %llu .. %llu)", static_cast<unsigned long long>(first),
+                               static_cast<unsigned long long>(last));
+        std::printf("\n");
+      }
+    };
+    const auto* own = static_cast<const uint8_t*>(comm.nvlink_buffer(rank));
+    for (uint32_t t = (R > slots + 1 ? R - slots : 1); t < R && own != nullptr && slots > 0; ++t) {
+      const uint32_t src = ((n + t / G) % N) * G + (g + t % G) % G;
+      expected(src);
+      (void)cudaMemcpy(got.data(), own + uint64_t{(t - 1) % slots} * 2 * half, 2 * half, cudaMemcpyDeviceToHost);
+      report("step " + std::to_string(t) + " (rank " + std::to_string(src) + "'s chunk, slot " +
+             std::to_string((t - 1) % slots) + ")");
+    }
+    const auto* net = N > 1 ? static_cast<const uint8_t*>(comm.host_buffer(comm.network_workspace())) : nullptr;
+    for (uint32_t m = 0; m < N && net != nullptr; ++m) {
+      const uint32_t src = m * G + g;  // the rail peer on node m (m = n: this rank's own staging)
+      expected(src);
+      std::memcpy(got.data(), net + uint64_t{m} * 2 * half, 2 * half);
+      report("network slot " + std::to_string(m) + " (rank " + std::to_string(src) + "'s chunk)");
+    }
+  };
   double worst_o = 0, worst_lse = 0;
   auto check = [&](const char* what) -> int {
     RANK_CUDA(cudaStreamSynchronize(stream));
@@ -206,6 +268,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     RANK_CHECK(el.non_finite == 0 && el.mismatched_inf == 0, "%s: lse has %zu non-finite elements (first %zu)", what,
                el.non_finite + el.mismatched_inf, el.first_bad);
     RANK_CHECK(eo.rel_fro < kRelFro, "%s: O relative error %.3e (bound %.0e)", what, eo.rel_fro, kRelFro);
+    if (eo.rel_fro >= kRelFro && R > 1) diagnose(what);
     RANK_CHECK(el.max_abs < kLseAbs, "%s: lse largest error %.3e (bound %.0e)", what, el.max_abs, kLseAbs);
     worst_o = std::max(worst_o, eo.rel_fro);
     worst_lse = std::max(worst_lse, el.max_abs);
