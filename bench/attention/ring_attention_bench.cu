@@ -73,18 +73,6 @@ Stat stat_of(std::vector<float> v) {
   return s;
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t a = 0;
-  while (a <= s.size()) {
-    const size_t b = s.find(',', a);
-    out.push_back(s.substr(a, b == std::string::npos ? std::string::npos : b - a));
-    if (b == std::string::npos) break;
-    a = b + 1;
-  }
-  return out;
-}
-
 std::mutex g_print;
 
 struct Row {
@@ -112,7 +100,7 @@ int main(int argc, char** argv) {
       args.provider = next();
     else if (a == "--seqs") {
       args.seqs.clear();
-      for (const auto& s : split(next())) args.seqs.push_back(std::stoull(s));
+      for (const auto& s : mkt::split_commas(next())) args.seqs.push_back(std::stoull(s));
     } else if (a == "--heads")
       args.heads = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--heads-kv")
@@ -120,7 +108,7 @@ int main(int argc, char** argv) {
     else if (a == "--dim")
       args.dim = static_cast<uint32_t>(std::stoul(next()));
     else if (a == "--mask")
-      args.masks = split(next());
+      args.masks = mkt::split_commas(next());
     else if (a == "--iters")
       args.iters = std::stoi(next());
     else if (a == "--rounds")

@@ -10,10 +10,10 @@
 // into GPU memory. Shapes with a tiny n (N = 16: n_local = 8) time that path alone.
 //
 // Before timing each variant, the gathered output of --check-launches launches (fresh inputs for
-// each) is checked bit for bit against the concatenation of the shards on both ranks. Timing: --iters launches per variant,
-// both ranks released together before each (a barrier of their threads), each launch timed with
-// CUDA events on its rank's stream; medians (p10, p90) of rank 0 and of the slower rank per
-// launch. Then one launch of the same plan with AllGatherGemmConfig::trace, and rank 0's report
+// each) is checked bit for bit against the concatenation of the shards on both ranks. Timing:
+// --iters launches per variant, both ranks released together before each (a barrier of their
+// threads), each launch timed with CUDA events on its rank's stream; medians (p10, p90) of rank 0
+// and of the slower rank per launch. Then one launch of the same plan with AllGatherGemmConfig::trace, and rank 0's report
 // (each step's wait, copy and publication; each chunk's arrival) printed and, with --trace DIR,
 // written there.
 //
@@ -71,25 +71,12 @@ struct Result {
   uint32_t chunk_rows = 0;
   std::string plan;
   double r0_med = 0, r0_p10 = 0, r0_p90 = 0, slow_med = 0;
-  bool checked = false;
 };
 
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = s.find(',', at);
-    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
 }
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
@@ -114,7 +101,7 @@ int main(int argc, char** argv) {
     if (a == "--provider") args.provider = next();
     else if (a == "--shapes") {
       args.shapes.clear();
-      for (const std::string& s : split(next())) {
+      for (const std::string& s : mkt::split_commas(next())) {
         Shape sh{};
         if (std::sscanf(s.c_str(), "%lux%lux%lu", &sh.m, &sh.n, &sh.k) != 3) {
           std::printf("net_path_bench: --shapes entry \"%s\" is not MxNxK\n", s.c_str());
@@ -124,12 +111,12 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--comm-blocks") {
       args.comm_blocks.clear();
-      for (const std::string& s : split(next())) args.comm_blocks.push_back(std::atoi(s.c_str()));
+      for (const std::string& s : mkt::split_commas(next())) args.comm_blocks.push_back(std::atoi(s.c_str()));
     } else if (a == "--chunk-rows") {
       args.chunk_rows.clear();
-      for (const std::string& s : split(next())) args.chunk_rows.push_back(static_cast<uint32_t>(std::atoi(s.c_str())));
+      for (const std::string& s : mkt::split_commas(next())) args.chunk_rows.push_back(static_cast<uint32_t>(std::atoi(s.c_str())));
     } else if (a == "--pieces") {
-      args.pieces = split(next());
+      args.pieces = mkt::split_commas(next());
     } else if (a == "--check-launches") {
       args.check_launches = std::atoi(next().c_str());
     } else if (a == "--iters") args.iters = std::atoi(next().c_str());
@@ -313,7 +300,6 @@ int main(int argc, char** argv) {
                     for (size_t i = 0; i < std::min(times[0].size(), times[1].size()); ++i)
                       slow.push_back(std::max(times[0][i], times[1][i]));
                     r.slow_med = quantile(slow, 0.5);
-                    r.checked = fails == 0;
                     std::lock_guard<std::mutex> lock(results_mu);
                     results.push_back(r);
                   }

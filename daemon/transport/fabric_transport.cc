@@ -426,14 +426,11 @@ void FabricTransport::handle_entry(const fi_cq_data_entry& entry, fi_addr_t sour
         slot->phase = OpSlot::Phase::kPieceQueued;
         return;
       }
-      if (slot->piece_signal == OpSlot::PieceSignal::kMessage) {
-        release_source(slot);
-        slot->phase = OpSlot::Phase::kSignalQueued;
-        signal_queue_.push_back(QueuedSignal{slot, slot->generation});
+      if (slot->piece_signal != OpSlot::PieceSignal::kMessage) {
+        finish_write(slot, Status::Ok());
         return;
       }
-      finish_write(slot, Status::Ok());
-      return;
+      slot->phase = OpSlot::Phase::kData;  // all of its data is in: its signal message, as below
     }
     if (slot->phase == OpSlot::Phase::kData) {
       // The data is in the peer's memory (delivery complete): now its signal. Posted at the end

@@ -139,6 +139,19 @@ class Daemon {
   pid_t pid_ = -1;
 };
 
+// "a,b,,c" -> {"a", "b", "", "c"}: the comma lists the GPU programs take as arguments.
+inline std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
 inline std::string temp_dir(const char* name) {
   std::string t = std::string("/tmp/mkernel-gpu-") + name + "-XXXXXX";
   std::vector<char> b(t.begin(), t.end());
