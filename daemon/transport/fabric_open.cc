@@ -559,7 +559,7 @@ std::string_view to_string(SignalValuePath path) {
   return "?";
 }
 
-uint64_t auto_write_piece_bytes(std::string_view provider) { return provider == "shm" ? uint64_t{1} << 20 : 0; }
+uint64_t auto_write_piece_bytes(std::string_view provider) { return provider == "shm" ? uint64_t{256} << 10 : 0; }
 
 void pack_signal_message(uint32_t signal_idx, uint64_t value, uint8_t* out) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<uint8_t>(kSignalMessageMagic >> (8 * i));

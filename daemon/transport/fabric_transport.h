@@ -42,10 +42,9 @@
 //     and one write at a time moved more bytes per second (raw fi_writedata, 8 MiB writes: 11.0
 //     GB/s with one in flight, 7.9 with eight; 1 MiB: 14.6 / 13.0). One piece in flight costs a
 //     completion round trip per piece, nothing on one host but a network round trip per piece
-//     on tcp between hosts, so the default is pieces for shm only, of 1 MiB (in the fused op's path
-//     between two emulated nodes 64 KiB, 256 KiB, 1 MiB and 4 MiB pieces took 25.6, 21.4-22.7,
-//     22.6-24.9 and 24.9 ms for 64 MiB each way, whole writes 29.2; 256 KiB is not the default
-//     because an open ring-attention failure, docs/kernels.md section 15, came more often with it). The completion bound counts
+//     on tcp between hosts, so the default is pieces for shm only, of 256 KiB (in the fused op's
+//     path between two emulated nodes 64 KiB, 256 KiB, 1 MiB and 4 MiB pieces took 25.6,
+//     21.4-22.7, 22.6-24.9 and 24.9 ms for 64 MiB each way, whole writes 29.2). The completion bound counts
 //     from the post, queueing behind earlier writes included.
 #pragma once
 
@@ -71,7 +70,7 @@ std::string_view to_string(SignalValuePath path);
 
 // FabricOptions::write_piece_bytes: the provider's own choice (design note 6).
 inline constexpr uint64_t kAutoWritePiece = ~uint64_t{0};
-// What kAutoWritePiece means for a provider: 1 MiB for "shm", 0 (whole writes) otherwise.
+// What kAutoWritePiece means for a provider: 256 KiB for "shm", 0 (whole writes) otherwise.
 uint64_t auto_write_piece_bytes(std::string_view provider);
 
 struct FabricOptions {

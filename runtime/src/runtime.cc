@@ -160,6 +160,8 @@ struct Communicator::Impl {
   mp::RingDeviceState* ring_state = nullptr;
   unsigned long long* launch_counter = nullptr;
   unsigned long long* fused_state = nullptr;
+  uint32_t* agreement_scratch = nullptr;
+  uint32_t* agreement_host = nullptr;  // pinned
   uint8_t** nvl_ptrs = nullptr;  // device array: rank r's NVLink buffer as mapped here
   DeviceStatus* status_host = nullptr;
   int cuda_device = 0;
@@ -176,6 +178,8 @@ struct Communicator::Impl {
     if (ring_state) (void)cudaFree(ring_state);
     if (launch_counter) (void)cudaFree(launch_counter);
     if (fused_state) (void)cudaFree(fused_state);
+    if (agreement_scratch) (void)cudaFree(agreement_scratch);
+    if (agreement_host) (void)cudaFreeHost(agreement_host);
     if (nvl_ptrs) (void)cudaFree(nvl_ptrs);
     if (status_host) (void)cudaFreeHost(status_host);
   }
@@ -321,6 +325,15 @@ Status Communicator::setup(uint32_t rank, uint32_t size, const UniqueId& id, con
   if (cudaError_t e = cudaMemset(m.fused_state, 0, kernels::kFusedStateWords * sizeof(unsigned long long));
       e != cudaSuccess)
     return cuda_status("cudaMemset", e);
+  if (cudaError_t e = cudaMalloc(&m.agreement_scratch, agreement_scratch_words(size) * sizeof(uint32_t));
+      e != cudaSuccess)
+    return cuda_status("cudaMalloc (agreement scratch)", e);
+  agreement_scratch_ = m.agreement_scratch;
+  if (cudaError_t e = cudaHostAlloc(&m.agreement_host, agreement_scratch_words(size) * sizeof(uint32_t),
+                                    cudaHostAllocDefault);
+      e != cudaSuccess)
+    return cuda_status("cudaHostAlloc (agreement scratch)", e);
+  agreement_host_ = m.agreement_host;
   if (cudaError_t e = cudaHostAlloc(&m.status_host, sizeof(DeviceStatus), cudaHostAllocMapped | cudaHostAllocPortable);
       e != cudaSuccess)
     return cuda_status("cudaHostAlloc (status word)", e);

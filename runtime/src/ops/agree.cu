@@ -88,16 +88,19 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
   const uint32_t R = c.world_size;
   // Every rank agrees in the same order (each op's create), so the sequence numbers match.
   const uint64_t seq = comm.next_agreement();
-  // mine, table, answered, missing, found, push_failed
+  // mine, table, answered, missing, found, push_failed: the communicator's scratch, device and
+  // pinned host (runtime.h says why neither is allocated here nor pageable). One agreement at a
+  // time per communicator: each waits for its stream before it returns.
   const size_t count = W + size_t{R} * mk::kAgreeWords + 3 * size_t{R} + 1;
-  std::vector<uint32_t> host(count, 0);
-  std::copy(words.begin(), words.end(), host.begin());
-  uint32_t* dev = nullptr;
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dev), count * sizeof(uint32_t), stream);
-      e != cudaSuccess)
-    return cuda_status("cudaMallocAsync (agreement)", e);
+  if (count > Communicator::agreement_scratch_words(R) || comm.agreement_scratch() == nullptr ||
+      comm.agreement_host_scratch() == nullptr)
+    return Status(StatusCode::kInternal, what + ": the agreement scratch is missing or too small");
+  uint32_t* host = comm.agreement_host_scratch();
+  std::fill(host, host + count, 0u);
+  std::copy(words.begin(), words.end(), host);
+  uint32_t* dev = comm.agreement_scratch();
   auto run = [&]() -> Status {
-    cudaError_t e = cudaMemcpyAsync(dev, host.data(), count * sizeof(uint32_t), cudaMemcpyHostToDevice, stream);
+    cudaError_t e = cudaMemcpyAsync(dev, host, count * sizeof(uint32_t), cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
     MK_RETURN_IF_ERROR(comm.begin_launch(stream));
     const uint64_t timeout_ns = static_cast<uint64_t>(comm.rendezvous_timeout().count()) * 1000000ull;
@@ -105,12 +108,11 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
     agree_kernel<<<1, 128, 0, stream>>>(c, seq, dev, W, dev + W, answered, answered + R, answered + 2 * size_t{R},
                                         timeout_ns, dev + count - 1);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_status("agreement kernel launch", e);
-    e = cudaMemcpyAsync(host.data(), dev, count * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+    e = cudaMemcpyAsync(host, dev, count * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
     if (e != cudaSuccess) return cuda_status("cudaMemcpyAsync (agreement)", e);
     return Status::Ok();
   };
   const Status launched = run();
-  (void)cudaFreeAsync(dev, stream);
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess && launched.ok())
     return cuda_status("agreement kernel", e);
   MK_RETURN_IF_ERROR(launched);
@@ -118,7 +120,7 @@ Status agree(Communicator& comm, const std::string& what, const std::vector<uint
   if (host[count - 1] != 0)
     return Status(StatusCode::kUnavailable, what + ": rank " + std::to_string(c.rank) +
                                                 " could not push its agreement commands (ring full or stopped)");
-  const uint32_t* table = host.data() + W;
+  const uint32_t* table = host + W;
   const uint32_t* answered = table + size_t{R} * mk::kAgreeWords;
   const uint32_t* missing_word = answered + R;
   const uint32_t* found = missing_word + R;

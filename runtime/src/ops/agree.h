@@ -19,8 +19,8 @@ namespace mkernel::rt {
 // word that differs, with both values and ranks ("k: rank 0 has 8192, rank 1 has 4096"), or the
 // ranks that did not take part in time. It is a launch of the communicator on `stream` (begin_
 // launch, the kernel), stream-ordered after the caller's earlier launches there, and waits for
-// that stream only (stream-ordered allocations, no device-wide synchronisation: other ranks
-// of a process that share this GPU keep running).
+// that stream only (the communicator's scratch memory: no allocation, no device-wide
+// synchronisation; other ranks of a process that share this GPU keep running).
 Status agree(Communicator& comm, const std::string& what, const std::vector<uint32_t>& words,
              const std::vector<std::string>& names, cudaStream_t stream);
 

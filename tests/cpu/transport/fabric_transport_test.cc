@@ -1204,10 +1204,10 @@ TEST_P(FabricTransportTest, WritePieceOptionDefaultsPerProviderAndRefusesTinyPie
   ASSERT_TRUE(automatic.ok()) << automatic.status().to_string();
   const std::string& v = automatic.value()->capabilities().version;
   if (automatic.value()->capabilities().provider == "shm")
-    EXPECT_NE(v.find("writes over 1048576 bytes in pieces"), std::string::npos) << v;
+    EXPECT_NE(v.find("writes over 262144 bytes in pieces"), std::string::npos) << v;
   else
     EXPECT_NE(v.find("whole writes"), std::string::npos) << v;
-  EXPECT_EQ(auto_write_piece_bytes("shm"), 1u << 20);
+  EXPECT_EQ(auto_write_piece_bytes("shm"), 256u << 10);
   EXPECT_EQ(auto_write_piece_bytes("efa"), 0u);
   write_piece_bytes_ = 0;
   auto whole = open();

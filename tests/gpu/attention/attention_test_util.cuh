@@ -148,15 +148,19 @@ __global__ void reference_attention_kernel(const __nv_bfloat16* q, const __nv_bf
   if (threadIdx.x == 0) ref_lse[row] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
+// On stream s, which must be the stream that wrote q, k and v: a rank of a multi-rank test runs
+// on its own non-blocking stream, which the legacy default stream does not wait for (a reference
+// launched there once read V while the stream's fill was still writing it; docs/kernels.md,
+// ring attention).
 inline void reference_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, float* ref_o,
                                 float* ref_lse, int b, int hq, int hkv, int sq, int skv, int d, Strides qs, Strides ks,
-                                Strides vs, bool causal, int64_t causal_offset, float scale) {
+                                Strides vs, bool causal, int64_t causal_offset, float scale, cudaStream_t s = 0) {
   const size_t smem = (128 + static_cast<size_t>(skv)) * sizeof(float);
   if (smem > 48 * 1024) {
     AT_CUDA(cudaFuncSetAttribute(reference_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem)));
   }
-  reference_attention_kernel<<<dim3(sq, hq, b), 128, smem>>>(q, k, v, ref_o, ref_lse, hq, hkv, sq, skv, d, qs, ks, vs,
+  reference_attention_kernel<<<dim3(sq, hq, b), 128, smem, s>>>(q, k, v, ref_o, ref_lse, hq, hkv, sq, skv, d, qs, ks, vs,
                                                              causal, causal_offset, scale);
   AT_CUDA(cudaGetLastError());
 }

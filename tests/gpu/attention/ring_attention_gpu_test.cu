@@ -161,7 +161,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     attn_test::fill_random(va, kv_all, seed * 3 + 3, 1.0f, stream);
     attn_test::reference_attention(qa, ka, va, ref_o, ref_lse, static_cast<int>(B), static_cast<int>(Hq),
                                    static_cast<int>(Hkv), static_cast<int>(S), static_cast<int>(S), static_cast<int>(D),
-                                   qs, ks, ks, causal, 0, scale);
+                                   qs, ks, ks, causal, 0, scale, stream);
     struct {
       __nv_bfloat16* whole;
       __nv_bfloat16* part;
@@ -442,10 +442,10 @@ int run_error_cases() {
         // the rank that finds the disagreement first moves on to the next agreement at once and
         // writes its words while the other rank may not have read its words for the first one
         // yet (they go to the other bank: comm.cuh, kAgreeBanks). With one bank, the slower rank
-        // once read the next op's description and accepted the disagreement. (Repeated, the pair
-        // hung in the second disagreement: the ranks here share one GPU, and destroying the
-        // first op's plan (cudaFree) waits for the other rank's spinning agreement kernel;
-        // docs/api.md.)
+        // once read the next op's description and accepted the disagreement. With the
+        // agreement's copies through pageable memory, the slower rank's copy waited for the
+        // faster rank's, queued behind its spinning agreement kernel, and the faster rank timed
+        // out here (the ranks share one GPU's context; docs/api.md, "Collective planning").
         expect(rt::RingAttention::create(comm, shape(4, 4, rank == 0 ? 64 : 72, 64, nc), {}, stream).status(),
                "ranks disagree on s_local", "ranks disagree, back to back");
         {

@@ -170,6 +170,18 @@ class Communicator {
   // The sequence number of the fused ops' next agreement between the ranks (which of the two
   // agreement banks it uses: kernels/common/comm.cuh); every rank agrees in the same order.
   uint64_t next_agreement() { return agreements_++; }
+  // Memory the agreement exchanges its table through, agreement_scratch_words 32-bit words each,
+  // allocated with the communicator: device memory for its kernel, pinned host memory for the
+  // copies. Not allocated per agreement, and never pageable: ranks that share a GPU in one
+  // process share its context, where a copy to or from pageable memory may wait for another
+  // stream's copy, which waits behind that rank's agreement kernel, which waits for this rank's
+  // words (and a stream-ordered allocation may make this stream wait for another stream's
+  // queued free likewise). Either would hold this rank's words back until the other gives up.
+  uint32_t* agreement_scratch() const { return agreement_scratch_; }
+  uint32_t* agreement_host_scratch() const { return agreement_host_; }
+  static size_t agreement_scratch_words(uint32_t size) {
+    return size_t{kernels::kAgreeWords} * (size + 1) + 3 * size_t{size} + 1;
+  }
   // Plans the one-call fused ops keep per shape (ops.h), owned by and dropped with the
   // communicator.
   std::shared_ptr<void>& op_slot(const std::string& key) { return op_cache_[key]; }
@@ -189,6 +201,8 @@ class Communicator {
   uint32_t rank_ = 0, size_ = 1;
   uint64_t launches_ = 0;
   uint64_t agreements_ = 0;
+  uint32_t* agreement_scratch_ = nullptr;  // owned by Impl
+  uint32_t* agreement_host_ = nullptr;     // owned by Impl (pinned)
   std::string transport_;
   Staging staging_ = Staging::kHostPinned;
   std::string staging_reason_;
