@@ -3,7 +3,7 @@
 //
 //   gemm_bench [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small]
 //              [--random SEED [--count N]] [--variants] [--overhead]
-//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--quads] [--promo] [--hot]
+//              [--shape-list MxNxK[,MxNxK...]] [--profile] [--prev-model] [--cluster-k] [--quads] [--promo] [--hot] [--oracle]
 //
 // --random replaces the list with a seeded random family of N shapes (default 64): M drawn
 // log-uniformly in [1, 32768] (any integer), N and K multiples of 8 drawn log-uniformly in
@@ -30,6 +30,12 @@
 // rule's own tile in them where they are built for its width ("q22same"), and, for m > 128, held
 // to them at each height and width, the rest the rule's choice ("q22m128w256", ...): the data
 // that fits their cost (GemmCostModel::quad_factor).
+// --oracle first times, with short sequential timings, every configuration of the engine's space
+// that can apply to the shape (oracle_configs: operands as given at every width, in clusters of 1
+// and 2, whole tiles, stream-K and 2-6 splits; 192-row tiles; swapped operands at every swapped
+// width with the same decompositions and with split-K inside clusters of 2, 4 and 8), then times
+// its three fastest in the interleaved rounds beside the rule ("oracle1" .. "oracle3"): whether a
+// shape's gap to cuBLAS is the rule's choice or the engine's reach. A diagnosis, not a figure.
 // --promo times, beside the rule's choice, the same configuration with each other L2 promotion of
 // the operand maps ("pr0", "pr128", "pr256": GemmConfig::l2_promotion).
 // --hot times every implementation on one set of operands, which then stay in L2 when they fit
@@ -111,6 +117,7 @@ struct Options {
   bool promo = false;      // --promo: the rule's configuration with the other L2 promotions
   bool hot = false;        // --hot: one operand set (in L2 when it fits), a diagnosis only
   bool prev_model = false; // also time the compared costs' choice ("mkernel_prev")
+  bool oracle = false;     // --oracle: time the whole configuration space, the best three beside the rule
 };
 
 // Parses "MxNxK[,MxNxK...]"; an entry that is not three positive integers is an error naming it.
@@ -439,6 +446,70 @@ std::vector<mk::GemmConfig> sweep_configs(const Shape& s) {
   return v;
 }
 
+// --oracle: the configurations that can apply to shape s (those the engine refuses are skipped
+// when planned). Decompositions: whole tiles, stream-K, and uniform split-K into 2, 3, 4 and 6.
+std::vector<mk::GemmConfig> oracle_configs(const Shape& s) {
+  std::vector<mk::GemmConfig> v;
+  auto decompositions = [&](mk::GemmConfig c) {
+    c.num_splits = 1;
+    c.stream_k = 0;
+    v.push_back(c);
+    c.stream_k = 1;
+    v.push_back(c);
+    c.stream_k = 0;
+    for (int sp : {2, 3, 4, 6}) {
+      c.num_splits = sp;
+      v.push_back(c);
+    }
+  };
+  for (int w : mk::kGemmBlockWidths)
+    for (int cl : {1, 2}) {
+      mk::GemmConfig c;
+      c.swap_ab = 0;
+      c.cluster_k = 1;
+      c.block_n = w;
+      c.cluster_m = cl;
+      decompositions(c);
+    }
+  if (s.m > 128)
+    for (int w : mk::kGemmM192Widths)
+      for (int cl : {1, 2}) {
+        mk::GemmConfig c;
+        c.swap_ab = 0;
+        c.cluster_k = 1;
+        c.block_m = 192;
+        c.block_n = w;
+        c.cluster_m = cl;
+        c.num_splits = 1;
+        c.stream_k = 0;
+        v.push_back(c);
+        c.stream_k = 1;
+        v.push_back(c);
+      }
+  // Swapped: widths up to the first that covers m (wider ones only pad), all of them for m <= 256.
+  const int cover = (s.m + 15) / 16 * 16;
+  for (int w : mk::kGemmSwapWidths) {
+    if (w > cover && w > 16 && s.m > 256) continue;
+    for (int cl : {1, 2}) {
+      mk::GemmConfig c;
+      c.swap_ab = 1;
+      c.cluster_k = 1;
+      c.block_n = w;
+      c.cluster_m = cl;
+      decompositions(c);
+    }
+  }
+  for (int w : mk::kGemmSwapClusterKWidths)
+    for (int ck : mk::kGemmClusterKSizes) {
+      mk::GemmConfig c;
+      c.swap_ab = 1;
+      c.block_n = w;
+      c.cluster_k = ck;
+      v.push_back(c);
+    }
+  return v;
+}
+
 __global__ void empty_kernel() {}
 
 // --overhead: where the time of a small launch goes (see the header comment). Event time is what
@@ -630,6 +701,7 @@ int main(int argc, char** argv) {
     else if (a == "--prev-model") o.prev_model = true;
     else if (a == "--cluster-k") o.cluster_k = true;
     else if (a == "--m192") o.m192 = true;
+    else if (a == "--oracle") o.oracle = true;
     else if (a == "--pairs") o.pairs = true;
     else if (a == "--quads") o.quads = true;
     else if (a == "--promo") o.promo = true;
@@ -638,7 +710,7 @@ int main(int argc, char** argv) {
     else if (a == "--shape-list") o.shape_list = next("--shape-list");
     else if (a == "--profile") o.profile = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--quads] [--promo] [--hot]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--quick] [--json FILE] [--commit SHA] [--machine NAME] [--shapes all|big|small] [--random SEED [--count N]] [--variants] [--overhead] [--shape-list MxNxK,...] [--profile] [--prev-model] [--cluster-k] [--m192] [--pairs] [--quads] [--promo] [--hot] [--oracle]\n", argv[0]);
       return 2;
     }
   }
@@ -755,6 +827,25 @@ int main(int argc, char** argv) {
       }
     }
 
+    // --oracle: every applicable configuration, short sequential timings; the three fastest are
+    // timed again below in the interleaved rounds.
+    std::vector<std::pair<double, mk::GemmConfig>> oracle_best;
+    if (o.oracle) {
+      int tried = 0, planned = 0;
+      for (const mk::GemmConfig& c : oracle_configs(s)) {
+        ++tried;
+        auto r = std::make_unique<MkRunner>(s, ops, c);
+        if (!r->ok) continue;
+        ++planned;
+        const Timing t = time_launches([&](int i) { r->launch(i); }, ops.sets, 3, 15);
+        oracle_best.emplace_back(t.median_ms, c);
+      }
+      std::sort(oracle_best.begin(), oracle_best.end(),
+                [](const auto& x, const auto& y) { return x.first < y.first; });
+      if (oracle_best.size() > 3) oracle_best.resize(3);
+      std::printf("  oracle %dx%dx%d: %d configurations, %d planned\n", s.m, s.n, s.k, tried, planned);
+    }
+
     // Final figures: all implementations timed round-robin (rounds interleaved), so clock and
     // temperature drift during the run affects them alike.
     std::vector<Row> shape_rows;
@@ -836,6 +927,7 @@ int main(int argc, char** argv) {
       fns.push_back([rp](int i) { rp->launch(i); });
       variant_runners.push_back(std::move(runner));
     };
+    for (size_t i = 0; i < oracle_best.size(); ++i) add_variant("oracle" + std::to_string(i + 1), oracle_best[i].second);
     if (o.m192 && !o.variants && def_runner && s.m > 128) {
       mk::GemmConfig c;  // the rule held to 192-row tiles (width and decomposition its choice)
       c.block_m = 192;
