@@ -42,9 +42,11 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/ptx.cuh"
 #include "common/status.h"
+#include "common/split_control.cuh"
 #include "common/tile_scheduler.cuh"
 #include "common/wait.cuh"
 #include "common/wgmma.cuh"
@@ -68,6 +70,11 @@ namespace mkernel::kernels {
 // (the grid never exceeds what fits), but GEMM blocks wait on readiness flags, so a role must
 // never wait for a GEMM block's progress before raising a flag a GEMM block may wait on. Roles
 // report failures through p.wait (status word) and return; they never trap.
+// A role may let the split between GEMM and role blocks move from launch to launch
+// (kAdaptiveSplit, optional; common/split_control.h): then, when p.split is set, every block reads
+// this launch's split from it (gridDim.x less its communication blocks run GEMM tiles), the GEMM
+// producers time their readiness waits, every block stamps its end, and the role's block_exit
+// calls split_launch_end on the launch's last block. The decomposition stays the plan's.
 // A role may also own the epilogue (kHasEpilogue, optional; see detail::role_epilogue):
 //   EpilogueState                   per-thread state of the consumer threads, across tiles
 //   epilogue<T>(p, st, acc, m_block, n_block, ctid, tma_d, smem_epi)
@@ -203,6 +210,16 @@ struct Sm90GemmTraits {
 inline constexpr uint64_t kDrainBoundNs = 1'000'000;
 
 namespace detail {
+
+// Whether Role lets the launch's split be adaptive (GemmParams::split): Role::kAdaptiveSplit.
+template <class Role>
+constexpr bool role_adaptive_split() {
+  if constexpr (requires { Role::kAdaptiveSplit; }) {
+    return Role::kAdaptiveSplit;
+  } else {
+    return false;
+  }
+}
 
 // Whether Role owns the epilogue, and its per-thread state (an empty one when it does not).
 struct NoEpilogueState {};
@@ -642,10 +659,30 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                           const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // ---- role split ----------------------------------------------------------------------------
-  if (blockIdx.x >= p.num_gemm_blocks) {
-    Role::run(p, blockIdx.x - p.num_gemm_blocks, gridDim.x - p.num_gemm_blocks);
+  // Static (the plan's) or adaptive (read from the plan's SplitControl; the same for every block).
+  // Only roles that ask for it (Role::kAdaptiveSplit) read the split and measure: for the others
+  // the code is as before (the measure costs the producer registers: ptxas counted 12 more bytes
+  // of spill in AllGather+GEMM's instantiations with it).
+  constexpr bool kMaySplit = detail::role_adaptive_split<Role>();
+  uint32_t num_gemm_blocks = p.num_gemm_blocks;
+  [[maybe_unused]] __shared__ unsigned long long split_wait_ns;  // the producer's waits for data
+  if constexpr (kMaySplit) {
+    if (p.split != nullptr) {
+      num_gemm_blocks = gridDim.x - split_comm_blocks(p.split);
+      if (threadIdx.x == 0) split_block_start(p.split);
+    }
+    if (threadIdx.x == 0) split_wait_ns = 0;
+  }
+  if (blockIdx.x >= num_gemm_blocks) {
+    Role::run(p, blockIdx.x - num_gemm_blocks, gridDim.x - num_gemm_blocks);
+    __syncwarp();  // a role's thread 0 may have worked alone; its warp rejoins first
+    if constexpr (kMaySplit) {
+      if (p.split != nullptr) {
+        __syncthreads();
+        if (threadIdx.x == 0) split_block_done(p.split, false);
+      }
+    }
     if constexpr (Role::kHasBlockExit) {
-      __syncwarp();  // a role's thread 0 may have worked alone; its warp rejoins first
       __syncthreads();
       if (threadIdx.x == 0) Role::block_exit(p);
     }
@@ -679,7 +716,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   // cluster walk the same tiles).
   const uint32_t krank = T::kClusterK == 1 ? 0 : ptx::cluster_cta_rank();
   const uint32_t cluster_idx = blockIdx.x / T::kClusterSize;
-  const uint32_t num_clusters = p.num_gemm_blocks / T::kClusterSize;
+  const uint32_t num_clusters = num_gemm_blocks / T::kClusterSize;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -784,7 +821,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           const uint32_t row_end = min(row0 + T::kBlockM, p.m);
           const bool local = row0 >= p.local_rows_begin && row_end <= p.local_rows_end;
           if (!local && p.ready_flags != nullptr && tc.m_block < p.num_m_blocks) {
+            // The adaptive split's measure of waiting for data, kept in shared memory.
+            uint64_t t0 = 0;
+            if constexpr (kMaySplit) {
+              if (p.split != nullptr) t0 = sync::globaltimer_ns();
+            }
             if (!detail::wait_rows_ready(p, ready_value, row0, row_end, tc.m_block)) aborted = true;
+            if constexpr (kMaySplit) {
+              if (p.split != nullptr) split_wait_ns += sync::globaltimer_ns() - t0;
+            }
           }
           map_a = local ? &tma_a_local : &tma_a;
           a_row = static_cast<int32_t>(local ? row0 - p.local_rows_begin : row0);
@@ -795,9 +840,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // clusters of 2 ran at 0.51 of cuBLAS before this covered two m blocks). With more m
           // groups the tiles in flight share A's k slices in L2, so they keep the same order.
           // (Swapped operands: the weight is A; one block of activation rows streams it once.)
+          // With an adaptive split the place follows the tile, not the cluster (tile t of the
+          // plan's own split, t mod its clusters, is what cluster_idx was there), so a tile's k
+          // order and hence its bits do not depend on the split.
           const bool single_pass = T::kSwapAB ? p.num_n_blocks == 1 : p.num_m_blocks <= T::kClusterM;
+          const bool follow_tile = kMaySplit && p.split != nullptr;
+          const uint32_t rot_clusters = follow_tile ? p.num_gemm_blocks / T::kClusterSize : num_clusters;
+          const uint32_t rot_index = follow_tile ? item.tile % rot_clusters : cluster_idx;
           rot = (single_pass && item.unit == WorkItem::kWholeTile)
-                    ? static_cast<uint32_t>((static_cast<uint64_t>(cluster_idx) * len) / num_clusters)
+                    ? static_cast<uint32_t>((static_cast<uint64_t>(rot_index) * len) / rot_clusters)
                     : 0u;
         }
         for (uint32_t i = 0; i < len || aborted; ++i) {
@@ -858,6 +909,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           }
           if (aborted) break;
         }
+      }
+      if constexpr (kMaySplit) {
+        if (p.split != nullptr) split_add_wait(p.split, split_wait_ns);
       }
       // Drain: every load this producer issued lands before the block may exit. Normally the
       // consumers waited for all of them and this is one try_wait per stage; after an abort
@@ -1119,9 +1173,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     __syncwarp();
     ptx::cluster_sync();
   }
-  if constexpr (Role::kHasBlockExit) {
+  if (Role::kHasBlockExit || (kMaySplit && p.split != nullptr)) {
     __syncwarp();  // the producer's thread 0 rejoins its warp before the (aligned) block barrier
     __syncthreads();
+    if (kMaySplit && p.split != nullptr && threadIdx.x == 0) split_block_done(p.split, true);
+  }
+  if constexpr (Role::kHasBlockExit) {
     if (threadIdx.x == 0) Role::block_exit(p);
   }
 #endif

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/split_control.h"
 #include "common/wait.cuh"
 #include "gemm/sm90_bf16_grouped_gemm_map.h"
 
@@ -29,6 +30,14 @@ struct GemmParams {
   uint32_t k_blocks_per_split;  // uniform split-K: the most k blocks one split gets
   uint32_t raster, group, m_group_offset;
   uint32_t num_gemm_blocks;     // blocks [0, num_gemm_blocks) run GEMM tiles; the rest run Role
+  // The adaptive split (common/split_control.h), or null; read only by roles with
+  // kAdaptiveSplit (the role contract in sm90_bf16_gemm.cuh). When set, every block reads this
+  // launch's split from it at its start (num_gemm_blocks is then gridDim.x less its
+  // communication blocks), the GEMM blocks' producers add their readiness waits, and every
+  // block stamps when its role's work was done; the role's last block (block_exit) ends the
+  // launch's measurement (split_launch_end). The decomposition (dp_tiles, sk_units, splits) is
+  // the plan's whatever the split, so results do not depend on it.
+  SplitControl* split;
   // Cluster tiles [0, dp_tiles) are computed whole, in waves; the k iterations of the others are
   // cut into sk_units units: balanced over all of them (sk_per_tile == 0, stream-K) or
   // sk_per_tile units per tile (split-K). sk_units == 0: data-parallel only.

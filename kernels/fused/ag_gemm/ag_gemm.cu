@@ -26,14 +26,21 @@ static_assert(AgTraits<128, 1>::kSmemBytes >= BulkCopier::kSmemBytes + 1024 &&
                   AgTraits<256, 1>::kSmemBytes >= BulkCopier::kSmemBytes + 1024,
               "the communication blocks' bulk copier must fit in the GEMM's shared memory");
 
-GemmResult launch_with_role(const GemmPlan& plan, cudaStream_t stream) {
+template <class Role>
+GemmResult launch_role(const GemmPlan& plan, cudaStream_t stream) {
   const GemmConfig& c = plan.config;
   if (c.block_n == 256) {
-    return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<256, 2>, AgGemmRole>(plan, stream)
-                            : launch_sm90_bf16_gemm<AgTraits<256, 1>, AgGemmRole>(plan, stream);
+    return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<256, 2>, Role>(plan, stream)
+                            : launch_sm90_bf16_gemm<AgTraits<256, 1>, Role>(plan, stream);
   }
-  return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<128, 2>, AgGemmRole>(plan, stream)
-                          : launch_sm90_bf16_gemm<AgTraits<128, 1>, AgGemmRole>(plan, stream);
+  return c.cluster_m == 2 ? launch_sm90_bf16_gemm<AgTraits<128, 2>, Role>(plan, stream)
+                          : launch_sm90_bf16_gemm<AgTraits<128, 1>, Role>(plan, stream);
+}
+
+// The adaptive split has instantiations of its own (the measure costs the producer registers).
+GemmResult launch_with_role(const GemmPlan& plan, cudaStream_t stream) {
+  return plan.params.split != nullptr ? launch_role<AgGemmRoleAdaptive>(plan, stream)
+                                      : launch_role<AgGemmRole>(plan, stream);
 }
 
 GemmResult cuda_fail(const char* what, cudaError_t e) {
@@ -145,6 +152,9 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   // Whole tiles (or uniform split-K), no stream-K: the decomposition this op's readiness waits were
   // tested with on the GPU; stream-K under the readiness hook is still to be measured.
   g.config.stream_k = 0;
+  // The adaptive split moves which blocks take which split-K part; the parts are then summed in
+  // their fixed order (deterministic fix-up) so the bits do not depend on it.
+  g.config.deterministic = s.config.adaptive_split;
   g.config.widths_128_256 = true;  // the widths this op instantiates (AgTraits)
   g.hooks.ready_flags = ready + s.layout.nvl_op_flags();  // ready(0, 0) onwards
   g.hooks.ready_value_ptr = c.launch_counter;
@@ -256,7 +266,38 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
     return cuda_fail("cudaMemcpy (role arguments)", e);
   p->gemm_.params.role_args = p->role_args_;
+  if (s.config.adaptive_split) {
+    // The policy's range: one block to a third of the grid (at least the default's double, 32).
+    SplitSetup ss;
+    ss.adaptive = true;
+    ss.unit = static_cast<uint32_t>(p->gemm_.config.cluster_m);
+    ss.grid = static_cast<uint32_t>(p->gemm_.config.num_gemm_blocks + p->gemm_.config.num_role_blocks);
+    ss.units = p->gemm_.params.dp_tiles + p->gemm_.params.sk_units;
+    ss.start_comm = static_cast<uint32_t>(p->gemm_.config.num_role_blocks);
+    ss.min_comm = 1;
+    ss.max_comm = std::min(ss.grid / 3, std::max(32u, 2 * ss.start_comm));
+    if (std::string e = split_control_create(ss, &p->split_); !e.empty())
+      return fail(GemmError::kInvalidConfig, "adaptive_split: " + e);
+    p->gemm_.params.split = p->split_;
+  }
   *out = std::move(p);
+  return {};
+}
+
+GemmResult AgGemmPlan::split_report(SplitReport* out) const {
+  if (split_ == nullptr) return fail(GemmError::kInvalidConfig, "split_report: the plan was made without adaptive_split");
+  if (std::string e = split_control_read(split_, out); !e.empty()) return fail(GemmError::kCudaError, e);
+  return {};
+}
+
+GemmResult AgGemmPlan::pin_split(int comm) {
+  if (split_ == nullptr) return fail(GemmError::kInvalidConfig, "pin_split: the plan was made without adaptive_split");
+  if (comm < 0) return fail(GemmError::kInvalidConfig, "pin_split: comm = " + std::to_string(comm) + " is negative");
+  const auto grid = static_cast<uint32_t>(gemm_.config.num_gemm_blocks + gemm_.config.num_role_blocks);
+  if (std::string e = split_control_pin(split_, static_cast<uint32_t>(comm), grid,
+                                        static_cast<uint32_t>(gemm_.config.cluster_m));
+      !e.empty())
+    return fail(GemmError::kInvalidConfig, e);
   return {};
 }
 
@@ -275,6 +316,7 @@ AgGemmPlan::~AgGemmPlan() {
   if (go_ != nullptr) (void)cudaFree(go_);
   if (out_go_ != nullptr) (void)cudaFree(out_go_);
   if (trace_ != nullptr) (void)cudaFree(trace_);
+  if (split_ != nullptr) (void)cudaFree(split_);
 }
 
 std::string AgGemmPlan::trace_report() const {
@@ -396,6 +438,7 @@ std::string AgGemmPlan::describe() const {
          " n_local=" + std::to_string(setup_.n_local) + " chunks=" + std::to_string(geo_.chunks()) + "x" +
          std::to_string(geo_.chunk_rows) + " comm=" + std::to_string(gemm_.config.num_role_blocks) +
          (setup_.config.bulk_copies ? " bulk" : " lsu") + (ce_.empty() ? "" : " ce") + (trace_ ? " trace" : "") +
+         (split_ != nullptr ? " adaptive" : "") +
          " gemm " +
          gemm_config_string(gemm_);
 }

@@ -18,6 +18,7 @@
 
 #include "common/bulk_copy.cuh"
 #include "common/comm.cuh"
+#include "common/split_control.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
 #include "fused/ag_gemm/ag_trace.h"
 #include "fused/common/launch_state.cuh"
@@ -264,8 +265,12 @@ __device__ __forceinline__ void walk_arrivals(const Ctx& x, bool ok, bool open) 
 
 }  // namespace ag_detail
 
-struct AgGemmRole {
+// kAdaptive: the instantiation for plans with AgGemmConfig::adaptive_split (the engine reads the
+// split from GemmParams::split and measures; docs/kernels.md section 16).
+template <bool kAdaptive>
+struct AgGemmRoleT {
   static constexpr bool kHasBlockExit = true;
+  static constexpr bool kAdaptiveSplit = kAdaptive;
 
   __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
     const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);
@@ -334,11 +339,18 @@ struct AgGemmRole {
     const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);
     if (count_block_exit(a.comm)) {
       if (a.trace != nullptr) a.trace[kAgTraceEnd] = sync::globaltimer_ns();
+      // The adaptive split: measure this launch, choose the next one's (common/split_control.cuh).
+      if constexpr (kAdaptive) {
+        if (p.split != nullptr) split_launch_end(p.split, sync::ld_acquire_sys(&a.comm.status->code) != 0);
+      }
       end_fused_launch(a.comm, a.layout, a.rank);
     }
   }
 
 };
+
+using AgGemmRole = AgGemmRoleT<false>;
+using AgGemmRoleAdaptive = AgGemmRoleT<true>;
 
 #endif  // __CUDACC__
 

@@ -21,6 +21,7 @@
 
 #include "common/comm.cuh"
 #include "fused/ag_gemm/ag_gemm_plan.h"
+#include "fused/common/split_host.h"
 #include "gemm/sm90_bf16_gemm.h"
 
 namespace mkernel::kernels {
@@ -42,6 +43,12 @@ struct AgGemmConfig {
   // Record where each launch's time goes (ag_trace.h; read with AgGemmPlan::trace_report): a few
   // stamps per step, a memset per launch. A diagnostic, off by default.
   bool trace = false;
+  // The split between GEMM and communication blocks moves from launch to launch, chosen on the
+  // GPU from what the previous launches measured (common/split_policy.h; docs/kernels.md section
+  // 16), starting from comm_blocks (or the default rule). The grid stays the plan's; results are
+  // bit-identical whatever the split (the GEMM's decomposition is the plan's, its split-K partials
+  // summed in a fixed order). Off by default until measured better on the GPUs it runs on.
+  bool adaptive_split = false;
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of
@@ -82,6 +89,13 @@ class AgGemmPlan {
   // call after the launch finished (e.g. after synchronising its stream).
   std::string trace_report() const;
 
+  // The adaptive split (AgGemmConfig::adaptive_split): where it stands, read from device memory
+  // (call once the launches of interest finished); and pinning it to `comm` communication
+  // blocks, 0 to let the policy choose again (call with no launch of this plan in flight). Both
+  // refuse a plan made without adaptive_split.
+  GemmResult split_report(SplitReport* out) const;
+  GemmResult pin_split(int comm);
+
   const AgGeometry& geometry() const { return geo_; }
   const GemmPlan& gemm() const { return gemm_; }
   // e.g. "R=2 (1x2) m_local=4096 k=8192 n=4096 chunks=8x512 comm=4 gemm=128 n256 c2 ..."
@@ -116,6 +130,7 @@ class AgGemmPlan {
   size_t trace_words_ = 0;
   GemmResult enqueue_ce_gathered_out(void* gathered_out);
   std::string ce_broken_;      // why an earlier launch left the copy streams unusable ("": none)
+  SplitControl* split_ = nullptr;  // device memory; null unless config.adaptive_split
   GemmResult enqueue_ce_pushes(const void* a_local, cudaStream_t stream);
 };
 

@@ -213,6 +213,22 @@ AttnResult RingAttnPlan::create(const RingAttnSetup& s, std::unique_ptr<RingAttn
   a.freed_count = p->counters_ + steps.size();
   a.units_per_group = static_cast<uint32_t>(units);
   a.bulk = s.config.bulk_copies ? 1u : 0u;
+  if (s.config.adaptive_split) {
+    if (R <= 1) return fail(AttnError::kInvalidConfig, "adaptive_split: one rank has no communication blocks to move");
+    // Candidates over the attention units of a step (each attention block takes units block,
+    // block + attention blocks, ...), from one block to a third of the grid (at least 32).
+    SplitSetup ss;
+    ss.adaptive = true;
+    ss.grid = p->grid_;
+    ss.unit = 1;
+    ss.units = static_cast<uint32_t>(geo.groups() * units);
+    ss.start_comm = comm_blocks;
+    ss.min_comm = 1;
+    ss.max_comm = std::min(p->grid_ / 3, std::max(32u, 2 * comm_blocks));
+    if (std::string err = split_control_create(ss, &p->split_); !err.empty())
+      return fail(AttnError::kInvalidConfig, "adaptive_split: " + err);
+    a.split = p->split_;
+  }
   if ((e = cudaMalloc(&p->args_, sizeof(RingAttnArgs))) != cudaSuccess) return cuda_fail("cudaMalloc (arguments)", e);
   if ((e = cudaMemcpy(p->args_, &a, sizeof(a), cudaMemcpyHostToDevice)) != cudaSuccess)
     return cuda_fail("cudaMemcpy (arguments)", e);
@@ -266,6 +282,21 @@ RingAttnPlan::~RingAttnPlan() {
   if (chunks_ != nullptr) (void)cudaFree(chunks_);
   if (counters_ != nullptr) (void)cudaFree(counters_);
   if (running_ != nullptr) (void)cudaFree(running_);
+  if (split_ != nullptr) (void)cudaFree(split_);
+}
+
+AttnResult RingAttnPlan::split_report(SplitReport* out) const {
+  if (split_ == nullptr) return fail(AttnError::kInvalidConfig, "split_report: the plan was made without adaptive_split");
+  if (std::string e = split_control_read(split_, out); !e.empty()) return fail(AttnError::kCudaError, e);
+  return {};
+}
+
+AttnResult RingAttnPlan::pin_split(int comm) {
+  if (split_ == nullptr) return fail(AttnError::kInvalidConfig, "pin_split: the plan was made without adaptive_split");
+  if (comm < 0) return fail(AttnError::kInvalidConfig, "pin_split: comm = " + std::to_string(comm) + " is negative");
+  if (std::string e = split_control_pin(split_, static_cast<uint32_t>(comm), grid_, 1); !e.empty())
+    return fail(AttnError::kInvalidConfig, e);
+  return {};
 }
 
 AttnResult RingAttnPlan::bind(const void* q, const void* k, const void* v, void* o, float* lse) {
@@ -315,8 +346,9 @@ AttnResult RingAttnPlan::launch(const void* q, const void* k, const void* v, voi
     AttnResult r = bind(q, k, v, o, lse);
     if (!r.ok()) return r;
   }
-  if (setup_.head_dim == 64) return launch_ring_attention_d64(*maps_, *params_, grid_, stream);
-  return launch_ring_attention_d128(*maps_, *params_, grid_, stream);
+  const bool adaptive = split_ != nullptr;
+  if (setup_.head_dim == 64) return launch_ring_attention_d64(*maps_, *params_, grid_, adaptive, stream);
+  return launch_ring_attention_d128(*maps_, *params_, grid_, adaptive, stream);
 }
 
 double RingAttnPlan::flops() const {
@@ -331,7 +363,7 @@ std::string RingAttnPlan::describe() const {
          " Hq=" + str(setup_.heads_q) + " Hkv=" + str(setup_.heads_kv) + " s_local=" + str(setup_.s_local) +
          " D=" + str(setup_.head_dim) + (setup_.tensor_layout == AttnLayout::kBSHD ? " bshd" : " bhsd") +
          " slots=" + str(geo_.slots) + " comm=" + str(comm_blocks_) + " attn=" + str(grid_ - comm_blocks_) + " n" +
-         std::to_string(block_n_) + (setup_.config.bulk_copies ? " bulk" : " lsu");
+         std::to_string(block_n_) + (setup_.config.bulk_copies ? " bulk" : " lsu") + (split_ != nullptr ? " adaptive" : "");
 }
 
 }  // namespace mkernel::kernels

@@ -53,6 +53,7 @@
 #include "common/comm.cuh"
 #include "fused/common/launch_state.cuh"
 #include "fused/common/slice.cuh"
+#include "common/split_control.cuh"
 #include "fused/ring_attn/ring_attn_plan.h"
 
 namespace mkernel::kernels {
@@ -73,6 +74,7 @@ struct RingAttnArgs {
   uint32_t* freed_count = nullptr;    // per step: readers done with its slot (zero between launches)
   uint32_t units_per_group = 0;       // query tiles of one group: batch x heads_q x ceil(rows / 128)
   uint32_t bulk = 1;                  // 1: GPU-memory copies through the bulk copier; 0: 16-byte loads/stores
+  SplitControl* split = nullptr;      // the adaptive split (common/split_control.h), or null: comm_blocks fixed
 };
 
 // Kernel parameters of one launch (the pointers of this launch's tensors live in the maps and
@@ -97,13 +99,25 @@ static_assert(kRingStepEnd != kAttnNoUnit);
 
 namespace ring_detail {
 
+// This launch's communication blocks: the plan's, or the adaptive split's (the same words for
+// the whole launch: split_control.h note 1). kAdaptive: the kernel's instantiation for plans with
+// an adaptive split (its measures cost registers, so static plans run code without them).
+template <bool kAdaptive>
+__device__ __forceinline__ uint32_t comm_blocks_of(const RingAttnArgs& a) {
+  if constexpr (kAdaptive) {
+    if (a.split != nullptr) return split_comm_blocks(a.split);
+  }
+  return a.comm_blocks;
+}
+
 // A reader of the slot of step t is done (note 1); the last raises freed(t). The launch number
-// and the block count are read here rather than kept live across the consumers' loop.
-__device__ __forceinline__ void count_freed(const RingAttnArgs& a, uint32_t t) {
+// is read here, and the caller reads the launch's communication blocks at the call, rather than
+// keeping them live across the consumers' loop.
+__device__ __forceinline__ void count_freed(const RingAttnArgs& a, uint32_t t, uint32_t comm_blocks) {
   if (t == 0) return;  // the own inputs: no slot
   __threadfence();
   const uint64_t launch = launch_number(a.comm);
-  const uint32_t need = gridDim.x - a.comm_blocks + a.geo.forwards_out(t);
+  const uint32_t need = gridDim.x - comm_blocks + a.geo.forwards_out(t);
   if (atomicAdd(&a.freed_count[t], 1u) + 1 == need) {
     a.freed_count[t] = 0;  // zero again for the next launch
     raise_flag(a.nvl_flags + a.geo.freed_flag(t), launch);
@@ -259,7 +273,7 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
     }
     case kRingPush:
       raise_flag(nvl_fused_flag(x.c, s.peer, g.arrived_flag(s.dst_step)), x.launch);
-      if (s.src_step > 0) count_freed(x.a, s.src_step);  // one forward fewer reads it
+      if (s.src_step > 0) count_freed(x.a, s.src_step, blocks);  // one forward fewer reads it
       break;
     case kRingReceive:
       raise_flag(x.a.nvl_flags + g.arrived_flag(s.dst_step), x.launch);
@@ -271,7 +285,8 @@ __device__ __forceinline__ bool run_item(const Ctx& x, uint32_t i, const RingSte
 }  // namespace ring_detail
 
 // Communication blocks: this rank's movement plan, in order, a slice of every item each.
-__device__ __forceinline__ void ring_comm_role(const RingAttnLaunch& L, uint64_t launch, uint32_t block) {
+__device__ __forceinline__ void ring_comm_role(const RingAttnLaunch& L, uint64_t launch, uint32_t block,
+                                               uint32_t blocks) {
   const RingAttnArgs& a = *L.args;
   const ring_detail::Ctx x{a, a.comm, launch, previous_fused_launch(a.comm), L.k_local, L.v_local};
   extern __shared__ uint8_t ring_smem_raw[];
@@ -279,11 +294,11 @@ __device__ __forceinline__ void ring_comm_role(const RingAttnLaunch& L, uint64_t
   if (threadIdx.x == 0)
     copier.init(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ring_smem_raw) + 1023) & ~uintptr_t{1023}));
   for (uint32_t i = 0; i < a.num_steps; ++i)
-    if (!ring_detail::run_item(x, i, a.steps[i], copier, block, a.comm_blocks)) return;
+    if (!ring_detail::run_item(x, i, a.steps[i], copier, block, blocks)) return;
 }
 
 // Attention blocks: the attention core over every step's chunk (see the top of this file).
-template <class T>
+template <class T, bool kAdaptive>
 __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, const RingAttnLaunch& L, uint64_t launch,
                                                     uint32_t block, uint32_t grid) {
   using Core = Sm90AttnCore<T>;
@@ -301,6 +316,10 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     if (threadIdx.x == 0) {
       typename Core::ProducerState st;
+      // The adaptive split's measure, this block's waits for chunks: in shared memory (the
+      // producer's registers are few; kept in one, it spilled).
+      [[maybe_unused]] __shared__ unsigned long long waited_ns;
+      if constexpr (kAdaptive) waited_ns = 0;
       for (uint32_t g = 0; g < groups; ++g) ptx::prefetch_tensor_map(&maps.q[g]);
       for (uint32_t t = 0; t < R; ++t) {
         const uint32_t kv = t == 0 ? 0 : 1 + a.geo.slot_of(t);
@@ -310,10 +329,13 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
           // ptxas reports 44 bytes of spill for the kernel; compiled without this wait, 4 remain
           // (the wait's slow path under the producer's 40 registers; once per step). Where the
           // other 4 bytes sit was not checked: the SASS is to be read on the GPU machine.
+          [[maybe_unused]] uint64_t t0 = 0;
+          if constexpr (kAdaptive) t0 = sync::globaltimer_ns();
           if (!wait_geq(a.nvl_flags + f, launch, wait_context(a.comm), f, where)) {
             st.fail();  // recorded; the pipeline runs through (nothing hangs) and the announcements end
             break;
           }
+          if constexpr (kAdaptive) waited_ns += sync::globaltimer_ns() - t0;
           sync::fence_proxy_async_global();  // note 2
         }
         ptx::prefetch_tensor_map(&maps.k[kv]);
@@ -328,6 +350,9 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
         if (t > 0) Core::announce(L.attn[0], sm, st, kRingStepEnd, t * 2);  // note 1
       }
       Core::announce(L.attn[0], sm, st, kAttnNoUnit, 0);
+      if constexpr (kAdaptive) {
+        if (a.split != nullptr) split_add_wait(a.split, waited_ns);
+      }
     }
   } else {
     ptx::setmaxnreg_inc<T::kConsumerRegs>();
@@ -342,7 +367,7 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
       const uint32_t t = cw / 2, g = cw % 2;
       if (t >= R || g >= groups) break;
       if (unit == kRingStepEnd) {  // this block's loads of chunk t completed (note 1)
-        if (wg == 0 && tid == 0) ring_detail::count_freed(a, t);
+        if (wg == 0 && tid == 0) ring_detail::count_freed(a, t, ring_detail::comm_blocks_of<kAdaptive>(a));
         continue;
       }
       if (unit >= a.units_per_group) break;
@@ -355,22 +380,37 @@ __device__ __forceinline__ void ring_attention_role(const RingAttnMaps& maps, co
 
 // The kernel: blocks [0, comm_blocks) communicate, the others attend; the last block to leave
 // ends the launch.
-template <class T>
+template <class T, bool kAdaptive>
 __global__ void __launch_bounds__(T::kThreads, 1)
     ring_attention_kernel(const __grid_constant__ RingAttnMaps maps, const __grid_constant__ RingAttnLaunch L) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const RingAttnArgs& a = *L.args;
   const uint64_t launch = launch_number(a.comm);
-  const bool comm = blockIdx.x < a.comm_blocks;
+  const uint32_t comm_blocks = ring_detail::comm_blocks_of<kAdaptive>(a);
+  if constexpr (kAdaptive) {
+    if (a.split != nullptr && threadIdx.x == 0) split_block_start(a.split);
+  }
+  const bool comm = blockIdx.x < comm_blocks;
   if (comm) {
-    ring_comm_role(L, launch, blockIdx.x);
+    ring_comm_role(L, launch, blockIdx.x, comm_blocks);
   } else {
-    ring_attention_role<T>(maps, L, launch, blockIdx.x - a.comm_blocks, gridDim.x - a.comm_blocks);
+    ring_attention_role<T, kAdaptive>(maps, L, launch, blockIdx.x - comm_blocks, gridDim.x - comm_blocks);
   }
   __syncthreads();
   // A consumer thread of an attention block (the producer warpgroup gave its registers away).
   const uint32_t exit_thread = comm ? 0 : 128;
-  if (threadIdx.x == exit_thread && count_block_exit(a.comm)) end_fused_launch(a.comm, a.geo.layout, a.comm.rank);
+  if (threadIdx.x == exit_thread) {
+    if constexpr (kAdaptive) {
+      if (a.split != nullptr) split_block_done(a.split, !comm);
+    }
+    if (count_block_exit(a.comm)) {
+      // The adaptive split: measure this launch, choose the next one's (common/split_control.cuh).
+      if constexpr (kAdaptive) {
+        if (a.split != nullptr) split_launch_end(a.split, sync::ld_acquire_sys(&a.comm.status->code) != 0);
+      }
+      end_fused_launch(a.comm, a.geo.layout, a.comm.rank);
+    }
+  }
 #endif
 }
 

@@ -29,6 +29,7 @@
 
 #include "attention/sm90_attention.h"
 #include "common/comm.cuh"
+#include "fused/common/split_host.h"
 #include "fused/ring_attn/ring_attn_plan.h"
 
 namespace mkernel::kernels {
@@ -42,6 +43,12 @@ struct RingAttnConfig {
   int attn_blocks = 0;      // blocks running the attention core; 0: every SM the comm blocks leave
   uint32_t slots = 0;       // KV slots per rank; 0: ring_default_slots
   bool bulk_copies = true;  // GPU-memory copies through TMA bulk copies (else 16-byte loads/stores)
+  // The split between attention and communication blocks moves from launch to launch, chosen on
+  // the GPU from what the previous launches measured (common/split_policy.h; docs/kernels.md
+  // section 16), starting from comm_blocks (or the default rule); the grid stays the plan's and
+  // the results are bit-identical whatever the split. Off by default until measured better.
+  // Needs at least two ranks (one rank has no communication blocks).
+  bool adaptive_split = false;
 };
 
 // Blocks given to communication when the caller leaves it open: 2, plus 2 per node peer (up to
@@ -81,6 +88,11 @@ class RingAttnPlan {
   AttnResult launch(const void* q, const void* k, const void* v, void* o, float* lse, cudaStream_t stream);
 
   const RingGeometry& geometry() const { return geo_; }
+  // The adaptive split (RingAttnConfig::adaptive_split): read back (once the launches of interest
+  // finished), and pinned to `comm` communication blocks, 0 to let the policy choose again (with
+  // no launch of this plan in flight). Both refuse a plan made without adaptive_split.
+  AttnResult split_report(SplitReport* out) const;
+  AttnResult pin_split(int comm);
   // Floating-point operations of this rank's two products (visible query-key pairs only).
   double flops() const;
   // e.g. "R=2 (1x2) zigzag B=1 Hq=32 Hkv=8 s_local=16384 D=128 slots=1 comm=4 attn=128 n160"
@@ -101,6 +113,7 @@ class RingAttnPlan {
   void* chunks_ = nullptr;        // AttnChunk[2 R]
   uint32_t* counters_ = nullptr;  // item_done[steps], freed_count[R]
   float* running_ = nullptr;      // o_run and lse_run of both groups
+  SplitControl* split_ = nullptr; // device memory; null unless config.adaptive_split
 };
 
 // Reorders a sequence into zigzag placement (to_zigzag) or back: dst position p holds src position

@@ -4,8 +4,9 @@
 namespace mkernel::kernels {
 
 AttnResult launch_ring_attention_d128(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
-                                      cudaStream_t stream) {
-  return launch_ring_attention_kernel<RingTraitsD128>(maps, params, grid, stream);
+                                      bool adaptive, cudaStream_t stream) {
+  return adaptive ? launch_ring_attention_kernel<RingTraitsD128, true>(maps, params, grid, stream)
+                  : launch_ring_attention_kernel<RingTraitsD128, false>(maps, params, grid, stream);
 }
 
 }  // namespace mkernel::kernels

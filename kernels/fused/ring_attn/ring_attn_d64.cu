@@ -4,8 +4,9 @@
 namespace mkernel::kernels {
 
 AttnResult launch_ring_attention_d64(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
-                                     cudaStream_t stream) {
-  return launch_ring_attention_kernel<RingTraitsD64>(maps, params, grid, stream);
+                                     bool adaptive, cudaStream_t stream) {
+  return adaptive ? launch_ring_attention_kernel<RingTraitsD64, true>(maps, params, grid, stream)
+                  : launch_ring_attention_kernel<RingTraitsD64, false>(maps, params, grid, stream);
 }
 
 }  // namespace mkernel::kernels

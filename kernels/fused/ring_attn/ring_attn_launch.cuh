@@ -23,12 +23,12 @@ constexpr uint32_t ring_smem_bytes() {
 // Kernel parameters stay within the classic 4 KB (tensor maps of the slots included).
 static_assert(sizeof(RingAttnMaps) + sizeof(RingAttnLaunch) <= 4096, "ring kernel parameters over 4 KB");
 
-template <class T>
+template <class T, bool kAdaptive>
 AttnResult launch_ring_attention_kernel(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
                                         cudaStream_t stream) {
   static_assert(ring_smem_bytes<T>() <= 227 * 1024,
                 "the ring kernel's shared memory is over the 227 KB a block may use");
-  auto* kernel = &ring_attention_kernel<T>;
+  auto* kernel = &ring_attention_kernel<T, kAdaptive>;
   const int smem = static_cast<int>(ring_smem_bytes<T>());
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess)
@@ -45,9 +45,10 @@ AttnResult launch_ring_attention_kernel(const RingAttnMaps& maps, const RingAttn
 // ping-pong on.
 using RingTraitsD64 = Sm90AttnTraits<64, 160, 2, true>;
 using RingTraitsD128 = Sm90AttnTraits<128, 160, 2, true>;
+// adaptive: the instantiation for plans with an adaptive split (RingAttnConfig::adaptive_split).
 AttnResult launch_ring_attention_d64(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
-                                     cudaStream_t stream);
+                                     bool adaptive, cudaStream_t stream);
 AttnResult launch_ring_attention_d128(const RingAttnMaps& maps, const RingAttnLaunch& params, uint32_t grid,
-                                      cudaStream_t stream);
+                                      bool adaptive, cudaStream_t stream);
 
 }  // namespace mkernel::kernels

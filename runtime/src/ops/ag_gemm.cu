@@ -62,7 +62,7 @@ StatusOr<std::unique_ptr<AllGatherGemm>> AllGatherGemm::create(Communicator& com
   s.n_local = static_cast<uint32_t>(n_local);
   s.k = static_cast<uint32_t>(k);
   s.config = mk::AgGemmConfig{config.comm_blocks, config.gemm_blocks, config.block_n, config.cluster_m, chunk_rows,
-                              config.bulk_copies, config.copy_engine_pushes, config.trace};
+                              config.bulk_copies, config.copy_engine_pushes, config.trace, config.adaptive_split};
   std::unique_ptr<AllGatherGemm> op(new AllGatherGemm());
   op->comm_ = &comm;
   op->nodes_ = layout.nodes;
@@ -90,6 +90,14 @@ Status AllGatherGemm::launch(const void* a, const void* w, void* c, void* gather
 std::string AllGatherGemm::describe() const { return plan_->describe(); }
 
 std::string AllGatherGemm::trace_report() const { return plan_->trace_report(); }
+
+StatusOr<SplitState> AllGatherGemm::split_state() const {
+  mk::SplitReport r;
+  MK_RETURN_IF_ERROR(from_gemm(plan_->split_report(&r), "all_gather_gemm"));
+  return ops_detail::to_split_state(r);
+}
+
+Status AllGatherGemm::pin_split(int comm_blocks) { return from_gemm(plan_->pin_split(comm_blocks), "all_gather_gemm"); }
 
 Status all_gather_gemm(Communicator& comm, const void* a, const void* w, void* c, void* gathered_out, uint64_t m_local,
                        uint64_t n_local, uint64_t k, cudaStream_t stream) {

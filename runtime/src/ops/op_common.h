@@ -9,7 +9,9 @@
 #include <string>
 
 #include "fused/common/layout.h"
+#include "fused/common/split_host.h"
 #include "gemm/sm90_bf16_gemm.h"
+#include "mkernel/runtime/ops.h"
 #include "mkernel/runtime/runtime.h"
 
 namespace mkernel::rt::ops_detail {
@@ -66,6 +68,22 @@ inline Status from_gemm(const mk::GemmResult& r, const std::string& what) {
     default: break;
   }
   return Status(code, what + ": " + r.message);
+}
+
+// A plan's split as the public API reports it (ops.h SplitState).
+inline SplitState to_split_state(const mk::SplitReport& r) {
+  SplitState s;
+  s.adaptive = r.adaptive;
+  s.settled = r.phase == mk::kSplitSettled;
+  s.pinned = r.pinned != 0;
+  s.comm_blocks = static_cast<int>(r.next_comm);
+  s.last_comm_blocks = static_cast<int>(r.last_comm);
+  s.launches = r.launches;
+  s.last_us = r.last_us;
+  s.grid_blocks = static_cast<int>(r.grid);
+  for (const auto& c : r.candidates) s.candidates.push_back(static_cast<int>(c.comm));
+  s.text = r.describe();
+  return s;
 }
 
 // The current device is the communicator's and a Hopper GPU.

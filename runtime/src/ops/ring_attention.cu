@@ -136,7 +136,7 @@ StatusOr<std::unique_ptr<RingAttention>> RingAttention::create(Communicator& com
   s.tensor_layout = kernel_layout(shape.layout);
   s.placement = static_cast<uint32_t>(shape.placement);
   s.scale = shape.scale;
-  s.config = mk::RingAttnConfig{config.comm_blocks, config.attn_blocks, slots, config.bulk_copies};
+  s.config = mk::RingAttnConfig{config.comm_blocks, config.attn_blocks, slots, config.bulk_copies, config.adaptive_split};
   std::unique_ptr<RingAttention> op(new RingAttention());
   op->comm_ = &comm;
   MK_RETURN_IF_ERROR(from_attn(mk::RingAttnPlan::create(s, &op->plan_), kWhat));
@@ -157,6 +157,14 @@ Status RingAttention::launch(const void* q, const void* k, const void* v, void* 
 }
 
 std::string RingAttention::describe() const { return plan_->describe(); }
+
+StatusOr<SplitState> RingAttention::split_state() const {
+  mk::SplitReport r;
+  MK_RETURN_IF_ERROR(from_attn(plan_->split_report(&r), kWhat));
+  return ops_detail::to_split_state(r);
+}
+
+Status RingAttention::pin_split(int comm_blocks) { return from_attn(plan_->pin_split(comm_blocks), kWhat); }
 double RingAttention::flops() const { return plan_->flops(); }
 
 Status ring_attention(Communicator& comm, const void* q, const void* k, const void* v, void* o, float* lse,

@@ -57,6 +57,7 @@ struct Case {
   rt::RingPlacement placement;
   uint32_t slots = 0;
   bool bulk = true;
+  bool adaptive = false;  // RingAttentionConfig::adaptive_split: the same bits at every split
 };
 
 const char* placement_name(rt::RingPlacement p) {
@@ -132,6 +133,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   rt::RingAttentionConfig cfg;
   cfg.slots = cs.slots;
   cfg.bulk_copies = cs.bulk;
+  cfg.adaptive_split = cs.adaptive && R > 1;
   if (shared_gpu) {  // every rank's blocks must be resident at once on the one GPU
     cfg.comm_blocks = R > 1 ? 2 : 0;
     cfg.attn_blocks = std::max(1, 132 / static_cast<int>(R) / 2 - cfg.comm_blocks);
@@ -333,6 +335,60 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     std::printf("      rank %u: 3 launches + 2 graph replays: O rel err %.2e, lse err %.2e\n", rank, worst_o,
                 worst_lse);
   }
+  if (cfg.adaptive_split) {
+    // The adaptive split: one input, six pinned splits and 16 launches of the policy's choosing,
+    // O and lse bit for bit the same each time (and right against the reference).
+    std::vector<uint16_t> o_first, o_now(q_loc);
+    std::vector<float> lse_first, lse_now(B * Hq * cs.s_local);
+    int runs = 0;
+    auto run_once = [&](const std::string& what) -> int {
+      if (prepare(g_seed + 424242) != 0) return 1;
+      sync();
+      const mkernel::Status s = op->launch(q, k, v, o, lse, stream);
+      RANK_CHECK(s.ok(), "%s: %s", what.c_str(), s.to_string().c_str());
+      if (check(what.c_str()) != 0) return 1;
+      RANK_CUDA(cudaMemcpy(o_now.data(), o, q_loc * 2, cudaMemcpyDeviceToHost));
+      RANK_CUDA(cudaMemcpy(lse_now.data(), lse, lse_now.size() * 4, cudaMemcpyDeviceToHost));
+      ++runs;
+      if (o_first.empty()) {
+        o_first = o_now;
+        lse_first = lse_now;
+        return 0;
+      }
+      size_t diff = 0;
+      for (size_t i = 0; i < o_now.size(); ++i) diff += o_now[i] != o_first[i];
+      size_t ldiff = 0;
+      for (size_t i = 0; i < lse_now.size(); ++i) ldiff += std::memcmp(&lse_now[i], &lse_first[i], 4) != 0;
+      RANK_CHECK(diff == 0 && ldiff == 0, "%s: O differs in %zu elements, lse in %zu, from the first split's", what.c_str(),
+                 diff, ldiff);
+      return 0;
+    };
+    auto st0 = op->split_state();
+    RANK_CHECK(st0.ok() && st0.value().adaptive, "split_state: %s",
+               st0.ok() ? "not adaptive" : st0.status().to_string().c_str());
+    const int start = st0.ok() ? st0.value().comm_blocks : 2;
+    const uint32_t launches0 = st0.ok() ? st0.value().launches : 0;
+    for (const int pin : {start, 1, 3, start + 4, 2 * start + 1}) {
+      const mkernel::Status ps = op->pin_split(pin);
+      RANK_CHECK(ps.ok(), "pin_split(%d): %s", pin, ps.to_string().c_str());
+      if (run_once("pinned " + std::to_string(pin)) != 0) return fails + 1;
+      auto st = op->split_state();
+      RANK_CHECK(st.ok() && st.value().last_comm_blocks == pin, "pinned %d: the launch ran with %d", pin,
+                 st.ok() ? st.value().last_comm_blocks : -1);
+    }
+    RANK_CHECK(op->pin_split(0).ok(), "unpinning failed");
+    for (int l = 0; l < 16; ++l)
+      if (run_once("adaptive launch " + std::to_string(l)) != 0) return fails + 1;
+    auto st1 = op->split_state();
+    RANK_CHECK(st1.ok() && st1.value().launches == launches0 + static_cast<uint32_t>(runs),
+               "split_state counted %u launches, expected %u", st1.ok() ? st1.value().launches : 0u,
+               launches0 + static_cast<uint32_t>(runs));
+    if (rank == 0 && st1.ok()) {
+      std::lock_guard<std::mutex> lock(fused_test::g_print);
+      std::printf("      adaptive: %d launches bit-identical over pinned and chosen splits\n      %s\n", runs,
+                  st1.value().text.c_str());
+    }
+  }
   sync();
   for (void* p : {static_cast<void*>(qa), static_cast<void*>(ka), static_cast<void*>(va), static_cast<void*>(tmp),
                   static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
@@ -361,9 +417,9 @@ rt::Options options_for(const Case& cs) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "ring");
   if (!cluster.start()) return 1;
-  std::printf("case %s %s: B %u Hq %u Hkv %u s_local %u D %u %s slots %u%s%s\n", cs.topo.name().c_str(),
+  std::printf("case %s %s: B %u Hq %u Hkv %u s_local %u D %u %s slots %u%s%s%s\n", cs.topo.name().c_str(),
               placement_name(cs.placement), cs.batch, cs.heads_q, cs.heads_kv, cs.s_local, cs.head_dim,
-              cs.layout == rt::AttentionLayout::kBSHD ? "bshd" : "bhsd", cs.slots, cs.bulk ? "" : " (16-byte copies)",
+              cs.layout == rt::AttentionLayout::kBSHD ? "bshd" : "bhsd", cs.slots, cs.bulk ? "" : " (16-byte copies)", cs.adaptive ? " adaptive split" : "",
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   const auto t0 = std::chrono::steady_clock::now();
   const int failed = fused_test::run_ranks_in_threads(
@@ -539,6 +595,9 @@ int main() {
       // Halves of one row and an odd B x Hq x rows: the second half's running state must still be
       // 8-byte aligned (a misaligned float2 store the random family found).
       {{1, 3, "shm"}, 1, 9, 3, 2, 64, L::kBHSD, P::kCausalZigzag},
+      // The adaptive split: the same bits at every split.
+      {{1, 2, "shm"}, 1, 8, 4, 300, 128, L::kBHSD, P::kCausalZigzag, 0, true, true},
+      {{2, 1, "shm"}, 1, 4, 2, 200, 64, L::kBSHD, P::kNonCausal, 0, true, true},  // through the proxies
   };
   // The random family (random_cases.h): 4 cases by default drawn from the printed seed: any
   // s_local in [1, 600] (even for zigzag), 1 or 2 sequences, 1 to 8 K/V heads with a group of 1
@@ -562,10 +621,11 @@ int main() {
     const uint32_t lo = cs.topo.nodes > 1 ? cs.topo.gpus : 1, hi = cs.topo.world() - 1;
     cs.slots = lo <= hi && draw.coin() ? lo + draw.below(hi - lo + 1) : 0;
     cs.bulk = draw.coin(0.75);
-    std::printf("random case %zu: %s B %u heads %u/%u s_local %u D %u %s %s slots %u %s\n", cases.size(),
+    cs.adaptive = draw.below(4) == 0;
+    std::printf("random case %zu: %s B %u heads %u/%u s_local %u D %u %s %s slots %u %s%s\n", cases.size(),
                 cs.topo.name().c_str(), cs.batch, cs.heads_q, cs.heads_kv, cs.s_local, cs.head_dim,
                 cs.layout == L::kBHSD ? "BHSD" : "BSHD", placement_name(cs.placement), cs.slots,
-                cs.bulk ? "bulk copies" : "16-byte copies");
+                cs.bulk ? "bulk copies" : "16-byte copies", cs.adaptive ? " adaptive split" : "");
     cases.push_back(cs);
   }
   cases = fused_test::select_cases(cases, "MKERNEL_RING_CASES");  // e.g. "0,2": a subset, for quick runs

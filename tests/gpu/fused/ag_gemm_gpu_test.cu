@@ -13,6 +13,9 @@
 // (random_cases.h): 4 cases by default drawn from the seed, any m_local in [1, 700], n_local and
 // k multiples of 8 in [8, 1024] and [16, 1536], 1 to 8 chunks per shard, clusters of 1 or 2, with
 // or without the gathered output, with pushes by the blocks or the copy engines, on a random layout.
+// With the adaptive split (four cases and a random draw in four): the same inputs give the same
+// bits at six pinned splits, over 24 launches of the policy's own choosing, and as the static
+// default split (check_adaptive).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -55,9 +58,112 @@ struct Case {
   uint32_t launches_before = 0;  // launches of the communicator before the op is planned
   bool copy_engine = false;      // AllGatherGemmConfig::copy_engine_pushes
   bool trace = false;            // AllGatherGemmConfig::trace, and its report checked
+  bool adaptive = false;         // AllGatherGemmConfig::adaptive_split, and the bits checked across splits
 };
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
+
+// The adaptive split (AllGatherGemmConfig::adaptive_split): the same inputs give the same bits
+// at every split, pinned ones and the policy's own over many launches, and the same as a plan
+// with the static default split (when its split-K parts are at most two: more are summed in
+// arrival order there); the state counts the launches and says where it stands.
+template <class Prepare, class Check>
+int check_adaptive(const Case& cs, const rt::AllGatherGemmConfig& cfg, uint32_t rank, rt::AllGatherGemm& op,
+                   rt::Communicator& comm, cudaStream_t stream,
+                   const fused_test::RankSync& sync, Prepare& prepare, Check& check_launch, const __nv_bfloat16* a,
+                   const __nv_bfloat16* w, __nv_bfloat16* c, __nv_bfloat16* g) {
+  int fails = 0;
+  const uint64_t M = uint64_t{cs.topo.world()} * cs.m_local;
+  const size_t cn = M * cs.n_local;
+  const uint64_t seed = g_seed + 77777;
+  std::vector<uint16_t> first, now(cn);
+  auto run_once = [&](const char* what) {
+    prepare(seed);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    sync();
+    const mkernel::Status s = op.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
+    RANK_CHECK(s.ok(), "%s: %s", what, s.to_string().c_str());
+    check_launch(seed, what);
+    GT_CUDA(cudaMemcpy(now.data(), c, cn * 2, cudaMemcpyDeviceToHost));
+    if (first.empty()) {
+      first = now;
+      return;
+    }
+    size_t diff = 0, at = 0;
+    for (size_t i = 0; i < cn; ++i)
+      if (now[i] != first[i] && diff++ == 0) at = i;
+    RANK_CHECK(diff == 0, "%s: C differs from the first split's in %zu elements (first at row %zu)", what, diff,
+               at / cs.n_local);
+  };
+  auto state = op.split_state();
+  RANK_CHECK(state.ok() && state.value().adaptive, "split_state: %s", state.ok() ? "not adaptive" : state.status().to_string().c_str());
+  if (!state.ok()) return fails;
+  const int start = state.value().comm_blocks;
+  const uint32_t launches0 = state.value().launches;
+  const int cl = cs.cluster_m > 1 ? cs.cluster_m : 1;  // whole clusters only
+  auto whole = [&](int p) { return std::max(cl, p - p % cl); };
+  const int pins[] = {whole(start), whole(1), whole(2), whole(3), whole(start + 3), whole(2 * start)};
+  int pinned_runs = 0;
+  for (const int p : pins) {
+    const mkernel::Status st = op.pin_split(p);
+    RANK_CHECK(st.ok(), "pin_split(%d): %s", p, st.to_string().c_str());
+    run_once(("pinned " + std::to_string(p)).c_str());
+    ++pinned_runs;
+    auto after = op.split_state();
+    RANK_CHECK(after.ok() && after.value().last_comm_blocks == p && after.value().pinned,
+               "pinned %d: the launch ran with %d communication blocks", p,
+               after.ok() ? after.value().last_comm_blocks : -1);
+  }
+  // A count that is not whole clusters, or leaves nothing to compute, is refused.
+  const mkernel::Status bad = op.pin_split(100000);
+  RANK_CHECK(!bad.ok() && bad.to_string().find("pin") != std::string::npos, "pin_split(100000) was accepted: %s",
+             bad.to_string().c_str());
+  // Free: the policy moves the split; the bits stay.
+  RANK_CHECK(op.pin_split(0).ok(), "unpinning failed");
+  std::vector<int> seen;
+  for (int l = 0; l < 24; ++l) {
+    run_once(("adaptive launch " + std::to_string(l)).c_str());
+    auto st = op.split_state();
+    if (st.ok()) seen.push_back(st.value().last_comm_blocks);
+  }
+  auto end = op.split_state();
+  RANK_CHECK(end.ok() && end.value().launches == launches0 + pinned_runs + 24, "split_state counted %u launches, expected %u",
+             end.ok() ? end.value().launches : 0u, launches0 + pinned_runs + 24);
+  // The static default split on the same inputs.
+  rt::AllGatherGemmConfig scfg = cfg;  // the adaptive plan's, whose split it started from
+  scfg.adaptive_split = false;
+  GT_CUDA(cudaStreamSynchronize(stream));
+  sync();
+  auto made = rt::AllGatherGemm::create(comm, cs.m_local, cs.n_local, cs.k, scfg, stream);
+  RANK_CHECK(made.ok(), "static plan: %s", made.status().to_string().c_str());
+  if (made.ok()) {
+    sync();
+    rt::AllGatherGemm& st = *made.value();
+    const std::string d = st.describe();
+    const size_t sp = d.find(" s", d.find("gemm "));
+    const int splits = sp == std::string::npos ? 1 : std::atoi(d.c_str() + sp + 2);
+    prepare(seed);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    sync();
+    const mkernel::Status s = st.launch(a, w, c, cs.gathered_out ? g : nullptr, stream);
+    RANK_CHECK(s.ok(), "static launch: %s", s.to_string().c_str());
+    check_launch(seed, "static default split");
+    GT_CUDA(cudaMemcpy(now.data(), c, cn * 2, cudaMemcpyDeviceToHost));
+    size_t diff = 0;
+    for (size_t i = 0; i < cn; ++i) diff += now[i] != first[i];
+    RANK_CHECK(splits > 2 || diff == 0, "the static default split (%s) differs from the adaptive plan in %zu elements",
+               d.c_str(), diff);
+    sync();
+  }
+  if (rank == 0 && end.ok()) {
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
+    std::string path;
+    for (int x : seen) path += " " + std::to_string(x);
+    std::printf("      adaptive: %zu pinned splits and 24 free launches bit-identical; splits taken:%s\n      %s\n",
+                std::size(pins), path.c_str(), end.value().text.c_str());
+  }
+  return fails;
+}
 
 // One rank of one case: plan, three launches, a graph replayed three times.
 int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu,
@@ -89,6 +195,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   cfg.cluster_m = cs.cluster_m;
   cfg.copy_engine_pushes = cs.copy_engine;
   cfg.trace = cs.trace;
+  cfg.adaptive_split = cs.adaptive;
   if (shared_gpu) {
     // Every rank's kernel must be resident at once on the one GPU: split its 132 SMs.
     const int per_rank = 132 / static_cast<int>(R);
@@ -211,6 +318,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
     std::lock_guard<std::mutex> lock(fused_test::g_print);
     std::printf("      3 launches + 3 graph replays: worst rel err vs fp32 %.2e\n", worst);
   }
+  if (cs.adaptive) fails += check_adaptive(cs, cfg, rank, op, comm, stream, sync, prepare, check_launch, a, w, c, g);
 
   sync();  // nobody frees (a device-wide synchronisation) while another rank's kernel runs
   cublasDestroy(blas);
@@ -237,9 +345,9 @@ rt::Options options_for(const Case& cs) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "ag");
   if (!cluster.start()) return 1;
-  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s%s%s\n",
+  std::printf("case %s: m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d%s%s%s%s\n",
               cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
-              cs.copy_engine ? " copy-engine pushes" : "",
+              cs.copy_engine ? " copy-engine pushes" : "", cs.adaptive ? " adaptive split" : "",
               cs.launches_before ? (" after " + std::to_string(cs.launches_before) + " launches").c_str() : "",
               cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   const auto t0 = std::chrono::steady_clock::now();
@@ -385,6 +493,11 @@ int main() {
       {{1, 3, "shm"}, 200, 136, 264, 50, 1, true, 0, true},
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, true, 0, true},  // forwards stay with the blocks
       {{2, 2, "shm"}, 130, 128, 256, 0, 1, false, 0, false, true},  // the blocks' pushes, traced
+      // The adaptive split: the bits at every split (pinned, and the policy's own).
+      {{1, 2, "shm"}, 300, 264, 520, 0, 1, true, 0, false, false, true},
+      {{1, 2, "shm"}, 512, 256, 512, 0, 2, false, 0, false, false, true},   // clusters of 2
+      {{1, 2, "shm"}, 64, 512, 1024, 0, 1, true, 0, false, false, true},    // split-K parts
+      {{2, 1, "shm"}, 257, 256, 512, 0, 1, true, 0, false, false, true},    // through the proxies
   };
   // The random family (random_cases.h): shapes nobody chose, from the printed seed.
   std::vector<Case> all = cases;
@@ -401,9 +514,10 @@ int main() {
     cs.cluster_m = draw.coin() ? 2 : 1;
     cs.gathered_out = draw.coin();
     cs.copy_engine = draw.coin();
-    std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d ce %d\n", i,
+    cs.adaptive = draw.below(4) == 0;
+    std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d ce %d adaptive %d\n", i,
                 cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m, cs.gathered_out,
-                cs.copy_engine);
+                cs.copy_engine, cs.adaptive);
     all.push_back(cs);
   }
   all = fused_test::select_cases(all, "MKERNEL_AG_CASES");  // e.g. "0,9": a subset, for quick runs

@@ -79,6 +79,24 @@ struct AllGatherGemmConfig {
   // Record where each launch's time goes (AllGatherGemm::trace_report). A diagnostic: a memset and
   // a few stores per step per launch.
   bool trace = false;
+  // Let the kernel move the split between GEMM and communication blocks from launch to launch,
+  // from what it measured (starting at comm_blocks or the default rule; docs/api.md "Adaptive
+  // split"). Results are bit-identical whatever the split. Off until measured better.
+  bool adaptive_split = false;
+};
+
+// A fused op's split of blocks between compute and communication, read back (adaptive_split).
+struct SplitState {
+  bool adaptive = false;     // the op was made with adaptive_split
+  bool settled = false;      // the policy stopped exploring (it reopens when the times drift)
+  bool pinned = false;       // pin_split holds it
+  int comm_blocks = 0;       // communication blocks of the next launch
+  int last_comm_blocks = 0;  // of the last finished launch
+  uint32_t launches = 0;     // finished launches of this op
+  float last_us = 0;         // the last launch's time on the GPU (first block in to last block out)
+  int grid_blocks = 0;       // blocks of every launch (compute + communication)
+  std::vector<int> candidates;  // the communication block counts the policy considers, ascending
+  std::string text;          // all of it in one line, with every candidate's average time
 };
 
 // Options::nvlink_bytes and Options::network_workspace_bytes an AllGather+GEMM of this size needs.
@@ -108,6 +126,11 @@ class AllGatherGemm {
   // and publication, each chunk's arrival, in microseconds from the kernel's start). Reads device
   // memory: call once the launch finished (after synchronising its stream).
   std::string trace_report() const;
+  // With AllGatherGemmConfig::adaptive_split: where the split stands (reads device memory: call
+  // once the launches of interest finished), and pinning it to `comm_blocks` (0: the policy chooses
+  // again; call with no launch of this op in flight). Errors without adaptive_split.
+  StatusOr<SplitState> split_state() const;
+  Status pin_split(int comm_blocks);
   uint32_t nodes() const { return nodes_; }
   uint32_t gpus_per_node() const { return gpus_; }
 
@@ -288,6 +311,8 @@ struct RingAttentionConfig {
   int attn_blocks = 0;      // blocks that run the attention core (0: the SMs the comm blocks leave)
   uint32_t slots = 0;       // K/V chunks a rank holds at once (0: 4, at least GPUs per node across nodes)
   bool bulk_copies = true;  // GPU-memory copies by TMA bulk copies (false: 16-byte loads/stores)
+  // As AllGatherGemmConfig::adaptive_split: attention and communication blocks. Two ranks or more.
+  bool adaptive_split = false;
 };
 
 // Options::nvlink_bytes, Options::network_workspace_bytes and Options::fused_flags a ring of this
@@ -312,6 +337,9 @@ class RingAttention {
   std::string describe() const;
   // Floating-point operations of this rank's share (visible query-key pairs only).
   double flops() const;
+  // With RingAttentionConfig::adaptive_split: as AllGatherGemm::split_state and pin_split.
+  StatusOr<SplitState> split_state() const;
+  Status pin_split(int comm_blocks);
 
  private:
   RingAttention() = default;

@@ -1,0 +1,564 @@
+// split_bench: the adaptive split of a fused kernel's blocks (docs/kernels.md section 16) beside
+// every useful static split and the documented default, in one run, on the same inputs:
+//   mkernel_static_<c>   the op made with c communication blocks (and the same grid)
+//   mkernel_default      the op with the default rule's split
+//   mkernel_adaptive     the op with adaptive_split, after --converge launches to find its split
+//   mkernel_best_static  the fastest of the static rows (its count in "config")
+// for AllGather+GEMM (--kernels ag_gemm; shapes M x N x K, global) and ring attention (ring;
+// global sequence lengths --seqs, --heads, --dim, masks full / causal), on one node (NVLink)
+// or with --nodes every rank its own node (through the proxies over --provider, host-staged).
+// The static counts are the adaptive policy's candidates plus the default's.
+//
+// Ranks are threads of this process, one per GPU; with more ranks than GPUs they share GPU 0 and
+// each gets an equal part of its SMs (the grid is then that part: timings are not a
+// deployment's, but every split runs on the same part). Every implementation's output is checked
+// before timing: AllGather+GEMM's C against cuBLAS on the gathered A, ring attention's O and lse
+// against the default split's, bit for bit (the splits move work, never change it). Timing:
+// warm-up, then --rounds rounds taking turns between the implementations, --iters launches each
+// in all, CUDA events on rank 0's stream; medians. A table is printed last; --jsonl appends one
+// line per implementation and shape (benchmark "adaptive_split", the kernel in "shape").
+//
+//   split_bench [--kernels ag_gemm,ring] [--world W] [--nodes] [--provider shm]
+//               [--shapes 8192x8192x8192,...] [--seqs 32768] [--masks full,causal] [--heads 32]
+//               [--dim 128] [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C]
+//               [--machine M]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attention/attention_test_util.cuh"
+#include "fused_harness.h"
+#include "gemm/gemm_test_util.cuh"
+#include "mkernel/runtime/ops.h"
+#include "mkernel/runtime/runtime.h"
+
+namespace rt = mkernel::rt;
+
+namespace {
+
+struct Args {
+  std::vector<std::string> kernels = {"ag_gemm", "ring"};
+  uint32_t world = 0;
+  bool nodes = false;
+  std::string provider = "shm";
+  std::vector<std::array<int64_t, 3>> shapes;
+  std::vector<uint64_t> seqs = {32768};
+  std::vector<std::string> masks = {"full", "causal"};
+  uint32_t heads = 32, dim = 128;
+  int iters = 20, rounds = 4, converge = 64;
+  std::string jsonl, commit = "unknown", machine = "unknown";
+};
+
+// One shape of one kernel: what rank 0 measured.
+struct Row {
+  std::string kernel, shape;
+  int grid = 0, default_comm = 0;
+  std::vector<int> comms;           // static counts, ascending
+  std::vector<double> static_ms;    // per count
+  double default_ms = 0, adaptive_ms = 0;
+  int adaptive_comm = 0, settled_after = 0;
+  std::string path, state;          // the adaptive split's counts while converging; its state after
+  std::string error;
+  bool done = false;
+};
+
+double median(std::vector<float> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A fused op behind one interface: launch, and the split state where it has one.
+struct Impl {
+  std::string name;
+  int comm = 0;
+  std::function<mkernel::Status()> launch;
+  std::function<mkernel::StatusOr<rt::SplitState>()> state;
+};
+
+// Converges the adaptive op (launch by launch, reading its state), then times every implementation
+// in rounds. Returns false with row->error set on a failure (rank 0) or quietly (others).
+bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, const fused_test::RankSync& sync,
+                       rt::Communicator& comm, std::vector<Impl>& impls, Impl& adaptive, Row* row) {
+  std::string path;
+  int settled_after = 0;
+  for (int l = 1; l <= args.converge; ++l) {
+    const mkernel::Status s = adaptive.launch();
+    (void)cudaStreamSynchronize(stream);
+    auto st = adaptive.state();
+    if (!s.ok() || !st.ok() || !comm.check().ok()) {
+      if (rank == 0)
+        row->error = "adaptive launch " + std::to_string(l) + ": " + s.to_string() + " " + comm.check().to_string();
+      return false;
+    }
+    path += (path.empty() ? "" : " ") + std::to_string(st.value().last_comm_blocks);
+    if (settled_after == 0 && st.value().settled) settled_after = l;
+  }
+  sync();
+  cudaEvent_t e0, e1;
+  (void)cudaEventCreate(&e0);
+  (void)cudaEventCreate(&e1);
+  std::vector<std::vector<float>> times(impls.size() + 1);
+  const int per = std::max(1, args.iters / std::max(1, args.rounds));
+  for (int rd = 0; rd < args.rounds; ++rd)
+    for (size_t i = 0; i <= impls.size(); ++i) {
+      Impl& im = i < impls.size() ? impls[i] : adaptive;
+      sync();
+      for (int it = 0; it < per + (rd == 0 ? 2 : 0); ++it) {  // two untimed warm-ups in the first round
+        (void)cudaEventRecord(e0, stream);
+        const mkernel::Status s = im.launch();
+        (void)cudaEventRecord(e1, stream);
+        (void)cudaEventSynchronize(e1);
+        if (!s.ok()) {
+          if (rank == 0) row->error = im.name + ": " + s.to_string();
+          return false;
+        }
+        float ms = 0;
+        (void)cudaEventElapsedTime(&ms, e0, e1);
+        if (rd > 0 || it >= 2) times[i].push_back(ms);
+      }
+    }
+  (void)cudaEventDestroy(e0);
+  (void)cudaEventDestroy(e1);
+  if (!comm.check().ok()) {
+    if (rank == 0) row->error = comm.check().to_string();
+    return false;
+  }
+  if (rank != 0) return true;
+  for (size_t i = 0; i < impls.size(); ++i) {
+    if (impls[i].name == "mkernel_default") {
+      row->default_ms = median(times[i]);
+    } else {
+      row->comms.push_back(impls[i].comm);
+      row->static_ms.push_back(median(times[i]));
+    }
+  }
+  row->adaptive_ms = median(times[impls.size()]);
+  auto st = adaptive.state();
+  row->adaptive_comm = st.ok() ? st.value().last_comm_blocks : -1;
+  row->state = st.ok() ? st.value().text : st.status().to_string();
+  row->settled_after = settled_after;
+  row->path = path;
+  return true;
+}
+
+// The SMs a rank may use: all of its GPU, or its share when ranks share GPU 0.
+int grid_share(const fused_test::Cluster& cluster) {
+  const uint32_t R = cluster.topology().world();
+  return cluster.shared_gpu() ? static_cast<int>(132 / R) : 0;
+}
+
+bool run_ag(uint32_t rank, const Args& args, const fused_test::Cluster& cluster, rt::Communicator& comm,
+            cudaStream_t stream, const fused_test::RankSync& sync, const std::array<int64_t, 3>& shape, Row* row) {
+  const uint32_t W = cluster.topology().world();
+  const int64_t M = shape[0], N = shape[1], K = shape[2];
+  const uint64_t m_local = M / W, n_local = N / W;
+  __nv_bfloat16 *a, *w, *c, *g, *c_ref;
+  if (cudaMalloc(&a, m_local * K * 2) || cudaMalloc(&w, n_local * K * 2) || cudaMalloc(&c, M * n_local * 2) ||
+      cudaMalloc(&g, M * K * 2) || cudaMalloc(&c_ref, M * n_local * 2)) {
+    if (rank == 0) row->error = "cudaMalloc failed";
+    return false;
+  }
+  gemm_test::fill_random(a, m_local * K, 1000 + rank, 1.0f, stream);
+  gemm_test::fill_random(w, n_local * K, 2000 + rank, 1.0f, stream);
+  (void)cudaStreamSynchronize(stream);
+  sync();
+  const int share = grid_share(cluster);
+  rt::AllGatherGemmConfig acfg;
+  acfg.adaptive_split = true;
+  if (share != 0) {
+    acfg.comm_blocks = 4;
+    acfg.gemm_blocks = share - acfg.comm_blocks;
+  }
+  auto made = rt::AllGatherGemm::create(comm, m_local, n_local, K, acfg, stream);
+  if (!made.ok()) {
+    if (rank == 0) row->error = "adaptive plan: " + made.status().to_string();
+    return false;
+  }
+  std::unique_ptr<rt::AllGatherGemm> aop = std::move(made.value());
+  auto st0 = aop->split_state();
+  if (!st0.ok()) {
+    if (rank == 0) row->error = st0.status().to_string();
+    return false;
+  }
+  const int grid = st0.value().grid_blocks, def = st0.value().comm_blocks;
+  std::vector<int> counts = st0.value().candidates;
+  if (std::find(counts.begin(), counts.end(), def) == counts.end()) counts.push_back(def);
+  std::sort(counts.begin(), counts.end());
+  // The static ops: every count on the same grid, and the default.
+  std::vector<std::unique_ptr<rt::AllGatherGemm>> ops;
+  std::vector<Impl> impls;
+  auto add_static = [&](int comm_blocks, const std::string& name) -> bool {
+    rt::AllGatherGemmConfig scfg;
+    scfg.comm_blocks = comm_blocks;
+    scfg.gemm_blocks = grid - comm_blocks;
+    auto m = rt::AllGatherGemm::create(comm, m_local, n_local, K, scfg, stream);
+    if (!m.ok()) {
+      if (rank == 0) row->error = name + ": " + m.status().to_string();
+      return false;
+    }
+    ops.push_back(std::move(m.value()));
+    rt::AllGatherGemm* op = ops.back().get();
+    impls.push_back({name, comm_blocks, [=] { return op->launch(a, w, c, nullptr, stream); }, nullptr});
+    return true;
+  };
+  if (!add_static(def, "mkernel_default")) return false;
+  for (int cnt : counts)
+    if (!add_static(cnt, "mkernel_static_" + std::to_string(cnt))) return false;
+  Impl adaptive{"mkernel_adaptive", def, [&] { return aop->launch(a, w, c, nullptr, stream); },
+                [&] { return aop->split_state(); }};
+  // Correctness: the gathered A from the adaptive op, cuBLAS on it, every op's C against that.
+  cublasHandle_t blas;
+  cublasCreate(&blas);
+  cublasSetStream(blas, stream);
+  sync();
+  mkernel::Status s = aop->launch(a, w, c, g, stream);
+  const float alpha = 1.f, beta = 0.f;
+  cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_local), static_cast<int>(M), static_cast<int>(K),
+               &alpha, w, CUDA_R_16BF, static_cast<int>(K), g, CUDA_R_16BF, static_cast<int>(K), &beta, c_ref,
+               CUDA_R_16BF, static_cast<int>(n_local), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  (void)cudaStreamSynchronize(stream);
+  const auto want = gemm_test::to_host_float(c_ref, M * n_local);
+  bool good = s.ok();
+  if (!good && rank == 0) row->error = "adaptive launch with the gathered output: " + s.to_string();
+  for (size_t i = 0; i <= impls.size() && good; ++i) {
+    Impl& im = i < impls.size() ? impls[i] : adaptive;
+    sync();
+    gemm_test::poison(c, M * n_local, stream);
+    const mkernel::Status ls = im.launch();
+    (void)cudaStreamSynchronize(stream);
+    const double e = gemm_test::compare(gemm_test::to_host_float(c, M * n_local), want).rel_fro;
+    if (!ls.ok() || !(e < 1e-2) || !comm.check().ok()) {
+      if (rank == 0)
+        row->error = im.name + " wrong: rel err vs cuBLAS " + std::to_string(e) + "; " + ls.to_string() + "; " +
+                     comm.check().to_string();
+      good = false;
+    }
+  }
+  cublasDestroy(blas);
+  bool ok = good && converge_and_time(rank, args, stream, sync, comm, impls, adaptive, row);
+  if (rank == 0) {
+    row->grid = grid;
+    row->default_comm = def;
+  }
+  sync();
+  ops.clear();
+  aop.reset();
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(w), static_cast<void*>(c), static_cast<void*>(g),
+                  static_cast<void*>(c_ref)})
+    (void)cudaFree(p);
+  return ok;
+}
+
+bool run_ring(uint32_t rank, const Args& args, const fused_test::Cluster& cluster, rt::Communicator& comm,
+              cudaStream_t stream, const fused_test::RankSync& sync, uint64_t S, const std::string& mask, Row* row) {
+  const uint32_t R = cluster.topology().world();
+  rt::RingAttentionShape sh;
+  sh.heads_q = args.heads;
+  sh.heads_kv = args.heads;
+  sh.head_dim = args.dim;
+  sh.s_local = S / R;
+  sh.placement = mask == "full" ? rt::RingPlacement::kNonCausal : rt::RingPlacement::kCausalZigzag;
+  const uint64_t q_elems = uint64_t{sh.heads_q} * sh.s_local * sh.head_dim;
+  const uint64_t lse_elems = uint64_t{sh.heads_q} * sh.s_local;
+  __nv_bfloat16 *q, *k, *v, *o;
+  float* lse;
+  if (cudaMalloc(&q, q_elems * 2) || cudaMalloc(&k, q_elems * 2) || cudaMalloc(&v, q_elems * 2) ||
+      cudaMalloc(&o, q_elems * 2) || cudaMalloc(&lse, lse_elems * 4)) {
+    if (rank == 0) row->error = "cudaMalloc failed";
+    return false;
+  }
+  attn_test::fill_random(q, q_elems, 11 + rank, 1.0f, stream);
+  attn_test::fill_random(k, q_elems, 23 + rank, 1.0f, stream);
+  attn_test::fill_random(v, q_elems, 37 + rank, 1.0f, stream);
+  (void)cudaStreamSynchronize(stream);
+  sync();
+  const int share = grid_share(cluster);
+  rt::RingAttentionConfig acfg;
+  acfg.adaptive_split = true;
+  if (share != 0) {
+    acfg.comm_blocks = 2;
+    acfg.attn_blocks = share - acfg.comm_blocks;
+  }
+  auto made = rt::RingAttention::create(comm, sh, acfg, stream);
+  if (!made.ok()) {
+    if (rank == 0) row->error = "adaptive plan: " + made.status().to_string();
+    return false;
+  }
+  std::unique_ptr<rt::RingAttention> aop = std::move(made.value());
+  auto st0 = aop->split_state();
+  if (!st0.ok()) {
+    if (rank == 0) row->error = st0.status().to_string();
+    return false;
+  }
+  const int grid = st0.value().grid_blocks, def = st0.value().comm_blocks;
+  std::vector<int> counts = st0.value().candidates;
+  if (std::find(counts.begin(), counts.end(), def) == counts.end()) counts.push_back(def);
+  std::sort(counts.begin(), counts.end());
+  std::vector<std::unique_ptr<rt::RingAttention>> ops;
+  std::vector<Impl> impls;
+  auto add_static = [&](int comm_blocks, const std::string& name) -> bool {
+    rt::RingAttentionConfig scfg;
+    scfg.comm_blocks = comm_blocks;
+    scfg.attn_blocks = grid - comm_blocks;
+    auto m = rt::RingAttention::create(comm, sh, scfg, stream);
+    if (!m.ok()) {
+      if (rank == 0) row->error = name + ": " + m.status().to_string();
+      return false;
+    }
+    ops.push_back(std::move(m.value()));
+    rt::RingAttention* op = ops.back().get();
+    impls.push_back({name, comm_blocks, [=] { return op->launch(q, k, v, o, lse, stream); }, nullptr});
+    return true;
+  };
+  if (!add_static(def, "mkernel_default")) return false;
+  for (int cnt : counts)
+    if (!add_static(cnt, "mkernel_static_" + std::to_string(cnt))) return false;
+  Impl adaptive{"mkernel_adaptive", def, [&] { return aop->launch(q, k, v, o, lse, stream); },
+                [&] { return aop->split_state(); }};
+  // Correctness: every split gives the default's O and lse, bit for bit.
+  std::vector<uint16_t> o_ref(q_elems), o_now(q_elems);
+  std::vector<float> l_ref(lse_elems), l_now(lse_elems);
+  bool good = true;
+  for (size_t i = 0; i <= impls.size() && good; ++i) {
+    Impl& im = i < impls.size() ? impls[i] : adaptive;
+    sync();
+    const mkernel::Status ls = im.launch();
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaMemcpy(o_now.data(), o, q_elems * 2, cudaMemcpyDeviceToHost);
+    (void)cudaMemcpy(l_now.data(), lse, lse_elems * 4, cudaMemcpyDeviceToHost);
+    if (i == 0) {
+      o_ref = o_now;
+      l_ref = l_now;
+      size_t bad = 0;
+      for (float x : l_ref) bad += !std::isfinite(x);
+      if ((bad != 0 || !ls.ok()) && rank == 0)
+        row->error = "the default split: " + ls.to_string() + ", " + std::to_string(bad) + " non-finite lse values";
+      good = bad == 0 && ls.ok();
+      continue;
+    }
+    const bool same = o_now == o_ref && std::memcmp(l_now.data(), l_ref.data(), lse_elems * 4) == 0;
+    if (!ls.ok() || !same || !comm.check().ok()) {
+      if (rank == 0)
+        row->error = im.name + ": " + (same ? "" : "O or lse differ from the default split's; ") + ls.to_string() +
+                     "; " + comm.check().to_string();
+      good = false;
+    }
+  }
+  bool ok = good && converge_and_time(rank, args, stream, sync, comm, impls, adaptive, row);
+  if (rank == 0) {
+    row->grid = grid;
+    row->default_comm = def;
+  }
+  sync();
+  ops.clear();
+  aop.reset();
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
+                  static_cast<void*>(lse)})
+    (void)cudaFree(p);
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--kernels") args.kernels = mkt::split_commas(next());
+    else if (a == "--world") args.world = static_cast<uint32_t>(std::atoi(next().c_str()));
+    else if (a == "--nodes") args.nodes = true;
+    else if (a == "--provider") args.provider = next();
+    else if (a == "--shapes") {
+      for (const std::string& s : mkt::split_commas(next())) {
+        std::array<int64_t, 3> sh{};
+        if (std::sscanf(s.c_str(), "%ldx%ldx%ld", &sh[0], &sh[1], &sh[2]) != 3) {
+          std::printf("split_bench: --shapes: \"%s\" is not MxNxK\n", s.c_str());
+          return 2;
+        }
+        args.shapes.push_back(sh);
+      }
+    } else if (a == "--seqs") {
+      args.seqs.clear();
+      for (const auto& s : mkt::split_commas(next())) args.seqs.push_back(std::stoull(s));
+    } else if (a == "--masks") args.masks = mkt::split_commas(next());
+    else if (a == "--heads") args.heads = static_cast<uint32_t>(std::atoi(next().c_str()));
+    else if (a == "--dim") args.dim = static_cast<uint32_t>(std::atoi(next().c_str()));
+    else if (a == "--iters") args.iters = std::atoi(next().c_str());
+    else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
+    else if (a == "--converge") args.converge = std::atoi(next().c_str());
+    else if (a == "--jsonl") args.jsonl = next();
+    else if (a == "--commit") args.commit = next();
+    else if (a == "--machine") args.machine = next();
+    else {
+      std::printf("split_bench: unknown argument \"%s\" (see the top of bench/fused/split_bench.cu)\n", a.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& m : args.masks)
+    if (m != "full" && m != "causal") {
+      std::printf("split_bench: --masks: \"%s\" is neither full nor causal\n", m.c_str());
+      return 2;
+    }
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // no module load while a rank's kernel waits for another
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  mkt::require_gpus_or_skip("split_bench", 1);
+  int gpus = 0;
+  (void)cudaGetDeviceCount(&gpus);
+  const uint32_t R = args.world != 0 ? args.world : static_cast<uint32_t>(std::max(2, gpus));
+  if (R < 2) {
+    std::printf("split_bench: --world %u: a split needs at least two ranks\n", R);
+    return 2;
+  }
+  if (args.shapes.empty()) args.shapes = {{4096, 8192, 8192}, {8192, 8192, 8192}, {16384, 14336, 4096}};
+  fused_test::Topology topo{args.nodes ? R : 1, args.nodes ? 1 : R, args.provider};
+  fused_test::Cluster cluster(topo, "splitbench");
+  if (!cluster.start()) return 1;
+  if (cluster.shared_gpu())
+    std::printf("note: %u ranks share GPU 0, %d SMs each: timings compare the splits, not a deployment\n", R,
+                132 / static_cast<int>(R));
+
+  std::vector<Row> rows;
+  uint64_t nvl = 1 << 20, net = 0;
+  for (const std::string& kname : args.kernels) {
+    if (kname == "ag_gemm") {
+      for (const auto& s : args.shapes) {
+        if (s[0] % R != 0 || s[1] % (8 * R) != 0 || s[2] % 8 != 0) {
+          std::printf("split_bench: shape %ldx%ldx%ld does not split over %u ranks\n", s[0], s[1], s[2], R);
+          return 2;
+        }
+        Row r;
+        r.kernel = "ag_gemm";
+        r.shape = std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]);
+        rows.push_back(r);
+        nvl = std::max(nvl, rt::all_gather_gemm_nvlink_bytes(R, s[0] / R, s[2]));
+        if (args.nodes) net = std::max(net, rt::all_gather_gemm_network_bytes(R, s[0] / R, s[2]));
+      }
+    } else if (kname == "ring") {
+      for (uint64_t S : args.seqs)
+        for (const std::string& m : args.masks) {
+          if (S % (2ull * R) != 0) {
+            std::printf("split_bench: S = %llu is not a multiple of 2 x world\n", static_cast<unsigned long long>(S));
+            return 2;
+          }
+          Row r;
+          r.kernel = "ring_attention";
+          r.shape = "S=" + std::to_string(S) + " H=" + std::to_string(args.heads) + " D=" + std::to_string(args.dim) +
+                    " " + m;
+          rows.push_back(r);
+          rt::RingAttentionShape sh;
+          sh.heads_q = sh.heads_kv = args.heads;
+          sh.head_dim = args.dim;
+          sh.s_local = S / R;
+          nvl = std::max(nvl, rt::ring_attention_nvlink_bytes(topo.nodes, topo.gpus, sh));
+          if (args.nodes) net = std::max(net, rt::ring_attention_network_bytes(topo.nodes, sh));
+        }
+    } else {
+      std::printf("split_bench: --kernels: \"%s\" is not ag_gemm or ring\n", kname.c_str());
+      return 2;
+    }
+  }
+  rt::Options o;
+  o.nvlink_bytes = nvl;
+  o.network_workspace_bytes = net;
+  o.fused_flags = std::max<uint32_t>(4096, rt::ring_attention_fused_flags(topo.nodes, topo.gpus));
+  o.device_wait_timeout_ns = 20'000'000'000ull;
+  o.rendezvous_timeout = std::chrono::milliseconds(120000);
+
+  const int failed = fused_test::run_ranks_in_threads(
+      cluster, o, {4096},
+      [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        size_t ri = 0;
+        for (const std::string& kname : args.kernels) {
+          if (kname == "ag_gemm") {
+            for (const auto& s : args.shapes) {
+              Row* row = &rows[ri++];
+              if (!run_ag(rank, args, cluster, comm, stream, sync, s, row)) return 1;
+              if (rank == 0) row->done = true;
+            }
+          } else {
+            for (uint64_t S : args.seqs)
+              for (const std::string& m : args.masks) {
+                Row* row = &rows[ri++];
+                if (!run_ring(rank, args, cluster, comm, stream, sync, S, m, row)) return 1;
+                if (rank == 0) row->done = true;
+              }
+          }
+        }
+        return 0;
+      });
+  for (const Row& r : rows)
+    if (!r.error.empty()) std::printf("split_bench: %s %s: %s\n", r.kernel.c_str(), r.shape.c_str(), r.error.c_str());
+  if (failed != 0) {
+    std::printf("split_bench: %d rank(s) failed (the causes are above)\n", failed);
+    return 1;
+  }
+
+  char date[16];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
+  FILE* jl = args.jsonl.empty() ? nullptr : std::fopen(args.jsonl.c_str(), "a");
+  const std::string path_name = args.nodes ? "proxies over " + args.provider + " (host-staged)" : "nvlink";
+  std::printf("\nsplit_bench: world %u, %s, %s, commit %s%s\n", R, path_name.c_str(), args.machine.c_str(),
+              args.commit.c_str(), cluster.shared_gpu() ? ", ranks share GPU 0" : "");
+  std::printf("%-15s %-26s %5s %12s %16s %18s %9s %9s\n", "kernel", "shape", "grid", "default ms", "best static ms",
+              "adaptive ms (comm)", "vs best", "vs def");
+  std::vector<double> vs_best, vs_def;
+  for (const Row& r : rows) {
+    if (!r.done) continue;
+    size_t b = 0;
+    for (size_t i = 1; i < r.static_ms.size(); ++i)
+      if (r.static_ms[i] < r.static_ms[b]) b = i;
+    const double best = r.static_ms.empty() ? 0 : r.static_ms[b];
+    const int best_comm = r.comms.empty() ? 0 : r.comms[b];
+    char best_s[32], ad_s[32];
+    std::snprintf(best_s, sizeof(best_s), "%.4f (%d)", best, best_comm);
+    std::snprintf(ad_s, sizeof(ad_s), "%.4f (%d)", r.adaptive_ms, r.adaptive_comm);
+    std::printf("%-15s %-26s %5d %7.4f (%d) %16s %18s %9.3f %9.3f\n", r.kernel.c_str(), r.shape.c_str(), r.grid,
+                r.default_ms, r.default_comm, best_s, ad_s, best / r.adaptive_ms, r.default_ms / r.adaptive_ms);
+    std::printf("    settled after %d launches; splits while converging: %s\n    %s\n", r.settled_after,
+                r.path.c_str(), r.state.c_str());
+    vs_best.push_back(best / r.adaptive_ms);
+    vs_def.push_back(r.default_ms / r.adaptive_ms);
+    if (jl == nullptr) continue;
+    auto line = [&](const std::string& impl, double ms, const std::string& config) {
+      std::fprintf(jl,
+                   "{\"benchmark\": \"adaptive_split\", \"shape\": \"%s %s\", \"world\": %u, \"nodes\": %u, \"path\": "
+                   "\"%s\", \"impl\": \"%s\", \"median_ms\": %.4f, \"iters\": %d, \"grid\": %d, \"config\": \"%s\", "
+                   "\"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"%s}\n",
+                   r.kernel.c_str(), r.shape.c_str(), R, args.nodes ? R : 1, path_name.c_str(), impl.c_str(), ms,
+                   args.iters, r.grid, config.c_str(), args.machine.c_str(), args.commit.c_str(), date,
+                   cluster.shared_gpu() ? ", \"note\": \"ranks share one GPU\"" : "");
+    };
+    for (size_t i = 0; i < r.comms.size(); ++i)
+      line("mkernel_static_" + std::to_string(r.comms[i]), r.static_ms[i], "comm " + std::to_string(r.comms[i]));
+    line("mkernel_best_static", best, "comm " + std::to_string(best_comm));
+    line("mkernel_default", r.default_ms, "comm " + std::to_string(r.default_comm));
+    line("mkernel_adaptive", r.adaptive_ms,
+         "comm " + std::to_string(r.adaptive_comm) + ", settled after " + std::to_string(r.settled_after) + " launches");
+  }
+  if (jl != nullptr) std::fclose(jl);
+  double gb = 0, gd = 0, worst = 1e9;
+  for (double x : vs_best) gb += std::log(x), worst = std::min(worst, x);
+  for (double x : vs_def) gd += std::log(x);
+  if (!vs_best.empty())
+    std::printf("adaptive / best static: worst %.3f (goal >= 0.97); over the default: geometric mean %.3fx (goal >= 1.1)\n",
+                worst, std::exp(gd / vs_def.size()));
+  (void)gb;
+  return 0;
+}

@@ -1,0 +1,358 @@
+// The adaptive split's policy (kernels/common/split_policy.h) against modelled fused kernels:
+// the candidates it considers, where it settles beside the best static split (every count, not
+// only its candidates), how fast, whether it stays there under noise, and whether it finds the
+// new best when the link changes under it. The model is a persistent kernel whose compute blocks
+// run their own rows' tiles first and the others' as the communication blocks deliver them
+// (AllGather+GEMM's shape of work); its parameters are drawn over compute- and link-bound cases.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/split_policy.h"
+#include "common/tile_scheduler.cuh"
+
+namespace mk = mkernel::kernels;
+
+namespace {
+
+// A modelled fused launch with c communication blocks out of `grid`.
+struct Model {
+  uint32_t grid = 132;
+  uint32_t unit = 1;           // blocks per cluster
+  uint32_t tiles = 1024;       // compute units
+  double own_share = 0.5;      // share of the tiles that need no data (the rank's own rows)
+  double tile_us = 9.0;        // one tile on one cluster
+  double bytes_mb = 64;        // what the communication blocks move
+  double per_block_gbs = 20;   // one block's rate
+  double link_gbs = 150;       // the link's
+  double overhead_us = 15;
+
+  double comm_us(uint32_t c) const {
+    const double rate = std::min(c * per_block_gbs, link_gbs);  // GB/s = kB/us
+    return bytes_mb * 1000.0 / rate;
+  }
+  // Launch time, when the communication finished, and the compute blocks' average wait. The
+  // engine's static schedule: cluster j takes tiles j, j + G, j + 2G, ... in order; the first
+  // own_share of the tiles need no data, remote tile r (of `rest`) can start once the share
+  // (r + 1) / rest of the data arrived (the communication moves it at a steady rate).
+  mk::SplitSample run(uint32_t c) const {
+    const uint32_t clusters = (grid - c) / unit;
+    const uint32_t own = static_cast<uint32_t>(tiles * own_share);
+    const uint32_t rest = tiles - own;
+    const double tc = comm_us(c);
+    double done = 0, wait = 0;
+    for (uint32_t j = 0; j < clusters; ++j) {
+      double t = 0;
+      for (uint32_t i = j; i < tiles; i += clusters) {
+        const double need = i < own ? 0.0 : tc * double(i - own + 1) / rest;
+        if (need > t) wait += need - t, t = need;
+        t += tile_us;
+      }
+      done = std::max(done, t);
+    }
+    mk::SplitSample s;
+    s.compute_done_us = static_cast<float>(done);
+    s.comm_done_us = static_cast<float>(tc);
+    s.compute_wait_us = static_cast<float>(wait / clusters);
+    s.launch_us = static_cast<float>(std::max(done, tc) + overhead_us);
+    return s;
+  }
+  double time(uint32_t c) const { return run(c).launch_us; }
+};
+
+std::vector<uint16_t> candidates(const Model& m, uint32_t min_comm, uint32_t max_comm) {
+  uint16_t out[mk::kSplitMaxCandidates];
+  const uint32_t n = mk::split_candidates(m.tiles, m.grid, m.unit, min_comm, max_comm, out);
+  return std::vector<uint16_t>(out, out + n);
+}
+
+// The best static split over every count in [lo, hi] (whole clusters), by the noise-free model.
+double best_static(const Model& m, uint32_t lo, uint32_t hi, uint32_t* at = nullptr) {
+  double best = 1e30;
+  for (uint32_t c = lo; c <= hi; ++c) {
+    if ((m.grid - c) % m.unit != 0 || c % m.unit != 0) continue;
+    const double t = m.time(c);
+    if (t < best) best = t, at != nullptr ? (*at = c) : 0u;
+  }
+  return best;
+}
+
+struct Drive {
+  uint32_t settled_at = 0;  // launch at which it settled (0: never)
+  uint32_t comm = 0;        // where it ended
+  uint32_t changes_after_settling = 0;
+};
+
+Drive drive(mk::SplitPolicy& s, const Model& m, uint32_t launches, double noise, std::mt19937& rng) {
+  std::normal_distribution<double> n01(0.0, 1.0);
+  Drive r;
+  uint32_t comm = mk::split_policy_comm(s);
+  for (uint32_t i = 1; i <= launches; ++i) {
+    mk::SplitSample x = m.run(comm);
+    const double f = 1.0 + noise * n01(rng);
+    x.launch_us = static_cast<float>(x.launch_us * f);
+    x.compute_done_us = static_cast<float>(x.compute_done_us * f);
+    x.comm_done_us = static_cast<float>(x.comm_done_us * f);
+    const uint32_t next = mk::split_policy_step(s, x);
+    if (s.phase == mk::kSplitSettled && r.settled_at == 0) r.settled_at = i;
+    if (r.settled_at != 0 && next != comm && i > r.settled_at) ++r.changes_after_settling;
+    comm = next;
+  }
+  r.comm = comm;
+  return r;
+}
+
+TEST(SplitPolicy, CandidatesHoldTheLargestCountOfEveryWavePlateau) {
+  // 1024 tiles over 132 - c blocks, c in [1, 32]: 7 plateaus of 8 to 10 waves... and counts
+  // spread over the rest of the range, 32 in all.
+  uint16_t out[mk::kSplitMaxCandidates];
+  const uint32_t n = mk::split_candidates(1024, 132, 1, 1, 32, out);
+  ASSERT_EQ(n, 32u);
+  for (uint32_t i = 0; i < n; ++i) {
+    EXPECT_GE(out[i], 1u);
+    EXPECT_LE(out[i], 32u);
+    if (i > 0) {
+      EXPECT_GT(out[i], out[i - 1]);
+    }
+  }
+  auto waves = [](uint32_t c) { return (1024u + (132u - c) - 1) / (132u - c); };
+  for (uint32_t c = 1; c <= 32; ++c) {
+    const bool largest = c == 32 || waves(c + 1) > waves(c);
+    if (largest) {
+      EXPECT_NE(std::find(out, out + n, uint16_t(c)), out + n) << "c " << c;
+    }
+  }
+  // 1024 / 8 waves = 128 blocks: c = 4 is the largest count of the 8-wave plateau.
+  EXPECT_NE(std::find(out, out + n, uint16_t{4}), out + n);
+  // A range wider than the cap: the plateaus' largest counts first, the rest spread.
+  const uint32_t m = mk::split_candidates(1024, 132, 1, 1, 60, out);
+  ASSERT_EQ(m, 32u);
+  for (uint32_t c = 1; c <= 60; ++c) {
+    const bool largest = c == 60 || (1024u + (131u - c)) / (131u - c) > (1024u + (132u - c) - 1) / (132u - c);
+    if (largest) {
+      EXPECT_NE(std::find(out, out + m, uint16_t(c)), out + m) << "c " << c;
+    }
+  }
+}
+
+TEST(SplitPolicy, CandidatesRespectClustersBoundsAndTheCap) {
+  uint16_t out[mk::kSplitMaxCandidates];
+  // Clusters of 2: even counts only, grid - c even.
+  uint32_t n = mk::split_candidates(5000, 132, 2, 1, 40, out);
+  ASSERT_EQ(n, 20u);  // every even count of [2, 40]
+  for (uint32_t i = 0; i < n; ++i) EXPECT_EQ(out[i], 2 * (i + 1));
+  // Many waves: every count is its own plateau; the list is thinned to the cap, ends kept.
+  n = mk::split_candidates(100000, 132, 1, 1, 64, out);
+  EXPECT_EQ(n, mk::kSplitMaxCandidates);
+  EXPECT_EQ(out[0], 1u);
+  EXPECT_EQ(out[n - 1], 64u);
+  for (uint32_t i = 1; i < n; ++i) EXPECT_GT(out[i], out[i - 1]);
+  // Few tiles: one wave whatever the split; every count of the range (the data may gate).
+  n = mk::split_candidates(40, 132, 1, 1, 12, out);
+  ASSERT_EQ(n, 12u);
+  EXPECT_EQ(out[11], 12u);
+  // Nothing fits.
+  EXPECT_EQ(mk::split_candidates(100, 2, 2, 1, 8, out), 0u);
+  EXPECT_EQ(mk::split_candidates(100, 132, 1, 20, 10, out), 0u);
+  // max_comm beyond the grid is clipped so one cluster computes.
+  n = mk::split_candidates(100000, 8, 1, 1, 100, out);
+  ASSERT_EQ(n, 7u);
+  EXPECT_EQ(out[n - 1], 7u);
+}
+
+TEST(SplitPolicy, OneCandidateIsSettledFromTheStart) {
+  mk::SplitPolicy s;
+  const uint16_t c[1] = {6};
+  mk::split_policy_init(s, c, 1, 10);
+  EXPECT_EQ(s.phase, mk::kSplitSettled);
+  EXPECT_EQ(mk::split_policy_comm(s), 6u);
+  Model m;
+  std::mt19937 rng(1);
+  const Drive r = drive(s, m, 50, 0.02, rng);
+  EXPECT_EQ(r.comm, 6u);
+}
+
+TEST(SplitPolicy, TheFirstLaunchIsNotMeasured) {
+  mk::SplitPolicy s;
+  const uint16_t c[3] = {2, 4, 8};
+  mk::split_policy_init(s, c, 3, 4);
+  mk::SplitSample x;
+  x.launch_us = 1e6f;  // a cold first launch
+  mk::split_policy_step(s, x);
+  EXPECT_EQ(s.samples[1], 0u);
+}
+
+// The cases: a compute-bound GEMM on a fast link, a link-bound one (the emulated network path:
+// a few blocks saturate it), a trade-off where the link never saturates, and one with clusters.
+std::vector<std::pair<std::string, Model>> cases() {
+  std::vector<std::pair<std::string, Model>> v;
+  Model m;
+  v.push_back({"compute-bound nvlink", m});
+  m = Model{};
+  m.tiles = 512, m.bytes_mb = 64, m.link_gbs = 3, m.per_block_gbs = 1.2;
+  v.push_back({"link-bound network", m});
+  m = Model{};
+  m.tiles = 768, m.bytes_mb = 96, m.link_gbs = 1e9, m.per_block_gbs = 15;
+  v.push_back({"trade-off", m});
+  m = Model{};
+  m.unit = 2, m.tiles = 2048, m.tile_us = 6, m.bytes_mb = 128;
+  v.push_back({"clusters of 2", m});
+  m = Model{};
+  m.tiles = 128, m.tile_us = 20, m.bytes_mb = 8, m.own_share = 0.125;
+  v.push_back({"one wave, 8 ranks", m});
+  return v;
+}
+
+TEST(SplitPolicy, SettlesNearTheBestStaticSplitOnModelledKernels) {
+  for (const auto& [name, m] : cases()) {
+    const uint32_t lo = m.unit, hi = 40;
+    const auto cand = candidates(m, lo, hi);
+    ASSERT_FALSE(cand.empty()) << name;
+    uint32_t best_c = 0;
+    const double best = best_static(m, lo, hi, &best_c);
+    for (uint32_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937 rng(seed);
+      mk::SplitPolicy s;
+      mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+      const Drive r = drive(s, m, 400, 0.015, rng);
+      ASSERT_NE(r.settled_at, 0u) << name << " seed " << seed;
+      EXPECT_LE(r.settled_at, mk::kSplitExploreLaunches + 1) << name;
+      EXPECT_EQ(r.changes_after_settling, 0u) << name << " seed " << seed;
+      const double got = m.time(r.comm);
+      EXPECT_GE(best / got, 0.97) << name << " seed " << seed << ": settled at " << r.comm << " (" << got
+                                  << " us), the best static split is " << best_c << " (" << best << " us)";
+    }
+  }
+}
+
+TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
+  std::mt19937 rng(20261205);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  auto logu = [&](double lo, double hi) { return lo * std::pow(hi / lo, u01(rng)); };
+  int worse = 0;
+  double worst = 1.0;
+  std::vector<double> ratios, speedup_over_default;
+  std::vector<uint32_t> settle_launches;
+  for (int trial = 0; trial < 300; ++trial) {
+    Model m;
+    m.unit = u01(rng) < 0.3 ? 2 : 1;
+    m.tiles = static_cast<uint32_t>(logu(64, 8192));
+    m.tile_us = logu(3, 30);
+    m.own_share = u01(rng) < 0.5 ? 0.5 : 1.0 / (2 + static_cast<int>(u01(rng) * 7));
+    m.bytes_mb = logu(4, 512);
+    m.per_block_gbs = logu(1, 40);
+    m.link_gbs = u01(rng) < 0.3 ? logu(2, 20) : logu(100, 400);
+    const uint32_t lo = m.unit, hi = 40;
+    const auto cand = candidates(m, lo, hi);
+    ASSERT_FALSE(cand.empty());
+    const double best = best_static(m, lo, hi);
+    mk::SplitPolicy s;
+    mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+    std::mt19937 noise_rng(trial);
+    const Drive r = drive(s, m, 200, 0.015, noise_rng);
+    ASSERT_NE(r.settled_at, 0u);
+    const double ratio = best / m.time(r.comm);
+    settle_launches.push_back(r.settled_at);
+    ratios.push_back(ratio);
+    const uint32_t def = 10 - 10 % m.unit;
+    speedup_over_default.push_back(m.time(def) / m.time(r.comm));
+    worst = std::min(worst, ratio);
+    if (ratio < 0.97) {
+      ++worse;
+      std::printf("below 0.97: tiles %u tile %.1f us own %.2f %.0f MB block %.1f GB/s link %.0f GB/s unit %u: "
+                  "settled at %u (%.0f us), best %.0f us\n",
+                  m.tiles, m.tile_us, m.own_share, m.bytes_mb, m.per_block_gbs, m.link_gbs, m.unit, r.comm,
+                  m.time(r.comm), best);
+    }
+  }
+  double geo = 0, geo_def = 0;
+  for (double x : ratios) geo += std::log(x);
+  for (double x : speedup_over_default) geo_def += std::log(x);
+  geo = std::exp(geo / ratios.size());
+  geo_def = std::exp(geo_def / speedup_over_default.size());
+  std::sort(settle_launches.begin(), settle_launches.end());
+  std::printf("300 modelled kernels: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
+              "over the split of 10: geo mean %.3fx; settled after %u launches (median), %u (90th pct), %u (max)\n",
+              geo, worst, worse, geo_def, settle_launches[150], settle_launches[270], settle_launches.back());
+  EXPECT_GE(geo, 0.99);
+  EXPECT_LE(worse, 3);  // a few local minima of the wave-quantised model may trap a hill climb
+}
+
+TEST(SplitPolicy, ReopensWhenTheLinkChanges) {
+  Model m;
+  m.tiles = 768, m.bytes_mb = 24, m.link_gbs = 1e9, m.per_block_gbs = 40;
+  const auto cand = candidates(m, 1, 40);
+  mk::SplitPolicy s;
+  mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+  std::mt19937 rng(7);
+  Drive r = drive(s, m, 120, 0.01, rng);
+  ASSERT_EQ(s.phase, mk::kSplitSettled);
+  const uint32_t before = r.comm;
+  EXPECT_GE(best_static(m, 1, 40) / m.time(before), 0.97) << "settled at " << before;
+  // Each block's pushes get four times slower (a busier link): more blocks pay now.
+  m.per_block_gbs = 10;
+  r = drive(s, m, 200, 0.01, rng);
+  EXPECT_EQ(s.phase, mk::kSplitSettled);
+  EXPECT_GT(r.comm, before);
+  EXPECT_GE(best_static(m, 1, 40) / m.time(r.comm), 0.97) << "settled at " << r.comm;
+}
+
+TEST(SplitPolicy, NoiseAloneDoesNotReopen) {
+  Model m;
+  const auto cand = candidates(m, 1, 40);
+  mk::SplitPolicy s;
+  mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+  std::mt19937 rng(11);
+  const Drive r = drive(s, m, 2000, 0.02, rng);
+  EXPECT_EQ(r.changes_after_settling, 0u);
+}
+
+// Moving the split changes which cluster takes which piece of the compute role, never the pieces:
+// the tile scheduler's work items (tile, k range, unit) over all clusters are the same set for
+// every cluster count (data-parallel tiles, split-K and stream-K regions alike), so with the
+// deterministic fix-up (slots summed in unit order) every count gives the same bits.
+TEST(SplitPolicy, TheComputeDecompositionDoesNotDependOnTheSplit) {
+  struct Item {
+    uint32_t tile, k0, k1, unit;
+    bool operator<(const Item& o) const {
+      return std::tie(tile, k0, k1, unit) < std::tie(o.tile, o.k0, o.k1, o.unit);
+    }
+    bool operator==(const Item& o) const { return !(*this < o) && !(o < *this); }
+  };
+  struct Shape {
+    uint32_t m_blocks, n_blocks, k_blocks, dp_tiles, sk_units, sk_per_tile;
+  };
+  const Shape shapes[] = {{64, 16, 64, 1024, 0, 0},  {3, 5, 40, 0, 45, 3},  {7, 9, 33, 52, 11, 0},
+                          {1, 17, 128, 0, 68, 4},    {32, 8, 10, 200, 56, 0}};
+  for (const Shape& sh : shapes) {
+    std::vector<Item> ref;
+    for (uint32_t clusters : {132u, 131u, 128u, 120u, 101u, 64u, 7u, 1u}) {
+      mk::TileScheduler<1, 1> sched{sh.m_blocks, sh.n_blocks, sh.sk_per_tile != 0 ? sh.sk_per_tile : 1, mk::kRasterAlongN, 8, 0};
+      sched.num_k_blocks = sh.k_blocks;
+      sched.dp_tiles = sh.dp_tiles;
+      sched.sk_units = sh.sk_units;
+      sched.sk_per_tile = sh.sk_per_tile;
+      std::vector<Item> items;
+      for (uint32_t c = 0; c < clusters; ++c) {
+        mk::WorkCursor cur = sched.begin(c);
+        mk::WorkItem it;
+        while (sched.next(cur, clusters, it)) items.push_back({it.tile, it.k_begin, it.k_end, it.unit});
+      }
+      std::sort(items.begin(), items.end());
+      if (ref.empty()) {
+        ref = items;
+        ASSERT_FALSE(ref.empty());
+      } else {
+        EXPECT_TRUE(items == ref) << "clusters " << clusters << " changed the work items";
+      }
+    }
+  }
+}
+
+}  // namespace
