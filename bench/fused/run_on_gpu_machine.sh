@@ -9,8 +9,9 @@
 #   ag (the fused op, blocks' and copy engines' pushes), ag-trace (where a launch's time goes, both
 #   ways, rank 0's table printed), ag-variants (block counts, 16-byte copies),
 #   ag-torch (PyTorch's ops), rs (GEMM+ReduceScatter and PyTorch's), ar (GEMM+AllReduce),
-#   split (the adaptive split beside every static split and the default, AllGather+GEMM and ring
-#   attention, split_bench; with --nodes also through the proxies; to $OUT/adaptive.jsonl).
+#   split (the adaptive split beside every static split and the default, AllGather+GEMM, ring
+#   attention and the fused MoE, split_bench; with --nodes also through the proxies; to
+#   $OUT/adaptive.jsonl).
 set -u
 PARTS=${PARTS:-ag ag-trace ag-variants ag-torch rs ar split}
 bundle=${1:?usage: run_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE [--nodes]}
@@ -91,9 +92,11 @@ split_bench() {  # name, timeout, args...
   echo "exit $?"
 }
 if want split; then
-  split_bench split_nvl 280 --shapes 4096x8192x8192,8192x8192x8192,16384x14336x4096 --seqs 32768 --iters 16 --rounds 4
-  [ "$nodes" = "--nodes" ] && split_bench split_nodes 280 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 \
-    --seqs 32768 --iters 8 --rounds 2
+  split_bench split_nvl 280 --kernels ag_gemm,ring --shapes 4096x8192x8192,8192x8192x8192,16384x14336x4096 \
+    --seqs 32768 --iters 16 --rounds 4
+  split_bench split_moe 200 --kernels moe --tokens 4096 --iters 16 --rounds 4
+  [ "$nodes" = "--nodes" ] && split_bench split_nodes 280 --nodes --provider shm --kernels ag_gemm,ring \
+    --shapes 4096x8192x8192,8192x8192x8192 --seqs 32768 --iters 8 --rounds 2
 fi
 if [ "$nodes" = "--nodes" ]; then
   bench nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
@@ -103,7 +106,7 @@ if [ "$nodes" = "--nodes" ]; then
   rs_bench rs_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
   ar_bench ar_nodes 110 --nodes --provider shm --shapes 4096x8192x8192,8192x8192x8192 --iters 20 --rounds 2
 fi
-for f in split_nvl split_nodes; do
+for f in split_nvl split_moe split_nodes; do
   [ -f "$OUT/$f.log" ] && sed -n '/^split_bench: world/,$p' "$OUT/$f.log" | grep -v '^    ' | cut -c1-150
   [ -f "$OUT/$f.log" ] && grep -E '^split_bench: .*(wrong|differ|failed)|exit' "$OUT/$f.log"
 done

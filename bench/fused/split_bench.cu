@@ -4,24 +4,28 @@
 //   mkernel_default      the op with the default rule's split
 //   mkernel_adaptive     the op with adaptive_split, after --converge launches to find its split
 //   mkernel_best_static  the fastest of the static rows (its count in "config")
-// for AllGather+GEMM (--kernels ag_gemm; shapes M x N x K, global) and ring attention (ring;
-// global sequence lengths --seqs, --heads, --dim, masks full / causal), on one node (NVLink)
-// or with --nodes every rank its own node (through the proxies over --provider, host-staged).
-// The static counts are the adaptive policy's candidates plus the default's.
+// for AllGather+GEMM (--kernels ag_gemm; shapes M x N x K, global), ring attention (ring;
+// global sequence lengths --seqs, --heads, --dim, masks full / causal) and the fused MoE kernel
+// (moe; --tokens per rank, --moe-model hidden,out_hidden,experts,top_k, uniform and Zipf
+// routing), on one node (NVLink) or with --nodes every rank its own node (through the proxies
+// over --provider, host-staged).
+// The static counts are the adaptive policy's candidates plus the default's (for MoE at most 12
+// of them, spread: each plan holds its own expert rows).
 //
 // Ranks are threads of this process, one per GPU; with more ranks than GPUs they share GPU 0 and
 // each gets an equal part of its SMs (the grid is then that part: timings are not a
 // deployment's, but every split runs on the same part). Every implementation's output is checked
 // before timing: AllGather+GEMM's C against cuBLAS on the gathered A, ring attention's O and lse
-// against the default split's, bit for bit (the splits move work, never change it). Timing:
+// and MoE's output against the default split's, bit for bit (the splits move work, never change
+// it). Timing:
 // warm-up, then --rounds rounds taking turns between the implementations, --iters launches each
 // in all, CUDA events on rank 0's stream; medians. A table is printed last; --jsonl appends one
 // line per implementation and shape (benchmark "adaptive_split", the kernel in "shape").
 //
-//   split_bench [--kernels ag_gemm,ring] [--world W] [--nodes] [--provider shm]
+//   split_bench [--kernels ag_gemm,ring,moe] [--world W] [--nodes] [--provider shm]
 //               [--shapes 8192x8192x8192,...] [--seqs 32768] [--masks full,causal] [--heads 32]
-//               [--dim 128] [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C]
-//               [--machine M]
+//               [--dim 128] [--tokens 4096] [--moe-model 7168,2048,256,8] [--routing uniform,zipf]
+//               [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C] [--machine M]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,6 +45,7 @@
 #include <vector>
 
 #include "attention/attention_test_util.cuh"
+#include "fused/moe/moe_plan.h"
 #include "fused_harness.h"
 #include "gemm/gemm_test_util.cuh"
 #include "mkernel/runtime/ops.h"
@@ -51,7 +56,7 @@ namespace rt = mkernel::rt;
 namespace {
 
 struct Args {
-  std::vector<std::string> kernels = {"ag_gemm", "ring"};
+  std::vector<std::string> kernels = {"ag_gemm", "ring", "moe"};
   uint32_t world = 0;
   bool nodes = false;
   std::string provider = "shm";
@@ -59,6 +64,9 @@ struct Args {
   std::vector<uint64_t> seqs = {32768};
   std::vector<std::string> masks = {"full", "causal"};
   uint32_t heads = 32, dim = 128;
+  std::vector<uint32_t> tokens = {4096};
+  uint32_t moe_hidden = 7168, moe_out = 2048, moe_experts = 256, moe_top_k = 8;
+  std::vector<std::string> routings = {"uniform", "zipf"};
   int iters = 20, rounds = 4, converge = 64;
   std::string jsonl, commit = "unknown", machine = "unknown";
 };
@@ -373,6 +381,120 @@ bool run_ring(uint32_t rank, const Args& args, const fused_test::Cluster& cluste
   return ok;
 }
 
+bool run_moe(uint32_t rank, const Args& args, const fused_test::Cluster& cluster, rt::Communicator& comm,
+             cudaStream_t stream, const fused_test::RankSync& sync, uint32_t T, const std::string& routing, Row* row) {
+  const uint32_t R = cluster.topology().world();
+  const uint32_t H = args.moe_hidden, N = args.moe_out, E = args.moe_experts, k = args.moe_top_k, epr = E / R;
+  __nv_bfloat16 *x, *w, *out;
+  int32_t* ch;
+  float* sc;
+  if (cudaMalloc(&x, 2ull * T * H) || cudaMalloc(&w, 2ull * epr * N * H) || cudaMalloc(&out, 2ull * T * N) ||
+      cudaMalloc(&ch, 4ull * T * k) || cudaMalloc(&sc, 4ull * T * k)) {
+    if (rank == 0) row->error = "cudaMalloc failed";
+    return false;
+  }
+  gemm_test::fill_random(x, uint64_t{T} * H, 100 + rank, 1.0f, stream);
+  gemm_test::fill_random(w, uint64_t{epr} * N * H, 900 + rank, 0.05f, stream);
+  const auto choices = mkernel::kernels::moe_make_routing(
+      routing == "zipf" ? mkernel::kernels::MoeRouteKind::kZipf : mkernel::kernels::MoeRouteKind::kUniform, T, E, k, R,
+      rank, 4242 + T);
+  std::vector<float> scores(size_t{T} * k);
+  for (size_t i = 0; i < scores.size(); ++i) scores[i] = 0.05f + 0.2f * static_cast<float>((i * 2654435761u) % 1000) / 1000.0f;
+  (void)cudaMemcpy(ch, choices.data(), choices.size() * 4, cudaMemcpyHostToDevice);
+  (void)cudaMemcpy(sc, scores.data(), scores.size() * 4, cudaMemcpyHostToDevice);
+  (void)cudaStreamSynchronize(stream);
+  sync();
+  const int share = grid_share(cluster);
+  rt::MoeConfig acfg;
+  acfg.fused = true;
+  acfg.adaptive_split = true;
+  if (share != 0) {
+    acfg.blocks = 8;
+    acfg.cluster_m = 1;
+    acfg.gemm_blocks = share - acfg.blocks;
+  }
+  auto made = rt::MoeDispatchCombine::create(comm, T, H, N, E, k, acfg, stream);
+  if (!made.ok()) {
+    if (rank == 0) row->error = "adaptive plan: " + made.status().to_string();
+    return false;
+  }
+  std::unique_ptr<rt::MoeDispatchCombine> aop = std::move(made.value());
+  auto st0 = aop->split_state();
+  if (!st0.ok()) {
+    if (rank == 0) row->error = st0.status().to_string();
+    return false;
+  }
+  const int grid = st0.value().grid_blocks, def = st0.value().comm_blocks;
+  // Each plan holds its own expert rows and outputs (rows_capacity x (H + N) x 2 bytes, over a
+  // GiB at T = 4096 with the default capacity): at most 12 static counts, spread over the
+  // candidates, and the default's.
+  std::vector<int> counts;
+  const std::vector<int>& cand = st0.value().candidates;
+  for (size_t i = 0; i < 12 && !cand.empty(); ++i) {
+    const int c = cand[cand.size() <= 12 ? i : i * (cand.size() - 1) / 11];
+    if (i < cand.size() && std::find(counts.begin(), counts.end(), c) == counts.end()) counts.push_back(c);
+  }
+  if (std::find(counts.begin(), counts.end(), def) == counts.end()) counts.push_back(def);
+  std::sort(counts.begin(), counts.end());
+  std::vector<std::unique_ptr<rt::MoeDispatchCombine>> ops;
+  std::vector<Impl> impls;
+  auto add_static = [&](int comm_blocks, const std::string& name) -> bool {
+    rt::MoeConfig scfg = acfg;
+    scfg.adaptive_split = false;
+    scfg.blocks = comm_blocks;
+    scfg.gemm_blocks = grid - comm_blocks;
+    auto m = rt::MoeDispatchCombine::create(comm, T, H, N, E, k, scfg, stream);
+    if (!m.ok()) {
+      if (rank == 0) row->error = name + ": " + m.status().to_string();
+      return false;
+    }
+    ops.push_back(std::move(m.value()));
+    rt::MoeDispatchCombine* op = ops.back().get();
+    impls.push_back({name, comm_blocks, [=] { return op->forward(x, ch, sc, w, out, stream); }, nullptr});
+    return true;
+  };
+  if (!add_static(def, "mkernel_default")) return false;
+  for (int cnt : counts)
+    if (!add_static(cnt, "mkernel_static_" + std::to_string(cnt))) return false;
+  Impl adaptive{"mkernel_adaptive", def, [&] { return aop->forward(x, ch, sc, w, out, stream); },
+                [&] { return aop->split_state(); }};
+  // Correctness: every split gives the default's output, bit for bit.
+  std::vector<uint16_t> ref(size_t{T} * N), now(size_t{T} * N);
+  bool good = true;
+  for (size_t i = 0; i <= impls.size() && good; ++i) {
+    Impl& im = i < impls.size() ? impls[i] : adaptive;
+    sync();
+    gemm_test::poison(out, uint64_t{T} * N, stream);
+    const mkernel::Status ls = im.launch();
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaMemcpy(now.data(), out, now.size() * 2, cudaMemcpyDeviceToHost);
+    if (i == 0) {
+      ref = now;
+      good = ls.ok() && comm.check().ok();
+      if (!good && rank == 0) row->error = "the default split: " + ls.to_string() + "; " + comm.check().to_string();
+      continue;
+    }
+    if (!ls.ok() || now != ref || !comm.check().ok()) {
+      if (rank == 0)
+        row->error = im.name + ": " + (now == ref ? "" : "the output differs from the default split's; ") +
+                     ls.to_string() + "; " + comm.check().to_string();
+      good = false;
+    }
+  }
+  bool ok = good && converge_and_time(rank, args, stream, sync, comm, impls, adaptive, row);
+  if (rank == 0) {
+    row->grid = grid;
+    row->default_comm = def;
+  }
+  sync();
+  ops.clear();
+  aop.reset();
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(out), static_cast<void*>(ch),
+                  static_cast<void*>(sc)})
+    (void)cudaFree(p);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -399,6 +521,20 @@ int main(int argc, char** argv) {
     } else if (a == "--masks") args.masks = mkt::split_commas(next());
     else if (a == "--heads") args.heads = static_cast<uint32_t>(std::atoi(next().c_str()));
     else if (a == "--dim") args.dim = static_cast<uint32_t>(std::atoi(next().c_str()));
+    else if (a == "--tokens") {
+      args.tokens.clear();
+      for (const auto& t : mkt::split_commas(next())) args.tokens.push_back(static_cast<uint32_t>(std::stoul(t)));
+    } else if (a == "--moe-model") {
+      const auto v = mkt::split_commas(next());
+      if (v.size() != 4) {
+        std::printf("split_bench: --moe-model wants hidden,out_hidden,experts,top_k\n");
+        return 2;
+      }
+      args.moe_hidden = static_cast<uint32_t>(std::stoul(v[0]));
+      args.moe_out = static_cast<uint32_t>(std::stoul(v[1]));
+      args.moe_experts = static_cast<uint32_t>(std::stoul(v[2]));
+      args.moe_top_k = static_cast<uint32_t>(std::stoul(v[3]));
+    } else if (a == "--routing") args.routings = mkt::split_commas(next());
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--converge") args.converge = std::atoi(next().c_str());
@@ -435,6 +571,7 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   uint64_t nvl = 1 << 20, net = 0;
+  uint32_t moe_flags = 0;
   for (const std::string& kname : args.kernels) {
     if (kname == "ag_gemm") {
       for (const auto& s : args.shapes) {
@@ -468,15 +605,41 @@ int main(int argc, char** argv) {
           nvl = std::max(nvl, rt::ring_attention_nvlink_bytes(topo.nodes, topo.gpus, sh));
           if (args.nodes) net = std::max(net, rt::ring_attention_network_bytes(topo.nodes, sh));
         }
+    } else if (kname == "moe") {
+      if (args.moe_experts % R != 0) {
+        std::printf("split_bench: --moe-model: %u experts do not split over %u ranks\n", args.moe_experts, R);
+        return 2;
+      }
+      for (uint32_t T : args.tokens)
+        for (const std::string& rt_kind : args.routings) {
+          if (rt_kind != "uniform" && rt_kind != "zipf") {
+            std::printf("split_bench: --routing: \"%s\" is neither uniform nor zipf\n", rt_kind.c_str());
+            return 2;
+          }
+          Row r;
+          r.kernel = "moe_fused";
+          r.shape = "T=" + std::to_string(T) + " H=" + std::to_string(args.moe_hidden) + " N=" +
+                    std::to_string(args.moe_out) + " E=" + std::to_string(args.moe_experts) + " k=" +
+                    std::to_string(args.moe_top_k) + " " + rt_kind;
+          rows.push_back(r);
+          rt::MoeConfig mc;
+          mc.fused = true;
+          nvl = std::max(nvl, rt::moe_nvlink_bytes(topo.nodes, topo.gpus, T, args.moe_hidden, args.moe_out,
+                                                   args.moe_experts, args.moe_top_k, mc));
+          if (args.nodes)
+            net = std::max(net, rt::moe_network_bytes(topo.nodes, topo.gpus, T, args.moe_hidden, args.moe_out,
+                                                      args.moe_experts, args.moe_top_k, mc));
+          moe_flags = std::max(moe_flags, rt::moe_fused_flags(topo.nodes, topo.gpus, T, args.moe_experts, args.moe_top_k, mc) + 64);
+        }
     } else {
-      std::printf("split_bench: --kernels: \"%s\" is not ag_gemm or ring\n", kname.c_str());
+      std::printf("split_bench: --kernels: \"%s\" is not ag_gemm, ring or moe\n", kname.c_str());
       return 2;
     }
   }
   rt::Options o;
   o.nvlink_bytes = nvl;
   o.network_workspace_bytes = net;
-  o.fused_flags = std::max<uint32_t>(4096, rt::ring_attention_fused_flags(topo.nodes, topo.gpus));
+  o.fused_flags = std::max<uint32_t>({4096u, rt::ring_attention_fused_flags(topo.nodes, topo.gpus), moe_flags});
   o.device_wait_timeout_ns = 20'000'000'000ull;
   o.rendezvous_timeout = std::chrono::milliseconds(120000);
 
@@ -491,11 +654,18 @@ int main(int argc, char** argv) {
               if (!run_ag(rank, args, cluster, comm, stream, sync, s, row)) return 1;
               if (rank == 0) row->done = true;
             }
-          } else {
+          } else if (kname == "ring") {
             for (uint64_t S : args.seqs)
               for (const std::string& m : args.masks) {
                 Row* row = &rows[ri++];
                 if (!run_ring(rank, args, cluster, comm, stream, sync, S, m, row)) return 1;
+                if (rank == 0) row->done = true;
+              }
+          } else {
+            for (uint32_t T : args.tokens)
+              for (const std::string& rk : args.routings) {
+                Row* row = &rows[ri++];
+                if (!run_moe(rank, args, cluster, comm, stream, sync, T, rk, row)) return 1;
                 if (rank == 0) row->done = true;
               }
           }

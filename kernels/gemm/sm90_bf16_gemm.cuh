@@ -761,7 +761,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     if (p.grouped_offsets_ready != nullptr) {
       if (threadIdx.x == 0) {
         const uint64_t v = p.ready_value_ptr != nullptr ? sync::ld_acquire_gpu(p.ready_value_ptr) : p.ready_value;
+        [[maybe_unused]] uint64_t t0 = 0;
+        if constexpr (kMaySplit) {
+          if (p.split != nullptr) t0 = sync::globaltimer_ns();
+        }
         offsets_missing = wait_geq(p.grouped_offsets_ready, v, p.wait, 0, where_tag(kStepGroupOffsets, 0xFFFFFFFFu)) ? 0u : 1u;
+        if constexpr (kMaySplit) {  // waiting for the layout is waiting for data too
+          if (p.split != nullptr && blockIdx.x < num_gemm_blocks) split_wait_ns += sync::globaltimer_ns() - t0;
+        }
       }
       __syncthreads();
     }
@@ -797,6 +804,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           // group, and the rows' bands, are flagged ready; the group's slice of the weight.
           const GroupedTile gt = gmap.locate(*grouped_table, item.tile, cta_rank, gcursor);
           if (gt.row_end > gt.row_begin) {
+            [[maybe_unused]] uint64_t t0 = 0;
+            if constexpr (kMaySplit) {
+              if (p.split != nullptr) t0 = sync::globaltimer_ns();
+            }
             if (p.group_ready_flags != nullptr) {
               if (wait_geq(p.group_ready_flags + gt.group, ready_value, p.wait, gt.group,
                            where_tag(kStepGroupReady, gt.group))) {
@@ -808,6 +819,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             if (!aborted && p.ready_flags != nullptr &&
                 !detail::wait_rows_ready(p, ready_value, gt.row_begin, gt.row_end, gt.flat_m_block)) {
               aborted = true;
+            }
+            if constexpr (kMaySplit) {
+              if (p.split != nullptr) split_wait_ns += sync::globaltimer_ns() - t0;
             }
           }
           a_row = static_cast<int32_t>(gt.row_begin);

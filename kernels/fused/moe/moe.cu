@@ -220,6 +220,22 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     gp.tile_flag_value_ptr = c.launch_counter;
     a.num_n_blocks = gp.num_n_blocks;
     plan->fused_ = true;
+    if (setup.adaptive_split) {
+      // The grouped GEMM's tiles are known only on the GPU (they follow the routing): the
+      // candidates' waves are those of a balanced load, every expert's rows in full 128-row bands.
+      SplitSetup ss;
+      ss.adaptive = true;
+      ss.unit = static_cast<uint32_t>(plan->gemm_.engine.config.cluster_m);
+      ss.grid = static_cast<uint32_t>(plan->gemm_.engine.config.num_gemm_blocks + plan->gemm_.engine.config.num_role_blocks);
+      ss.units = static_cast<uint32_t>(bands * gp.num_n_blocks / ss.unit);
+      ss.start_comm = static_cast<uint32_t>(plan->gemm_.engine.config.num_role_blocks);
+      ss.min_comm = 1;
+      ss.max_comm = std::min(ss.grid / 3, std::max(32u, 2 * ss.start_comm));
+      if (std::string e = split_control_create(ss, &plan->split_); !e.empty()) return "adaptive_split: " + e;
+      gp.split = plan->split_;
+    }
+  } else if (setup.adaptive_split) {
+    return "adaptive_split: only the fused kernel (MoeSetup::fused) has a split to move";
   }
   if (cudaMemcpy(plan->args_, &a, sizeof(a), cudaMemcpyHostToDevice) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -239,6 +255,20 @@ MoePlan::~MoePlan() {
   cudaFree(args_);
   cudaFree(workspace_);
   cudaFree(fused_buffers_);
+  if (split_ != nullptr) cudaFree(split_);
+}
+
+std::string MoePlan::split_report(SplitReport* out) const {
+  if (split_ == nullptr) return "split_report: the plan was made without adaptive_split";
+  return split_control_read(split_, out);
+}
+
+std::string MoePlan::pin_split(int comm) {
+  if (split_ == nullptr) return "pin_split: the plan was made without adaptive_split";
+  if (comm < 0) return "pin_split: comm = " + str(comm) + " is negative";
+  const auto& c = gemm_.engine.config;
+  return split_control_pin(split_, static_cast<uint32_t>(comm), static_cast<uint32_t>(c.num_gemm_blocks + c.num_role_blocks),
+                           static_cast<uint32_t>(c.cluster_m));
 }
 
 GemmResult MoePlan::forward(const void* x, const int32_t* choices, const float* scores, const void* w, void* out,
@@ -280,7 +310,8 @@ std::string MoePlan::describe() const {
   return "R=" + str(geo_.layout.world()) + " (" + str(geo_.layout.nodes) + "x" + str(geo_.layout.gpus) +
          ") T=" + str(geo_.tokens) + " H=" + str(geo_.hidden) + " N=" + str(geo_.out_hidden) + " E=" +
          str(geo_.experts) + " k=" + str(geo_.top_k) + " cap=" + str(geo_.capacity()) + " rows=" +
-         str(geo_.rows_capacity()) + " chunk=" + str(geo_.chunk()) + " blocks=" + str(blocks_);
+         str(geo_.rows_capacity()) + " chunk=" + str(geo_.chunk()) + " blocks=" + str(blocks_) +
+         (split_ != nullptr ? " adaptive" : "");
 }
 
 }  // namespace mkernel::kernels

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "common/comm.cuh"
+#include "fused/common/split_host.h"
 #include "fused/moe/moe_plan.h"
 #include "gemm/sm90_bf16_grouped_gemm.h"
 
@@ -42,6 +43,10 @@ struct MoeSetup {
   // the plan then owns the expert rows, their outputs and offsets, and forward() runs it.
   bool fused = false;
   GroupedGemmConfig gemm;  // the grouped GEMM's tile width, cluster size, raster (zeros: choose)
+  // Fused only: the split between GEMM and communication blocks moves from launch to launch,
+  // chosen on the GPU from what earlier launches measured (common/split_policy.h; docs/kernels.md
+  // section 16), starting from `blocks`; the grid stays the plan's, results are bit-identical.
+  bool adaptive_split = false;
 };
 
 // Blocks per launch when the caller leaves it open: one SM moves about 20 GB/s of NVLink stores
@@ -76,6 +81,10 @@ class MoePlan {
                      cudaStream_t stream);
 
   const MoeGeometry& geometry() const { return geo_; }
+  // The adaptive split (MoeSetup::adaptive_split): read back (once the launches of interest
+  // finished) and pinned (0: the policy chooses; with no launch in flight). "" or what is wrong.
+  std::string split_report(SplitReport* out) const;
+  std::string pin_split(int comm);
   int blocks() const { return blocks_; }
   std::string describe() const;
 
@@ -90,6 +99,7 @@ class MoePlan {
   void* fused_buffers_ = nullptr;
   GroupedGemmPlan gemm_;
   bool fused_ = false;
+  SplitControl* split_ = nullptr;  // device memory; null unless MoeSetup::adaptive_split
 };
 
 }  // namespace mkernel::kernels

@@ -38,6 +38,7 @@
 #endif
 
 #include "common/comm.cuh"
+#include "common/split_control.cuh"
 #include "fused/common/launch_state.cuh"
 #include "fused/moe/moe_plan.h"
 #include "fused/moe/moe_route.cuh"
@@ -616,9 +617,13 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
 
 // ---- end of a launch --------------------------------------------------------------------------
 
-// Thread 0 of every block after its work: the last block ends the launch (launch_state.cuh).
-__device__ inline void end_launch(const MoeKernelArgs& a) {
-  if (count_block_exit(a.comm)) end_fused_launch(a.comm, a.layout, a.rank);
+// Thread 0 of every block after its work: the last block ends the launch (launch_state.cuh),
+// and with an adaptive split (the fused kernel's, or null) measures it and chooses the next split.
+__device__ inline void end_launch(const MoeKernelArgs& a, SplitControl* split = nullptr) {
+  if (count_block_exit(a.comm)) {
+    if (split != nullptr) split_launch_end(split, sync::ld_acquire_sys(&a.comm.status->code) != 0);
+    end_fused_launch(a.comm, a.layout, a.rank);
+  }
 }
 
 }  // namespace moe_detail

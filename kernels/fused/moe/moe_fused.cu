@@ -14,9 +14,12 @@ namespace mkernel::kernels {
 namespace {
 
 // The role of the GEMM launch's extra blocks (sm90_bf16_gemm.cuh, the role contract). Per-launch
-// pointers: role_ptrs[0] x, [1] choices, [2] scores, [3] out.
+// pointers: role_ptrs[0] x, [1] choices, [2] scores, [3] out. kAdaptive: the instantiation for
+// plans with an adaptive split (MoeSetup::adaptive_split; its measures cost registers).
+template <bool kAdaptive>
 struct MoeFusedRole {
   static constexpr bool kHasBlockExit = true;
+  static constexpr bool kAdaptiveSplit = kAdaptive;
 
   __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
     using namespace moe_detail;
@@ -40,7 +43,7 @@ struct MoeFusedRole {
 
   // Thread 0 of every block, GEMM or role, after its work: the last one ends the launch.
   __device__ static void block_exit(const GemmParams& p) {
-    moe_detail::end_launch(*static_cast<const MoeKernelArgs*>(p.role_args));
+    moe_detail::end_launch(*static_cast<const MoeKernelArgs*>(p.role_args), kAdaptive ? p.split : nullptr);
   }
 };
 
@@ -53,13 +56,21 @@ static_assert(GroupedGemmTraits<256, 1>::kThreads == kMoeFusedThreads, "role blo
 
 }  // namespace
 
-GemmResult moe_fused_launch(const GemmPlan& engine, cudaStream_t stream) {
+namespace {
+template <class Role>
+GemmResult launch_moe_role(const GemmPlan& engine, cudaStream_t stream) {
   const bool c2 = engine.config.cluster_m == 2;
   if (engine.config.block_n == 256)
-    return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<256, 2>, MoeFusedRole>(engine, stream)
-              : launch_sm90_bf16_gemm<GroupedGemmTraits<256, 1>, MoeFusedRole>(engine, stream);
-  return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<128, 2>, MoeFusedRole>(engine, stream)
-            : launch_sm90_bf16_gemm<GroupedGemmTraits<128, 1>, MoeFusedRole>(engine, stream);
+    return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<256, 2>, Role>(engine, stream)
+              : launch_sm90_bf16_gemm<GroupedGemmTraits<256, 1>, Role>(engine, stream);
+  return c2 ? launch_sm90_bf16_gemm<GroupedGemmTraits<128, 2>, Role>(engine, stream)
+            : launch_sm90_bf16_gemm<GroupedGemmTraits<128, 1>, Role>(engine, stream);
+}
+}  // namespace
+
+GemmResult moe_fused_launch(const GemmPlan& engine, cudaStream_t stream) {
+  return engine.params.split != nullptr ? launch_moe_role<MoeFusedRole<true>>(engine, stream)
+                                        : launch_moe_role<MoeFusedRole<false>>(engine, stream);
 }
 
 }  // namespace mkernel::kernels

@@ -101,6 +101,7 @@ StatusOr<std::unique_ptr<MoeDispatchCombine>> MoeDispatchCombine::create(Communi
   s.gemm.block_n = config.block_n;
   s.gemm.cluster_m = config.cluster_m;
   s.gemm.num_gemm_blocks = config.gemm_blocks;
+  s.adaptive_split = config.adaptive_split;
   std::unique_ptr<MoeDispatchCombine> op(new MoeDispatchCombine());
   op->comm_ = &comm;
   op->fused_ = config.fused;
@@ -175,5 +176,19 @@ Status MoeDispatchCombine::combine(const void* y_expert, void* out, cudaStream_t
 }
 
 std::string MoeDispatchCombine::describe() const { return plan_->describe(); }
+
+StatusOr<SplitState> MoeDispatchCombine::split_state() const {
+  mk::SplitReport r;
+  if (std::string e = plan_->split_report(&r); !e.empty())
+    return Status(e.rfind("cudaMemcpy", 0) == 0 ? StatusCode::kDeviceError : StatusCode::kFailedPrecondition,
+                  "moe: " + e);
+  return ops_detail::to_split_state(r);
+}
+
+Status MoeDispatchCombine::pin_split(int comm_blocks) {
+  if (std::string e = plan_->pin_split(comm_blocks); !e.empty())
+    return Status(e.rfind("cudaMemcpy", 0) == 0 ? StatusCode::kDeviceError : StatusCode::kInvalidArgument, "moe: " + e);
+  return Status::Ok();
+}
 
 }  // namespace mkernel::rt

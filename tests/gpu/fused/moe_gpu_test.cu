@@ -52,6 +52,7 @@ struct Case {
   uint32_t tokens, hidden, experts, top_k;
   uint32_t chunk_tokens = 0;
   uint32_t fused_n = 0;  // > 0: the fused kernel with expert weights [out_hidden = fused_n, hidden]
+  bool adaptive = false; // fused: MoeConfig::adaptive_split, the bits checked at several splits
 };
 
 float expert_weight(uint32_t e) { return 1.0f + static_cast<float>(e % 7) / 8.0f; }
@@ -310,6 +311,7 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
   rt::MoeConfig cfg;
   cfg.chunk_tokens = cs.chunk_tokens;
   cfg.fused = true;
+  cfg.adaptive_split = cs.adaptive;
   if (shared_gpu) {  // every rank's persistent kernel must fit beside the others'
     cfg.blocks = 8;
     cfg.cluster_m = 1;
@@ -421,6 +423,43 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
     for (int l = 0; l < 2; ++l) run_and_check(g_seed + 300 + l, kind_of(l + 1), true, nullptr, exec);
     GT_CUDA(cudaGraphExecDestroy(exec));
     GT_CUDA(cudaGraphDestroy(graph));
+  }
+  if (cs.adaptive) {
+    // The adaptive split: the first inputs again at pinned splits and over launches of the
+    // policy's choosing, the same bits as the first launch each time.
+    auto st0 = op.split_state();
+    RANK_CHECK(st0.ok() && st0.value().adaptive, "split_state: %s",
+               st0.ok() ? "not adaptive" : st0.status().to_string().c_str());
+    const int start = st0.ok() ? st0.value().comm_blocks : 4;
+    const uint32_t launches0 = st0.ok() ? st0.value().launches : 0;
+    uint32_t runs = 0;
+    auto same_bits = [&](const std::string& what) {
+      std::vector<uint16_t> now;
+      run_and_check(g_seed + 200, kind_of(0), false, &now, nullptr);
+      ++runs;
+      RANK_CHECK(now == first, "%s: the output bits differ from the first launch's", what.c_str());
+    };
+    // Whole clusters only: the smallest candidate is one cluster.
+    const int cl = st0.ok() && !st0.value().candidates.empty() ? st0.value().candidates.front() : 1;
+    auto whole = [&](int p) { return std::max(cl, p - p % cl); };
+    for (const int pin : {whole(start), whole(1), whole(2), whole(start + 2), whole(2 * start)}) {
+      const mkernel::Status ps = op.pin_split(pin);
+      RANK_CHECK(ps.ok(), "pin_split(%d): %s", pin, ps.to_string().c_str());
+      same_bits("pinned " + std::to_string(pin));
+      auto st = op.split_state();
+      RANK_CHECK(st.ok() && st.value().last_comm_blocks == pin, "pinned %d: the launch ran with %d", pin,
+                 st.ok() ? st.value().last_comm_blocks : -1);
+    }
+    RANK_CHECK(op.pin_split(0).ok(), "unpinning failed");
+    for (int l = 0; l < 12; ++l) same_bits("adaptive launch " + std::to_string(l));
+    auto st1 = op.split_state();
+    RANK_CHECK(st1.ok() && st1.value().launches == launches0 + runs, "split_state counted %u launches, expected %u",
+               st1.ok() ? st1.value().launches : 0u, launches0 + runs);
+    if (rank == 0 && st1.ok()) {
+      std::lock_guard<std::mutex> lock(fused_test::g_print);
+      std::printf("      adaptive: %u launches bit-identical over pinned and chosen splits\n      %s\n", runs,
+                  st1.value().text.c_str());
+    }
   }
   sync();
   cudaFree(x);
@@ -551,6 +590,8 @@ int main() {
       {{1, 1, "shm"}, 300, 256, 8, 2, 32, 136},
       {{1, 2, "shm"}, 333, 512, 16, 4, 0, 256},
       {{2, 1, "shm"}, 129, 256, 8, 4, 16, 128},
+      // ... with the adaptive split: the same bits at every split.
+      {{1, 2, "shm"}, 333, 512, 16, 4, 0, 256, true},
   };
   for (const Case& cs : cases) failed += run_case(cs);
   // The random family (random_cases.h): 4 cases by default drawn from the printed seed: any token
@@ -568,8 +609,10 @@ int main() {
     cs.top_k = 1 + draw.below(std::min<uint32_t>(cs.experts, 8));
     cs.chunk_tokens = draw.coin() ? 0 : draw.log_uniform(1, cs.tokens);
     cs.fused_n = i % 2 == 1 ? draw.log_uniform_multiple(8, 1024, 8) : 0;
-    std::printf("random case %u: %s tokens %u hidden %u experts %u top_k %u chunk_tokens %u fused_n %u\n", i,
-                cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts, cs.top_k, cs.chunk_tokens, cs.fused_n);
+    cs.adaptive = cs.fused_n > 0 && draw.coin();
+    std::printf("random case %u: %s tokens %u hidden %u experts %u top_k %u chunk_tokens %u fused_n %u%s\n", i,
+                cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts, cs.top_k, cs.chunk_tokens, cs.fused_n,
+                cs.adaptive ? " adaptive split" : "");
     failed += run_case(cs);
   }
   failed += run_error_case({1, 2, "shm"}, "capacity", 40, false, "recv_tokens_per_source");

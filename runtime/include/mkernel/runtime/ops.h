@@ -223,6 +223,9 @@ struct MoeConfig {
   int block_n = 0;                      // fused: the grouped GEMM's tile width 128 or 256 (0: choose)
   int cluster_m = 0;                    // fused: 1 or 2 (0: choose)
   int gemm_blocks = 0;                  // fused: blocks that compute tiles (0: every SM the others leave)
+  // Fused: as AllGatherGemmConfig::adaptive_split, GEMM and communication (dispatch and combine)
+  // blocks, starting from `blocks`. Off by default, not yet run on a GPU.
+  bool adaptive_split = false;
 };
 
 // Options::nvlink_bytes, Options::network_workspace_bytes and Options::fused_flags an MoE of this
@@ -269,6 +272,9 @@ class MoeDispatchCombine {
                  cudaStream_t stream);
 
   std::string describe() const;
+  // With MoeConfig::adaptive_split (fused): as AllGatherGemm::split_state and pin_split.
+  StatusOr<SplitState> split_state() const;
+  Status pin_split(int comm_blocks);
 
  private:
   MoeDispatchCombine() = default;
