@@ -42,32 +42,13 @@ __device__ __forceinline__ void split_block_done(SplitControl* c, bool compute) 
 __device__ __forceinline__ void split_launch_end(SplitControl* c, bool failed) {
   __threadfence();
   const uint64_t now = sync::globaltimer_ns();
-  volatile SplitAccum* a = &c->acc;
-  const uint64_t start = a->start;
-  const uint32_t comm = split_comm_blocks(c);
-  const uint32_t compute_blocks = c->grid > comm ? c->grid - comm : 1;
-  SplitSample m;
-  if (start != kSplitNoStart && now > start) {
-    m.launch_us = static_cast<float>(now - start) * 1e-3f;
-    m.compute_done_us = a->compute_done > start ? static_cast<float>(a->compute_done - start) * 1e-3f : 0.0f;
-    m.comm_done_us = a->comm_done > start ? static_cast<float>(a->comm_done - start) * 1e-3f : 0.0f;
-    m.compute_wait_us = static_cast<float>(a->compute_wait) * 1e-3f / static_cast<float>(compute_blocks);
-  }
-  c->last_comm = comm;
-  c->last_us = m.launch_us;
-  c->last_wait_us = m.compute_wait_us;
-  c->last_compute_done_us = m.compute_done_us;
-  c->last_comm_done_us = m.comm_done_us;
-  ++c->launches;
-  if (failed) {
-    ++c->failed_launches;
-  } else if (c->adaptive != 0 && c->pinned == 0) {
-    c->next_comm = split_policy_step(c->policy, m);
-  }
-  a->start = kSplitNoStart;
-  a->compute_done = 0;
-  a->comm_done = 0;
-  a->compute_wait = 0;
+  const volatile SplitAccum* v = &c->acc;
+  SplitAccum a;
+  a.start = v->start;
+  a.compute_done = v->compute_done;
+  a.comm_done = v->comm_done;
+  a.compute_wait = v->compute_wait;
+  split_control_end(*c, a, now, failed);
   __threadfence();
 }
 

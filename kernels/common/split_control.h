@@ -45,7 +45,7 @@ struct SplitControl {
 };
 
 // Communication blocks a launch runs with: pinned, else next_comm; kept to whole clusters and
-// within [unit, grid - unit] whatever the words hold.
+// within [unit, grid - unit] whatever the words hold (split_clamp_comm).
 MKERNEL_HOST_DEVICE inline uint32_t split_clamp_comm(uint32_t comm, uint32_t grid, uint32_t unit) {
   if (unit == 0) unit = 1;
   if (grid < 2 * unit) return 0;
@@ -53,6 +53,34 @@ MKERNEL_HOST_DEVICE inline uint32_t split_clamp_comm(uint32_t comm, uint32_t gri
   if (comm < unit) comm = unit;
   if (comm > grid - unit) comm = grid - unit;
   return comm;
+}
+
+// The end of a launch (note 1-3) as arithmetic on the state, host and device: the launch's
+// measures from the sums (times in ns of %globaltimer, `now` the last block's), the record of the
+// last launch, the policy's step unless the split is pinned, fixed or the launch failed, and the
+// sums emptied for the next launch. split_launch_end (split_control.cuh) reads the sums and runs it.
+MKERNEL_HOST_DEVICE inline void split_control_end(SplitControl& c, const SplitAccum& a, uint64_t now, bool failed) {
+  const uint32_t comm = split_clamp_comm(c.pinned != 0 ? c.pinned : c.next_comm, c.grid, c.unit);
+  const uint32_t compute_blocks = c.grid > comm ? c.grid - comm : 1;
+  SplitSample m;
+  if (a.start != kSplitNoStart && now > a.start) {
+    m.launch_us = static_cast<float>(now - a.start) * 1e-3f;
+    m.compute_done_us = a.compute_done > a.start ? static_cast<float>(a.compute_done - a.start) * 1e-3f : 0.0f;
+    m.comm_done_us = a.comm_done > a.start ? static_cast<float>(a.comm_done - a.start) * 1e-3f : 0.0f;
+    m.compute_wait_us = static_cast<float>(a.compute_wait) * 1e-3f / static_cast<float>(compute_blocks);
+  }
+  c.last_comm = comm;
+  c.last_us = m.launch_us;
+  c.last_wait_us = m.compute_wait_us;
+  c.last_compute_done_us = m.compute_done_us;
+  c.last_comm_done_us = m.comm_done_us;
+  ++c.launches;
+  if (failed) {
+    ++c.failed_launches;
+  } else if (c.adaptive != 0 && c.pinned == 0) {
+    c.next_comm = split_policy_step(c.policy, m);
+  }
+  c.acc = SplitAccum{};
 }
 
 }  // namespace mkernel::kernels

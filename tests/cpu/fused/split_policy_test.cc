@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/split_control.h"
 #include "common/split_policy.h"
 #include "common/tile_scheduler.cuh"
 
@@ -274,8 +275,8 @@ TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
   double geo = 0, geo_def = 0;
   for (double x : ratios) geo += std::log(x);
   for (double x : speedup_over_default) geo_def += std::log(x);
-  geo = std::exp(geo / ratios.size());
-  geo_def = std::exp(geo_def / speedup_over_default.size());
+  geo = std::exp(geo / static_cast<double>(ratios.size()));
+  geo_def = std::exp(geo_def / static_cast<double>(speedup_over_default.size()));
   std::sort(settle_launches.begin(), settle_launches.end());
   std::printf("300 modelled kernels: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
               "over the split of 10: geo mean %.3fx; settled after %u launches (median), %u (90th pct), %u (max)\n",
@@ -311,6 +312,107 @@ TEST(SplitPolicy, NoiseAloneDoesNotReopen) {
   std::mt19937 rng(11);
   const Drive r = drive(s, m, 2000, 0.02, rng);
   EXPECT_EQ(r.changes_after_settling, 0u);
+}
+
+// The end of a launch as the last block runs it (split_control_end): the measures from the sums,
+// the record, the policy's step only when adaptive, unpinned and not failed, the sums emptied.
+mk::SplitControl make_control(bool adaptive) {
+  mk::SplitControl c;
+  c.grid = 132;
+  c.unit = 1;
+  c.next_comm = 10;
+  if (adaptive) {
+    const uint16_t cand[4] = {4, 10, 16, 24};
+    mk::split_policy_init(c.policy, cand, 4, 10);
+    c.adaptive = 1;
+  }
+  return c;
+}
+
+mk::SplitAccum sums(uint64_t start, uint64_t compute_done, uint64_t comm_done, uint64_t wait_sum) {
+  mk::SplitAccum a;
+  a.start = start;
+  a.compute_done = compute_done;
+  a.comm_done = comm_done;
+  a.compute_wait = wait_sum;
+  return a;
+}
+
+TEST(SplitControl, MeasuresTheLaunchFromTheSums) {
+  mk::SplitControl c = make_control(true);
+  // 800 us launch; compute done at 700 us, communication at 300 us; 122 compute blocks waited
+  // 12.2 ms in all: 100 us each.
+  mk::split_control_end(c, sums(1'000'000, 1'700'000, 1'300'000, 12'200'000), 1'800'000, false);
+  EXPECT_EQ(c.launches, 1u);
+  EXPECT_EQ(c.last_comm, 10u);
+  EXPECT_NEAR(c.last_us, 800.0, 1e-3);
+  EXPECT_NEAR(c.last_compute_done_us, 700.0, 1e-3);
+  EXPECT_NEAR(c.last_comm_done_us, 300.0, 1e-3);
+  EXPECT_NEAR(c.last_wait_us, 100.0, 1e-3);
+  EXPECT_EQ(c.policy.launches, 1u);  // the policy saw it (and, being the first, did not measure it)
+  EXPECT_EQ(c.acc.start, mk::kSplitNoStart);
+  EXPECT_EQ(c.acc.compute_done, 0u);
+  EXPECT_EQ(c.acc.comm_done, 0u);
+  EXPECT_EQ(c.acc.compute_wait, 0u);
+}
+
+TEST(SplitControl, PinnedFailedAndStaticLaunchesDoNotMoveThePolicy) {
+  mk::SplitControl c = make_control(true);
+  c.pinned = 24;
+  mk::split_control_end(c, sums(0, 10'000, 5'000, 0), 20'000, false);
+  EXPECT_EQ(c.last_comm, 24u);
+  EXPECT_EQ(c.next_comm, 10u);
+  EXPECT_EQ(c.policy.launches, 0u);
+  c.pinned = 0;
+  mk::split_control_end(c, sums(0, 10'000, 5'000, 0), 20'000, true);
+  EXPECT_EQ(c.failed_launches, 1u);
+  EXPECT_EQ(c.launches, 2u);
+  EXPECT_EQ(c.policy.launches, 0u);
+  mk::SplitControl s = make_control(false);
+  for (int i = 0; i < 10; ++i) mk::split_control_end(s, sums(0, 10'000, 5'000, 0), 20'000, false);
+  EXPECT_EQ(s.next_comm, 10u);
+  EXPECT_EQ(s.launches, 10u);
+}
+
+TEST(SplitControl, WordsOutOfRangeAreClampedToWholeClusters) {
+  EXPECT_EQ(mk::split_clamp_comm(0, 132, 1), 1u);
+  EXPECT_EQ(mk::split_clamp_comm(500, 132, 1), 131u);
+  EXPECT_EQ(mk::split_clamp_comm(7, 132, 2), 6u);
+  EXPECT_EQ(mk::split_clamp_comm(1, 132, 2), 2u);
+  EXPECT_EQ(mk::split_clamp_comm(200, 132, 2), 130u);
+  EXPECT_EQ(mk::split_clamp_comm(3, 2, 2), 0u);  // no room for both roles
+  mk::SplitControl c = make_control(false);
+  c.next_comm = 999;
+  mk::split_control_end(c, sums(0, 1, 1, 0), 2, false);
+  EXPECT_EQ(c.last_comm, 131u);
+}
+
+// The whole loop as the kernel runs it: the modelled kernel's times become the sums in ns, the
+// last block's arithmetic chooses the next split; it settles where the policy alone does.
+TEST(SplitControl, TheLoopSettlesOnModelledLaunches) {
+  Model m;
+  m.tiles = 768, m.bytes_mb = 24, m.link_gbs = 1e9, m.per_block_gbs = 40;
+  const auto cand = candidates(m, 1, 40);
+  mk::SplitControl c;
+  c.grid = m.grid;
+  c.unit = m.unit;
+  mk::split_policy_init(c.policy, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+  c.next_comm = mk::split_policy_comm(c.policy);
+  c.adaptive = 1;
+  uint64_t t = 1'000'000'000;
+  for (int l = 0; l < 120; ++l) {
+    const uint32_t comm = mk::split_clamp_comm(c.next_comm, c.grid, c.unit);
+    const mk::SplitSample x = m.run(comm);
+    const uint32_t compute_blocks = c.grid - comm;
+    const mk::SplitAccum a =
+        sums(t, t + static_cast<uint64_t>(x.compute_done_us * 1000), t + static_cast<uint64_t>(x.comm_done_us * 1000),
+             static_cast<uint64_t>(x.compute_wait_us * 1000) * compute_blocks);
+    mk::split_control_end(c, a, t + static_cast<uint64_t>(x.launch_us * 1000), false);
+    t += 10'000'000;
+  }
+  EXPECT_EQ(c.policy.phase, mk::kSplitSettled);
+  EXPECT_GE(best_static(m, 1, 40) / m.time(c.next_comm), 0.97) << "settled at " << c.next_comm;
+  EXPECT_EQ(c.launches, 120u);
 }
 
 // Moving the split changes which cluster takes which piece of the compute role, never the pieces:
