@@ -60,7 +60,8 @@
 // reads from device memory), warm-up, then the median (and p10/p90) of per-launch event times,
 // all implementations timed in interleaved rounds so that clock and temperature drift over the
 // run affect them alike. Every mkernel configuration is first checked against cuBLAS's output.
-// --sweep times every tile configuration first and reports the best next to the default one.
+// --sweep times every configuration of the engine's space that applies (oracle_configs, below) and
+// reports the best next to the default one (--oracle also times its three fastest in the rounds).
 // A SM-withheld sweep follows (4, 8, 16 SMs left to other work; cuBLASLt given the same SM
 // target). Prints a table with ratios last; appends one JSON line per (shape, impl) to FILE.
 #include <cublasLt.h>
@@ -409,45 +410,6 @@ void append_json(const Options& o, const std::vector<Row>& rows) {
   }
 }
 
-std::vector<mk::GemmConfig> sweep_configs(const Shape& s) {
-  std::vector<mk::GemmConfig> v;
-  if (s.m <= 256) {
-    for (int bn : {128, 256})
-      for (int sp : {1, 2, 3, 4, 6, 8}) {
-        mk::GemmConfig c;
-        c.block_n = bn;
-        c.cluster_m = 1;
-        c.num_splits = sp;
-        v.push_back(c);
-      }
-    return v;
-  }
-  for (int cl : {2, 1})
-    for (int ra : {0, 1})
-      for (int g : {1, 2, 4, 8, 16}) {
-        mk::GemmConfig c;
-        c.block_n = 256;
-        c.cluster_m = cl;
-        c.raster = ra;
-        c.group = g;
-        c.num_splits = 1;
-        v.push_back(c);
-      }
-  for (int cl : {2, 1})
-    for (int g : {2, 4}) {
-      mk::GemmConfig c;
-      c.block_n = 128;
-      c.cluster_m = cl;
-      c.raster = 0;
-      c.group = g;
-      c.num_splits = 1;
-      v.push_back(c);
-    }
-  return v;
-}
-
-// --oracle: the configurations that can apply to shape s (those the engine refuses are skipped
-// when planned). Decompositions: whole tiles, stream-K, and uniform split-K into 2, 3, 4 and 6.
 std::vector<mk::GemmConfig> oracle_configs(const Shape& s) {
   std::vector<mk::GemmConfig> v;
   auto decompositions = [&](mk::GemmConfig c) {
@@ -812,7 +774,7 @@ int main(int argc, char** argv) {
     mk::GemmConfig best_cfg;
     if (o.sweep) {
       double best_ms = 1e30;
-      for (const mk::GemmConfig& c : sweep_configs(s)) {
+      for (const mk::GemmConfig& c : oracle_configs(s)) {
         Row r{s, "", "", {}, 0, 0};
         auto runner = make_mk(c, &r);
         if (!runner) continue;
