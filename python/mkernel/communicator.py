@@ -196,7 +196,10 @@ def _native_options(
     device_wait_timeout: float,
     gpu_memory: str,
     fused_flags: int | None,
+    adaptive_split: bool = False,
 ) -> dict[str, Any]:
+    if not isinstance(adaptive_split, bool):
+        raise ArgumentError(f"adaptive_split: {adaptive_split!r}; expected True or False")
     if gpu_memory not in ("auto", "require", "off"):
         raise ArgumentError(f"gpu_memory: {gpu_memory!r}; expected 'auto', 'require' or 'off'")
     if fused_flags is not None and (
@@ -212,6 +215,7 @@ def _native_options(
         rendezvous_timeout_ms=max(1, int(rendezvous_timeout * 1000)),
         device_wait_timeout_ms=max(1, int(device_wait_timeout * 1000)),
         gpu_memory=gpu_memory,
+        adaptive_split=adaptive_split,
     )
 
 
@@ -240,6 +244,7 @@ class Communicator:
         device_wait_timeout: float | datetime.timedelta = 2.0,
         gpu_memory: str = "auto",
         fused_flags: int | None = None,
+        adaptive_split: bool = False,
         register: bool = True,
     ) -> "Communicator":
         """Makes this rank's communicator for a ``torch.distributed`` process group (collective).
@@ -250,7 +255,9 @@ class Communicator:
         ``rendezvous_timeout`` seconds, which also bounds the ranks joining. ``device`` is the
         rank's CUDA device (default: torch's current one). ``fused_flags`` (default: libmkernel's,
         :func:`default_fused_flags`) bounds the tiles a GEMM+ReduceScatter may stage
-        (:func:`matmul_reduce_scatter_fused_flags`).
+        (:func:`matmul_reduce_scatter_fused_flags`). ``adaptive_split`` lets the fused kernels
+        move the split of their blocks between compute and communication from launch to launch
+        (AllGather+GEMM, ring attention, fused MoE; results unchanged; :meth:`split_report`).
         """
         import torch
         import torch.distributed as dist
@@ -281,6 +288,7 @@ class Communicator:
             device_wait_timeout=_seconds(device_wait_timeout, "device_wait_timeout"),
             gpu_memory=gpu_memory,
             fused_flags=fused_flags,
+            adaptive_split=adaptive_split,
         )
 
         with _registry_lock:
@@ -325,6 +333,7 @@ class Communicator:
         device_wait_timeout: float | datetime.timedelta = 2.0,
         gpu_memory: str = "auto",
         fused_flags: int | None = None,
+        adaptive_split: bool = False,
         name: str | None = None,
         register: bool = True,
     ) -> "Communicator":
@@ -353,6 +362,7 @@ class Communicator:
             device_wait_timeout=_seconds(device_wait_timeout, "device_wait_timeout"),
             gpu_memory=gpu_memory,
             fused_flags=fused_flags,
+            adaptive_split=adaptive_split,
         )
         if name is None:
             name = _world_group_name() or "env"
@@ -470,6 +480,13 @@ class Communicator:
         the daemon gone), naming rank, launch, step and cause. Does not block: synchronise the
         stream first to see the launches before it."""
         self._live().check()
+
+    def split_report(self) -> str:
+        """Where every plan's adaptive split stands (made with ``adaptive_split=True``), a line
+        each: the op and shape, settled or exploring, the communication blocks of the next and
+        last launch, every candidate count's average launch time. Empty without adaptive_split.
+        Reads device memory: synchronise the stream first."""
+        return self._live().split_report()
 
     def close(self) -> None:
         """Frees the plans and the communicator's buffers and leaves the daemon's session."""

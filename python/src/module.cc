@@ -63,7 +63,8 @@ void translate(const std::exception_ptr& p, void*) {
 
 CommOptions options_from(int device, uint64_t nvlink_bytes, uint64_t network_workspace_bytes,
                          std::vector<uint64_t> buffer_bytes, std::string socket_path, uint32_t rendezvous_timeout_ms,
-                         uint64_t device_wait_timeout_ms, std::string gpu_memory, uint32_t fused_flags) {
+                         uint64_t device_wait_timeout_ms, std::string gpu_memory, uint32_t fused_flags,
+                         bool adaptive_split) {
   CommOptions o;
   o.device = device;
   o.nvlink_bytes = nvlink_bytes;
@@ -74,6 +75,7 @@ CommOptions options_from(int device, uint64_t nvlink_bytes, uint64_t network_wor
   o.device_wait_timeout_ms = device_wait_timeout_ms;
   o.gpu_memory = std::move(gpu_memory);
   o.fused_flags = fused_flags;
+  o.adaptive_split = adaptive_split;
   return o;
 }
 
@@ -277,31 +279,31 @@ NB_MODULE(_C, m) {
           [](uint32_t rank, uint32_t size, const std::string& unique_id, int device, uint64_t nvlink_bytes,
              uint64_t network_workspace_bytes, std::vector<uint64_t> buffer_bytes, std::string socket_path,
              uint32_t rendezvous_timeout_ms, uint64_t device_wait_timeout_ms, std::string gpu_memory,
-             uint32_t fused_flags) {
+             uint32_t fused_flags, bool adaptive_split) {
             const CommOptions o = options_from(device, nvlink_bytes, network_workspace_bytes, std::move(buffer_bytes),
                                                std::move(socket_path), rendezvous_timeout_ms, device_wait_timeout_ms,
-                                               std::move(gpu_memory), fused_flags);
+                                               std::move(gpu_memory), fused_flags, adaptive_split);
             nb::gil_scoped_release unlocked;
             return PyCommunicator::create(rank, size, unique_id, o);
           },
           "rank"_a, "size"_a, "unique_id"_a, nb::kw_only(), "device"_a = -1, "nvlink_bytes"_a = 0,
           "network_workspace_bytes"_a = 0, "buffer_bytes"_a = std::vector<uint64_t>{4096}, "socket_path"_a = "",
           "rendezvous_timeout_ms"_a = 60000, "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto",
-          "fused_flags"_a = 0, "Joins `size` ranks with rank 0's unique id (collective; bounded by rendezvous_timeout_ms).")
+          "fused_flags"_a = 0, "adaptive_split"_a = false, "Joins `size` ranks with rank 0's unique id (collective; bounded by rendezvous_timeout_ms).")
       .def_static(
           "create_from_env",
           [](int device, uint64_t nvlink_bytes, uint64_t network_workspace_bytes, std::vector<uint64_t> buffer_bytes,
              std::string socket_path, uint32_t rendezvous_timeout_ms, uint64_t device_wait_timeout_ms,
-             std::string gpu_memory, uint32_t fused_flags) {
+             std::string gpu_memory, uint32_t fused_flags, bool adaptive_split) {
             const CommOptions o = options_from(device, nvlink_bytes, network_workspace_bytes, std::move(buffer_bytes),
                                                std::move(socket_path), rendezvous_timeout_ms, device_wait_timeout_ms,
-                                               std::move(gpu_memory), fused_flags);
+                                               std::move(gpu_memory), fused_flags, adaptive_split);
             nb::gil_scoped_release unlocked;
             return PyCommunicator::create_from_env(o);
           },
           nb::kw_only(), "device"_a = -1, "nvlink_bytes"_a = 0, "network_workspace_bytes"_a = 0,
           "buffer_bytes"_a = std::vector<uint64_t>{4096}, "socket_path"_a = "", "rendezvous_timeout_ms"_a = 60000,
-          "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto", "fused_flags"_a = 0,
+          "device_wait_timeout_ms"_a = 2000, "gpu_memory"_a = "auto", "fused_flags"_a = 0, "adaptive_split"_a = false,
           "Joins the ranks the launcher's environment names (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
           "MASTER_PORT, MKERNEL_TOKEN, MKERNEL_PEER_PORT).")
       .def(
@@ -469,6 +471,13 @@ NB_MODULE(_C, m) {
           "placement"_a = "non_causal", "scale"_a = 0.0f,
           "out, lse = attention of this rank's queries over every rank's keys and values, on `stream`.")
       .def("check", &PyCommunicator::check, "Raises the communicator's first failure on the GPU, if any.")
+      .def(
+          "split_report",
+          [](PyCommunicator& c) {
+            nb::gil_scoped_release unlocked;
+            return c.split_report();
+          },
+          "Every plan's adaptive split, a line each (empty without adaptive_split); reads device memory.")
       .def(
           "close",
           [](PyCommunicator& c) {

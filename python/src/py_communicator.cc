@@ -144,6 +144,7 @@ std::unique_ptr<PyCommunicator> PyCommunicator::create(uint32_t rank, uint32_t s
   c->nvlink_bytes_ = options.nvlink_bytes;
   c->network_workspace_bytes_ = options.network_workspace_bytes;
   c->fused_flags_ = o.value().fused_flags;
+  c->adaptive_split_ = options.adaptive_split;
   return c;
 }
 
@@ -175,7 +176,9 @@ rt::AllGatherGemm& PyCommunicator::plan_locked(uint64_t m_local, uint64_t n_loca
   auto it = plans_.find({m_local, n_local, k});
   if (it != plans_.end()) return *it->second;
   refuse_if_capturing(stream, "all_gather_gemm", shape_key(m_local, n_local, k), "Communicator.plan()");
-  auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, rt::AllGatherGemmConfig{}, as_stream(stream));
+  rt::AllGatherGemmConfig config;
+  config.adaptive_split = adaptive_split_;
+  auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, config, as_stream(stream));
   if (!op.ok()) throw_status(op.status());
   auto& slot = plans_[{m_local, n_local, k}];
   slot = std::move(op.value());
@@ -277,8 +280,10 @@ rt::MoeDispatchCombine& PyCommunicator::moe_plan_locked(const MoeShape& shape, u
   if (it != moe_plans_.end()) return *it->second;
   refuse_if_capturing(stream, shape.fused ? "moe_forward" : "moe_dispatch", shape.text(),
                       "Communicator.plan_moe()");
+  rt::MoeConfig config = shape.config();
+  config.adaptive_split = adaptive_split_ && shape.fused;  // only the fused kernel has a split
   auto op = rt::MoeDispatchCombine::create(comm, shape.tokens, shape.hidden, shape.out_hidden, shape.experts,
-                                           shape.top_k, shape.config(), as_stream(stream));
+                                           shape.top_k, config, as_stream(stream));
   if (!op.ok()) throw_status(op.status());
   auto& slot = moe_plans_[shape.key()];
   slot = std::move(op.value());
@@ -393,7 +398,9 @@ rt::RingAttention& PyCommunicator::ring_plan_locked(const rt::RingAttentionShape
   auto it = ring_plans_.find(key);
   if (it != ring_plans_.end()) return *it->second;
   refuse_if_capturing(stream, "ring_attention", ring_text(shape), "Communicator.plan_ring_attention()");
-  auto op = rt::RingAttention::create(comm, shape, rt::RingAttentionConfig{}, as_stream(stream));
+  rt::RingAttentionConfig config;
+  config.adaptive_split = adaptive_split_ && comm.size() > 1;  // one rank has no communication blocks
+  auto op = rt::RingAttention::create(comm, shape, config, as_stream(stream));
   if (!op.ok()) throw_status(op.status());
   auto& slot = ring_plans_[key];
   slot = std::move(op.value());
@@ -430,6 +437,21 @@ void PyCommunicator::ring_attention(const RingAttentionArgs& args, const rt::Rin
   rt::RingAttention& op = ring_plan_locked(shape, stream);
   throw_if_error(op.launch(args.q.data, args.k.data, args.v.data, args.o.data, static_cast<float*>(args.lse.data),
                            as_stream(stream)));
+}
+
+std::string PyCommunicator::split_report() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceScope scope(device());
+  std::string out;
+  auto add = [&](const std::string& what, const StatusOr<rt::SplitState>& st) {
+    if (st.ok() && st.value().adaptive) out += what + ": " + st.value().text + "\n";
+  };
+  if (!adaptive_split_) return out;
+  for (auto& [key, op] : plans_)
+    add("all_gather_gemm " + shape_key(std::get<0>(key), std::get<1>(key), std::get<2>(key)), op->split_state());
+  for (auto& [key, op] : ring_plans_) add("ring_attention " + op->describe(), op->split_state());
+  for (auto& [key, op] : moe_plans_) add("moe " + op->describe(), op->split_state());
+  return out;
 }
 
 void PyCommunicator::check() {

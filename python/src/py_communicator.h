@@ -86,6 +86,9 @@ struct CommOptions {
   std::string gpu_memory = "auto";
   uint32_t fused_flags = 0;                // Options::fused_flags; 0: libmkernel's default
   std::string client_name = "mkernel (python)";
+  // The fused ops' adaptive split (AllGatherGemmConfig::adaptive_split and the others') for every
+  // plan made on this communicator: AllGather+GEMM, ring attention (two ranks or more), fused MoE.
+  bool adaptive_split = false;
   StatusOr<rt::Options> to_options() const;
 };
 
@@ -123,6 +126,9 @@ class PyCommunicator {
   bool has_ring_attention_plan(const rt::RingAttentionShape& shape);
   std::string describe_ring_attention(const rt::RingAttentionShape& shape);
   void ring_attention(const RingAttentionArgs& args, const rt::RingAttentionShape& shape, uintptr_t stream);
+  // Every plan with an adaptive split and where it stands, a line each ("" when none): the op,
+  // its shape, then rt::SplitState::text. Reads device memory: call after the launches finished.
+  std::string split_report();
   // Raises the communicator's first recorded failure, if any (does not block).
   void check();
   void close();
@@ -163,6 +169,7 @@ class PyCommunicator {
   MoeShape moe_dispatched_shape_;
   uint64_t nvlink_bytes_ = 0, network_workspace_bytes_ = 0;
   uint32_t fused_flags_ = 0;
+  bool adaptive_split_ = false;
 };
 
 // Rank 0's bootstrap handle, printable (it carries the communicator's secret: share it only

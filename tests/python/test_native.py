@@ -291,6 +291,8 @@ def test_bad_unique_id_text(native):
         (dict(workspace_bytes=1 << 20, gpu_memory="sometimes"), r"^gpu_memory: 'sometimes'; expected 'auto'"),
         (dict(workspace_bytes=1 << 20, fused_flags=0), r"^fused_flags: 0; expected None \(libmkernel's default\)"),
         (dict(workspace_bytes=1 << 20, fused_flags=1.5), r"^fused_flags: 1.5; expected None"),
+        (dict(workspace_bytes=1 << 20, adaptive_split="yes"), r"^adaptive_split: 'yes'; expected True or False"),
+        (dict(workspace_bytes=1 << 20, adaptive_split=1), r"^adaptive_split: 1; expected True or False"),
     ],
 )
 def test_communicator_options_refused_before_the_runtime(native, kwargs, message):
