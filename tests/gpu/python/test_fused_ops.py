@@ -8,7 +8,8 @@ inputs, with equal strides:
   accumulate in fp32 and round once). The cases are those torch's own tests cover for the op
   (A_shard [8, 64, 32] gathered on dims 0 and 1 with three Bs, 2-D A with B row-major or
   transposed, return_A=False, capture in a CUDA graph) plus a larger shape, under eager mode,
-  torch.compile and CUDA graph replay, and both ways to bootstrap.
+  torch.compile and CUDA graph replay, both ways to bootstrap, and a communicator with the
+  adaptive split (the same bits whatever split each call ran with).
 * MoE dispatch/combine/forward and ring attention (cases moe_*, ring_*): moe_ring_cases.py,
   against torch references on the same inputs gathered from every rank.
 * fused_matmul_reduce_scatter (cases rs_*): within bf16 rounding (torch rounds each rank's
@@ -228,6 +229,33 @@ def bootstrap_from_env():
         env.check()
     finally:
         env.close()
+
+
+@case
+def adaptive_split_same_bits():
+    """A communicator with adaptive_split: 24 calls on the same inputs, the policy moving the
+    split between them; every result the same bits, right against torch's, and split_report
+    names the plan."""
+    ad = mkernel.Communicator.from_process_group(
+        GROUP, workspace_bytes=mkernel.all_gather_matmul_workspace_bytes(WORLD, 1024, 1024), adaptive_split=True,
+        register=False)
+    try:
+        ad.register("adaptive")
+        A, W = rand(1024, 1024, seed=191), rand(1024, 1024, seed=192)
+        first = mkernel.fused_all_gather_matmul(A, [W.t()], 0, "adaptive")
+        expect_same(first, reference(A, [W.t()], 0), "adaptive split, first call")
+        for i in range(24):
+            again = mkernel.fused_all_gather_matmul(A, [W.t()], 0, "adaptive")
+            assert torch.equal(again[1][0], first[1][0]), f"call {i + 2}: the product's bits changed with the split"
+            assert torch.equal(again[0], first[0]), f"call {i + 2}: the gathered A changed"
+        torch.cuda.synchronize()
+        ad.check()
+        report = ad.split_report()
+        assert "all_gather_gemm" in report and "adaptive" in report, f"split_report: {report!r}"
+        if RANK == 0:
+            log("adaptive split: " + report.strip())
+    finally:
+        ad.close()
 
 
 @case
