@@ -314,6 +314,77 @@ TEST(SplitPolicy, NoiseAloneDoesNotReopen) {
   EXPECT_EQ(r.changes_after_settling, 0u);
 }
 
+// Two ranks, each with its own policy (ranks settle independently, split_policy.h note 6), coupled
+// the way AllGather+GEMM couples them: a rank's compute waits for the data its peer's
+// communication blocks push, and a launch ends on both ranks only when both are done (the next
+// launch's pushes wait for the peer's done flag). Each rank's signals thus speak of the other's
+// split; the pair must still settle, near the best split both could share.
+TEST(SplitPolicy, TwoCoupledRanksSettleTogether) {
+  std::mt19937 rng(5);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  int trials = 0, worse = 0;
+  double worst = 1.0;
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  auto logu = [&](double lo, double hi) { return lo * std::pow(hi / lo, u01(rng)); };
+  for (int trial = 0; trial < 100; ++trial) {
+    Model m;
+    m.tiles = static_cast<uint32_t>(logu(128, 4096));
+    m.tile_us = logu(3, 20);
+    m.bytes_mb = logu(4, 256);
+    m.per_block_gbs = logu(2, 40);
+    m.link_gbs = u01(rng) < 0.3 ? logu(3, 20) : logu(100, 400);
+    const auto cand = candidates(m, 1, 40);
+    mk::SplitPolicy p[2];
+    for (auto& x : p) mk::split_policy_init(x, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+    uint32_t c[2] = {mk::split_policy_comm(p[0]), mk::split_policy_comm(p[1])};
+    // Rank r's own launch with its split and its peer's communication.
+    auto run = [&](uint32_t mine, uint32_t peer) {
+      mk::SplitSample s = m.run(mine);
+      // The peer's pushes gate this rank's compute: Model::run with this rank's compute blocks
+      // and the data arriving in the peer's communication time.
+      const double tc = m.comm_us(peer);
+      Model y = m;
+      y.bytes_mb = tc * std::min(mine * m.per_block_gbs, m.link_gbs) / 1000.0;
+      const mk::SplitSample gated = y.run(mine);
+      s.compute_done_us = gated.compute_done_us;
+      s.compute_wait_us = gated.compute_wait_us;
+      s.comm_done_us = static_cast<float>(m.comm_us(mine));
+      return s;
+    };
+    for (int l = 0; l < 200; ++l) {
+      mk::SplitSample s[2] = {run(c[0], c[1]), run(c[1], c[0])};
+      const float end = std::max(std::max(s[0].compute_done_us, s[0].comm_done_us),
+                                 std::max(s[1].compute_done_us, s[1].comm_done_us)) + static_cast<float>(m.overhead_us);
+      for (int r = 0; r < 2; ++r) {
+        s[r].launch_us = static_cast<float>(end * (1.0 + 0.01 * n01(rng)));
+        c[r] = mk::split_policy_step(p[r], s[r]);
+      }
+    }
+    ++trials;
+    EXPECT_EQ(p[0].phase, mk::kSplitSettled) << "trial " << trial;
+    EXPECT_EQ(p[1].phase, mk::kSplitSettled) << "trial " << trial;
+    auto pair_time = [&](uint32_t a, uint32_t b) {
+      const mk::SplitSample x = run(a, b), y = run(b, a);
+      return static_cast<double>(std::max(std::max(x.compute_done_us, x.comm_done_us),
+                                          std::max(y.compute_done_us, y.comm_done_us))) +
+             m.overhead_us;
+    };
+    double best = 1e30;
+    for (uint32_t k = 1; k <= 40; ++k) best = std::min(best, pair_time(k, k));
+    const double ratio = best / pair_time(c[0], c[1]);
+    worst = std::min(worst, ratio);
+    if (ratio < 0.97) {
+      ++worse;
+      std::printf("coupled ranks below 0.97: tiles %u tile %.1f us %.0f MB block %.1f GB/s link %.0f GB/s: "
+                  "settled at %u / %u, %.3f of the best shared split\n",
+                  m.tiles, m.tile_us, m.bytes_mb, m.per_block_gbs, m.link_gbs, c[0], c[1], ratio);
+    }
+  }
+  std::printf("%d coupled pairs: worst %.4f of the best shared static split, %d below 0.97\n", trials, worst, worse);
+  EXPECT_LE(worse, 5);
+}
+
+
 // The end of a launch as the last block runs it (split_control_end): the measures from the sums,
 // the record, the policy's step only when adaptive, unpinned and not failed, the sums emptied.
 mk::SplitControl make_control(bool adaptive) {
