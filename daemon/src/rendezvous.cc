@@ -81,54 +81,84 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const pb::Joi
   // rather than its own transport's bare deadline error.
   const auto deadline = std::min(own_deadline, context->deadline() - std::chrono::milliseconds(50));
 
+  const auto refused = [&] {
+    return grpc::Status{grpc::StatusCode::PERMISSION_DENIED,
+                        "communicator \"" + comm + "\": the token does not match the communicator's"};
+  };
   std::unique_lock<std::mutex> lock(mu_);
   std::shared_ptr<Forming> f;
-  if (auto it = forming_.find(comm); it != forming_.end() && !it->second->complete) {
+  if (auto it = forming_.find(comm); it != forming_.end()) {
     f = it->second;
-  } else if (it != forming_.end() && it->second->complete) {
-    // A finished table still being handed out: this rank already has one, or a new job reuses
-    // the id before everyone collected; either way, this join belongs to a new formation only
-    // once the old one is gone.
-    return {grpc::StatusCode::UNAVAILABLE,
-            "communicator \"" + comm + "\" is still handing out its previous table; retry"};
   } else {
     if (forming_.size() >= options_.max_pending)
       return {grpc::StatusCode::RESOURCE_EXHAUSTED,
               std::to_string(forming_.size()) + " communicators are forming; at most " +
                   std::to_string(options_.max_pending)};
     f = std::make_shared<Forming>();
-    f->size = req->size();
-    f->token = req->token();
     forming_.emplace(comm, f);
   }
-  if (!same_secret(f->token, req->token()))
-    return {grpc::StatusCode::PERMISSION_DENIED,
-            "communicator \"" + comm + "\": the token does not match the communicator's"};
-  if (f->size != req->size())
+  // The group of this join's token (compared in constant time, never looked up by it).
+  std::shared_ptr<Group> g;
+  for (const auto& candidate : f->groups)
+    if (same_secret(candidate->token, req->token())) g = candidate;
+  const auto drop_if_empty = [&] {
+    if (!f->groups.empty()) return;
+    auto it = forming_.find(comm);
+    if (it != forming_.end() && it->second == f) forming_.erase(it);
+  };
+  const auto foreign = [&] { return f->owned && !same_secret(f->owner_token, req->token()); };
+  if (foreign()) return refused();
+  if (g && g->complete) {
+    // A finished table still being handed out: this rank already has one, or a new job reuses
+    // the id before everyone collected; either way, this join belongs to a new formation only
+    // once the old one is gone.
+    return {grpc::StatusCode::UNAVAILABLE,
+            "communicator \"" + comm + "\" is still handing out its previous table; retry"};
+  }
+  if (!g) {
+    if (f->groups.size() >= kMaxTokenGroups)
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "communicator \"" + comm + "\": " + std::to_string(f->groups.size()) +
+                  " different tokens are already waiting for rank 0; at most " + std::to_string(kMaxTokenGroups)};
+    g = std::make_shared<Group>();
+    g->size = req->size();
+    g->token = req->token();
+    f->groups.push_back(g);
+  }
+  if (g->size != req->size())  // an existing group: a new one takes this join's size
     return {grpc::StatusCode::INVALID_ARGUMENT,
-            "size: " + std::to_string(req->size()) + "; communicator \"" + comm + "\" has " +
-                std::to_string(f->size)};
-  if (auto it = f->entries.find(req->rank()); it != f->entries.end()) {
+            "size: " + std::to_string(req->size()) + "; communicator \"" + comm + "\" has " + std::to_string(g->size)};
+  if (auto it = g->entries.find(req->rank()); it != g->entries.end()) {
     if (!same_entry(it->second, mine))
       return {grpc::StatusCode::ALREADY_EXISTS,
               "rank " + std::to_string(req->rank()) + " of communicator \"" + comm +
                   "\" already joined with another endpoint"};
   } else {
-    f->entries.emplace(req->rank(), std::move(mine));
+    g->entries.emplace(req->rank(), std::move(mine));
   }
-  if (f->entries.size() == f->size) {
-    f->complete = true;
+  if (req->rank() == 0 && !f->owned) {
+    // Rank 0 names the communicator's token: the waiters of every other token are refused.
+    f->owned = true;
+    f->owner_token = g->token;
     cv_.notify_all();
   }
-  ++f->waiting;
-  // The formation is dropped when its last waiter leaves, table in hand or not.
+  if (g->entries.size() == g->size) {
+    g->complete = true;
+    cv_.notify_all();
+  }
+  ++g->waiting;
+  // A group is dropped when its last waiter leaves, table in hand or not; the formation when its
+  // last group is.
   auto leave = [&] {
-    if (--f->waiting == 0) {
-      auto it = forming_.find(comm);
-      if (it != forming_.end() && it->second == f) forming_.erase(it);
-    }
+    if (--g->waiting != 0) return;
+    f->groups.erase(std::find(f->groups.begin(), f->groups.end(), g));
+    drop_if_empty();
   };
-  while (!f->complete) {
+  while (!g->complete) {
+    if (foreign()) {
+      leave();
+      return refused();
+    }
     if (context->IsCancelled()) {
       leave();
       return {grpc::StatusCode::CANCELLED, "join cancelled by the caller"};
@@ -137,18 +167,19 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const pb::Joi
             std::cv_status::timeout &&
         Clock::now() >= deadline) {
       // This rank gives up; the others keep waiting until their own deadlines.
-      const std::string missing = missing_ranks(f->size, f->entries);
+      const std::string missing = missing_ranks(g->size, g->entries);
+      const uint32_t size = g->size;
       leave();
       const auto waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - (own_deadline - options_.timeout));
       spdlog::warn("rendezvous of communicator {}: ranks {} of {} did not join within {} ms", quoted_printable(comm),
-                   missing, f->size, waited.count());
+                   missing, size, waited.count());
       return {grpc::StatusCode::DEADLINE_EXCEEDED,
-              "communicator \"" + comm + "\": ranks " + missing + " of " + std::to_string(f->size) +
+              "communicator \"" + comm + "\": ranks " + missing + " of " + std::to_string(size) +
                   " did not join within " + std::to_string(waited.count()) + " ms"};
     }
   }
-  for (auto& [rank, entry] : f->entries) *reply->add_ranks() = entry;
+  for (auto& [rank, entry] : g->entries) *reply->add_ranks() = entry;
   leave();
   return grpc::Status::OK;
 }

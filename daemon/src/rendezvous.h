@@ -2,9 +2,12 @@
 // side's call.
 //
 // Design notes
-//  1. The first Join of a communicator id creates its entry with the size and token it carries;
-//     every later Join must agree on both (a wrong token is refused without saying what the
-//     right one is). A rank joins once; joining again with the same request is idempotent.
+//  1. Rank 0's token is the communicator's. Joins that arrive before rank 0 wait in a group of
+//     their own token (one group per distinct token, at most kMaxTokenGroups), so whoever comes
+//     first cannot claim the id: when rank 0 joins, the waiters of every other token are refused
+//     at once, and later joins are checked on arrival (a wrong token is refused without saying
+//     what the right one is). Within a token every Join must agree on the size. A rank joins
+//     once; joining again with the same request is idempotent.
 //  2. Every Join waits, bounded by the smaller of its own deadline and the root's rendezvous
 //     timeout. Expiry names the ranks still missing. When all ranks are in, every waiter gets
 //     the same table; the entry is dropped when its last waiter leaves (table in hand or timed
@@ -21,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "mkernel/common/status.h"
 #include "mkernel/proto/peer.grpc.pb.h"
@@ -45,13 +49,22 @@ class RendezvousService final : public peer::v1::Peer::Service {
   void set_max_pending(size_t max_pending);
 
  private:
-  struct Forming {
+  // The joins of one communicator id that carry the same token.
+  struct Group {
     uint32_t size = 0;
     std::string token;
     std::map<uint32_t, peer::v1::RankEntry> entries;
-    uint32_t waiting = 0;  // Joins of this formation still in progress
+    uint32_t waiting = 0;  // Joins of this group still in progress
     bool complete = false;
   };
+  struct Forming {
+    std::vector<std::shared_ptr<Group>> groups;
+    // Rank 0's token, once rank 0 joined; it outlives rank 0's group, so waiters of other tokens
+    // woken after that group finished are still refused.
+    bool owned = false;
+    std::string owner_token;
+  };
+  static constexpr size_t kMaxTokenGroups = 8;
 
   RendezvousOptions options_;
   mutable std::mutex mu_;

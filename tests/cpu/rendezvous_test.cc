@@ -120,6 +120,57 @@ TEST_F(RendezvousTest, StrangersAndMismatchesAreRefused) {
   first.join();
 }
 
+// A stranger that comes before rank 0 cannot claim the id: it waits under its own token, is
+// refused the moment rank 0 joins with the communicator's token, and the real ranks form.
+TEST_F(RendezvousTest, AStrangerFirstIsRefusedWhenRankZeroComes) {
+  mkernel::StatusOr<pb::JoinReply> stranger = mkernel::Status(StatusCode::kInternal, "unset");
+  mkernel::StatusOr<pb::JoinReply> r1 = mkernel::Status(StatusCode::kInternal, "unset");
+  std::chrono::steady_clock::duration stranger_waited{};
+  std::thread s([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    stranger = md::rendezvous_join(channel_, req("job5", 2, 1, "not-the-token"), 4s);
+    stranger_waited = std::chrono::steady_clock::now() - t0;
+  });
+  std::this_thread::sleep_for(300ms);
+  std::thread one([&] { r1 = md::rendezvous_join(channel_, req("job5", 2, 1), 4s); });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(service_->pending(), 1u) << "both tokens wait under one communicator id";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r0 = md::rendezvous_join(channel_, req("job5", 2, 0), 4s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  s.join();
+  one.join();
+  ASSERT_TRUE(r0.ok()) << r0.status().to_string();
+  ASSERT_TRUE(r1.ok()) << r1.status().to_string();
+  EXPECT_EQ(r0->ranks(1).endpoint(), "EP-1-KEY0xDEADBEEF");
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_EQ(stranger.status().code(), StatusCode::kPermissionDenied) << stranger.status().to_string();
+  EXPECT_EQ(stranger.status().message().find("s3cret"), std::string::npos);
+  EXPECT_LT(stranger_waited, 3s) << "refused when rank 0 came, not at its own deadline";
+  EXPECT_EQ(service_->pending(), 0u);
+  // Once rank 0 is in, a wrong token is refused on arrival.
+  std::thread again([&] { r0 = md::rendezvous_join(channel_, req("job6", 2, 0), 1500ms); });
+  std::this_thread::sleep_for(200ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  auto late = md::rendezvous_join(channel_, req("job6", 2, 1, "not-the-token"), 1s);
+  EXPECT_EQ(late.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, 500ms);
+  again.join();
+}
+
+// Tokens waiting for rank 0 are bounded per id, like ids are.
+TEST_F(RendezvousTest, AtMostEightTokensWaitForRankZero) {
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 8; ++i)
+    ts.emplace_back([&, i] { (void)md::rendezvous_join(channel_, req("crowd", 4, 1, "token-" + std::to_string(i)), 800ms); });
+  std::this_thread::sleep_for(300ms);
+  auto refused = md::rendezvous_join(channel_, req("crowd", 4, 2, "token-9"), 500ms);
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("8 different tokens"), std::string::npos) << refused.status().to_string();
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(service_->pending(), 0u);
+}
+
 TEST_F(RendezvousTest, AtMostMaxPendingCommunicatorsForm) {
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i)

@@ -84,6 +84,9 @@ struct Report {
   uint32_t ring_error = 0;
   uint32_t ring_error_detail = 0;
   bool session_ended = false;  // the daemon ended the session (or closed its socket)
+  // Ended in an error: commands pushed but not completed (on a timeout waiting for one peer,
+  // whether the last command to that peer was still in flight).
+  uint64_t in_flight = 0;
   std::string error;
   std::string transport;
 };
@@ -283,6 +286,9 @@ void Rank::exchange() {
   // peer that stops answering is reported even while the others keep going).
   std::vector<uint64_t> next_send(world, 1), next_recv(world, 1), last_pos(world, 0), seen_ack(world, 0);
   std::vector<bool> have_last(world, false);
+  // The ring position of the last command of any kind (data or ack) to each peer.
+  std::vector<uint64_t> last_cmd_pos(world, 0);
+  std::vector<bool> have_cmd(world, false);
   const auto start = Clock::now();
   std::vector<Clock::time_point> next_send_time(world, start), heard(world, start);
   next_send[me] = next_recv[me] = n + 1;
@@ -314,7 +320,10 @@ void Rank::exchange() {
       report_.wrong_bytes += check_pattern(dst + s * slot_ + dst_shift(key), size, key);
       report_.bytes_checked += size;
       ++report_.received;
-      if (!push(mp::make_signal(s, world + me, i))) return;
+      uint64_t ack_pos = 0;
+      if (!push(mp::make_signal(s, world + me, i), &ack_pos)) return;
+      last_cmd_pos[s] = ack_pos;
+      have_cmd[s] = true;
       next_recv[s] = i + 1;
       heard[s] = now;
       progress = true;
@@ -343,8 +352,8 @@ void Rank::exchange() {
                                       i),
                 &pos))
         return;
-      last_pos[r] = pos;
-      have_last[r] = true;
+      last_pos[r] = last_cmd_pos[r] = pos;
+      have_last[r] = have_cmd[r] = true;
       ++report_.sent;
       next_send[r] = i + 1;
       next_send_time[r] = now + std::chrono::milliseconds(a_.pace_ms);
@@ -385,20 +394,27 @@ void Rank::exchange() {
         for (uint32_t r = 0; r < world; ++r)
           if (r != me) state += "; " + describe_peer(r);
         report_.error = "session ended: " + p + state;
+        report_.in_flight = pushed_ - completed();
         return;
       }
     }
     std::string timed_out;
+    uint32_t stuck = world;  // the peer a timeout waited for, when it was one
     if (finished_sent) {
       if (now - last_progress > bound) timed_out = "waiting for " + barrier_wait;
     } else {
       for (uint32_t r = 0; r < world && timed_out.empty(); ++r) {
         const bool pending = next_recv[r] <= n || next_send[r] <= n || seen_ack[r] < n;
-        if (pending && now - heard[r] > bound) timed_out = "nothing from or to " + describe_peer(r);
+        if (pending && now - heard[r] > bound) {
+          timed_out = "nothing from or to " + describe_peer(r);
+          stuck = r;
+        }
       }
     }
     if (!timed_out.empty()) {
       report_.error = "timeout: " + std::to_string(a_.timeout_ms) + " ms with " + timed_out;
+      // Commands to the peer waited for still in flight (0 or 1: the ring completes in order).
+      report_.in_flight = stuck < world && have_cmd[stuck] && completed() <= last_cmd_pos[stuck] ? 1 : 0;
       if (std::string p = session_problem(false); !p.empty()) report_.error += "; " + p;
       return;
     }
@@ -490,11 +506,11 @@ int main(int argc, char** argv) {
   if (a.json) {
     std::printf("{\"rank\":%u,\"sent\":%llu,\"received\":%llu,\"bytes_checked\":%llu,\"wrong_bytes\":%llu,"
                 "\"wrong_flags\":%llu,\"error\":\"%s\",\"elapsed_ms\":%.1f,\"ring_error\":%u,"
-                "\"ring_error_detail\":%u,\"session_ended\":%s,\"transport\":\"%s\",\"provider_note\":\"%s\",\"exit\":%d}\n",
+                "\"ring_error_detail\":%u,\"in_flight\":%llu,\"session_ended\":%s,\"transport\":\"%s\",\"provider_note\":\"%s\",\"exit\":%d}\n",
                 a.rank, static_cast<unsigned long long>(r.sent), static_cast<unsigned long long>(r.received),
                 static_cast<unsigned long long>(r.bytes_checked), static_cast<unsigned long long>(r.wrong_bytes),
                 static_cast<unsigned long long>(r.wrong_flags), json_escape(r.error).c_str(), ms, r.ring_error,
-                r.ring_error_detail, r.session_ended ? "true" : "false", json_escape(r.transport).c_str(), json_escape(a.provider_note).c_str(), rc);
+                r.ring_error_detail, static_cast<unsigned long long>(r.in_flight), r.session_ended ? "true" : "false", json_escape(r.transport).c_str(), json_escape(a.provider_note).c_str(), rc);
   } else {
     std::printf("rank %u: sent %llu, received %llu, %llu bytes checked, %llu wrong bytes, %llu wrong flags, "
                 "%.1f ms%s%s\n",
