@@ -81,7 +81,23 @@ grpc::Status RendezvousService::Join(grpc::ServerContext* context, const pb::Joi
   // rather than its own transport's bare deadline error.
   const auto deadline = std::min(own_deadline, context->deadline() - std::chrono::milliseconds(50));
 
-  const auto refused = [&] {
+  const auto refused = [&] {  // called with mu_ held
+    // Logged at most kRefusalLinesPerSecond a second: a stranger retrying cannot flood the log.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - refusal_window_ >= std::chrono::seconds(1)) {
+      refusal_window_ = now;
+      refusal_lines_ = 0;
+    }
+    if (refusal_lines_ < kRefusalLinesPerSecond) {
+      ++refusal_lines_;
+      spdlog::warn("rendezvous of communicator {}: a join as rank {} from {} refused: wrong token{}",
+                   quoted_printable(comm), req->rank(), quoted_printable(context->peer()),
+                   refusals_unlogged_ == 0 ? std::string()
+                                           : " (and " + std::to_string(refusals_unlogged_) + " more refusals not logged)");
+      refusals_unlogged_ = 0;
+    } else {
+      ++refusals_unlogged_;
+    }
     return grpc::Status{grpc::StatusCode::PERMISSION_DENIED,
                         "communicator \"" + comm + "\": the token does not match the communicator's"};
   };

@@ -14,6 +14,8 @@
 //     out), so the same id can form again (a restarted job).
 //  3. At most `max_pending` communicators may be forming at once; more are refused, so strangers
 //     cannot make the root hold unbounded state.
+//  4. A refused token is logged with the caller's address, at most kRefusalLinesPerSecond lines
+//     a second (the next line says how many were left out).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -65,11 +67,15 @@ class RendezvousService final : public peer::v1::Peer::Service {
     std::string owner_token;
   };
   static constexpr size_t kMaxTokenGroups = 8;
+  static constexpr int kRefusalLinesPerSecond = 5;
 
   RendezvousOptions options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::shared_ptr<Forming>> forming_;
+  std::chrono::steady_clock::time_point refusal_window_{};  // wrong-token log lines, under mu_
+  int refusal_lines_ = 0;
+  uint64_t refusals_unlogged_ = 0;
 };
 
 // The joining side: sends `request` to the root daemon's peer service on `channel` and waits up

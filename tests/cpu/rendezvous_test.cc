@@ -171,6 +171,22 @@ TEST_F(RendezvousTest, AtMostEightTokensWaitForRankZero) {
   EXPECT_EQ(service_->pending(), 0u);
 }
 
+// A stranger retrying with wrong tokens is refused every time, fast, and the root keeps nothing.
+TEST_F(RendezvousTest, RepeatedWrongTokensAreRefusedAndLeaveNothing) {
+  std::thread owner([&] { (void)md::rendezvous_join(channel_, req("job7", 2, 0), 2s); });
+  std::this_thread::sleep_for(200ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) {
+    auto bad = md::rendezvous_join(channel_, req("job7", 2, 1, "guess-" + std::to_string(i)), 1s);
+    ASSERT_EQ(bad.status().code(), StatusCode::kPermissionDenied) << bad.status().to_string();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  auto good = md::rendezvous_join(channel_, req("job7", 2, 1), 2s);
+  EXPECT_TRUE(good.ok()) << good.status().to_string();
+  owner.join();
+  EXPECT_EQ(service_->pending(), 0u);
+}
+
 TEST_F(RendezvousTest, AtMostMaxPendingCommunicatorsForm) {
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i)
