@@ -4,6 +4,8 @@
 //   mkernel_default      the op with the default rule's split
 //   mkernel_adaptive     the op with adaptive_split, after --converge launches to find its split
 //   mkernel_best_static  the fastest of the static rows (its count in "config")
+//   mkernel_adaptive_pinned  the adaptive op pinned at the default split: what the adaptive
+//                        instantiation's measures cost beside mkernel_default
 // for AllGather+GEMM (--kernels ag_gemm; shapes M x N x K, global), ring attention (ring;
 // global sequence lengths --seqs, --heads, --dim, masks full / causal) and the fused MoE kernel
 // (moe; --tokens per rank, --moe-model hidden,out_hidden,experts,top_k, uniform and Zipf
@@ -26,6 +28,9 @@
 //               [--shapes 8192x8192x8192,...] [--seqs 32768] [--masks full,causal] [--heads 32]
 //               [--dim 128] [--tokens 4096] [--moe-model 7168,2048,256,8] [--routing uniform,zipf]
 //               [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C] [--machine M]
+//               [--trace FILE]
+// --trace appends one line per rank and converging launch: launch, rank, communication blocks,
+// the launch's time, the compute role's average wait, when each role finished (us), the phase.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,6 +38,8 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -68,8 +75,19 @@ struct Args {
   uint32_t moe_hidden = 7168, moe_out = 2048, moe_experts = 256, moe_top_k = 8;
   std::vector<std::string> routings = {"uniform", "zipf"};
   int iters = 20, rounds = 4, converge = 64;
-  std::string jsonl, commit = "unknown", machine = "unknown";
+  std::string jsonl, commit = "unknown", machine = "unknown", trace;
 };
+
+std::mutex g_trace_mu;
+FILE* g_trace = nullptr;
+
+// Progress on stderr (rank 0), with the seconds since the start: where a slow or stuck run is.
+const std::chrono::steady_clock::time_point g_start = std::chrono::steady_clock::now();
+void progress(uint32_t rank, const std::string& what) {
+  if (rank != 0) return;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
+  std::fprintf(stderr, "[%7.1f s] %s\n", s, what.c_str());
+}
 
 // One shape of one kernel: what rank 0 measured.
 struct Row {
@@ -77,7 +95,7 @@ struct Row {
   int grid = 0, default_comm = 0;
   std::vector<int> comms;           // static counts, ascending
   std::vector<double> static_ms;    // per count
-  double default_ms = 0, adaptive_ms = 0;
+  double default_ms = 0, adaptive_ms = 0, pinned_ms = 0;
   int adaptive_comm = 0, settled_after = 0;
   std::string path, state;          // the adaptive split's counts while converging; its state after
   std::string error;
@@ -114,8 +132,16 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
       return false;
     }
     path += (path.empty() ? "" : " ") + std::to_string(st.value().last_comm_blocks);
+    if (g_trace != nullptr) {
+      const rt::SplitState& t = st.value();
+      std::lock_guard<std::mutex> lock(g_trace_mu);
+      std::fprintf(g_trace, "%s launch %d rank %u comm %d us %.1f wait %.1f compute_done %.1f comm_done %.1f %s\n",
+                   row->shape.c_str(), l, rank, t.last_comm_blocks, t.last_us, t.last_wait_us, t.last_compute_done_us,
+                   t.last_comm_done_us, t.settled ? "settled" : "exploring");
+    }
     if (settled_after == 0 && st.value().settled) settled_after = l;
   }
+  progress(rank, row->shape + ": converged over " + std::to_string(args.converge) + " launches");
   sync();
   cudaEvent_t e0, e1;
   (void)cudaEventCreate(&e0);
@@ -150,6 +176,8 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
   for (size_t i = 0; i < impls.size(); ++i) {
     if (impls[i].name == "mkernel_default") {
       row->default_ms = median(times[i]);
+    } else if (impls[i].name == "mkernel_adaptive_pinned") {
+      row->pinned_ms = median(times[i]);
     } else {
       row->comms.push_back(impls[i].comm);
       row->static_ms.push_back(median(times[i]));
@@ -222,9 +250,28 @@ bool run_sweep(uint32_t rank, const Args& args, rt::Communicator& comm, cudaStre
     return true;
   };
   if (!add_static(def, "mkernel_default")) return false;
+  // The adaptive instantiation held at the default split (pinned below, once every rank has made
+  // every plan: pinning copies to the device, which must not wait on a rank's agreement launch).
+  Op* pinned_op = nullptr;
+  {
+    auto m = sw.make(true, -1, 0);
+    if (!m.ok()) {
+      if (rank == 0) row->error = "mkernel_adaptive_pinned: " + m.status().to_string();
+      return false;
+    }
+    ops.push_back(std::move(m.value()));
+    pinned_op = ops.back().get();
+    impls.push_back({"mkernel_adaptive_pinned", def, [pinned_op, &sw] { return sw.launch(*pinned_op); }, nullptr});
+  }
   for (int cnt : counts)
     if (!add_static(cnt, "mkernel_static_" + std::to_string(cnt))) return false;
   Impl adaptive{"mkernel_adaptive", def, [&] { return sw.launch(*aop); }, [&] { return aop->split_state(); }};
+  sync();
+  if (const mkernel::Status ps = pinned_op->pin_split(def); !ps.ok()) {
+    if (rank == 0) row->error = "mkernel_adaptive_pinned: " + ps.to_string();
+    return false;
+  }
+  progress(rank, row->shape + ": " + std::to_string(impls.size() + 1) + " plans made");
   bool good = true;
   for (size_t i = 0; i <= impls.size() && good; ++i) {
     Impl& im = i < impls.size() ? impls[i] : adaptive;
@@ -239,7 +286,9 @@ bool run_sweep(uint32_t rank, const Args& args, rt::Communicator& comm, cudaStre
       good = false;
     }
   }
+  progress(rank, row->shape + (good ? ": outputs checked" : ": a check failed"));
   const bool ok = good && converge_and_time(rank, args, stream, sync, comm, impls, adaptive, row);
+  progress(rank, row->shape + (ok ? ": converged and timed" : ": failed"));
   if (rank == 0) {
     row->grid = grid;
     row->default_comm = def;
@@ -441,6 +490,7 @@ bool run_moe(uint32_t rank, const Args& args, const fused_test::Cluster& cluster
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut off by a timeout keeps what it printed
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -481,6 +531,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--converge") args.converge = std::atoi(next().c_str());
+    else if (a == "--trace") args.trace = next();
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();
     else if (a == "--machine") args.machine = next();
@@ -494,6 +545,10 @@ int main(int argc, char** argv) {
       std::printf("split_bench: --masks: \"%s\" is neither full nor causal\n", m.c_str());
       return 2;
     }
+  if (!args.trace.empty() && (g_trace = std::fopen(args.trace.c_str(), "a")) == nullptr) {
+    std::printf("split_bench: --trace: cannot open \"%s\" for appending: %s\n", args.trace.c_str(), std::strerror(errno));
+    return 2;
+  }
   ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // no module load while a rank's kernel waits for another
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   mkt::require_gpus_or_skip("split_bench", 1);
@@ -508,6 +563,7 @@ int main(int argc, char** argv) {
   fused_test::Topology topo{args.nodes ? R : 1, args.nodes ? 1 : R, args.provider};
   fused_test::Cluster cluster(topo, "splitbench");
   if (!cluster.start()) return 1;
+  progress(0, "daemons started");
   if (cluster.shared_gpu())
     std::printf("note: %u ranks share GPU 0, %d SMs each: timings compare the splits, not a deployment\n", R,
                 132 / static_cast<int>(R));
@@ -589,6 +645,7 @@ int main(int argc, char** argv) {
   const int failed = fused_test::run_ranks_in_threads(
       cluster, o, {4096},
       [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
+        progress(rank, "communicators made");
         size_t ri = 0;
         for (const std::string& kname : args.kernels) {
           if (kname == "ag_gemm") {
@@ -646,6 +703,8 @@ int main(int argc, char** argv) {
                 r.default_ms, r.default_comm, best_s, ad_s, best / r.adaptive_ms, r.default_ms / r.adaptive_ms);
     std::printf("    settled after %d launches; splits while converging: %s\n    %s\n", r.settled_after,
                 r.path.c_str(), r.state.c_str());
+    std::printf("    adaptive pinned at the default split: %.4f ms (%.3f of the default)\n", r.pinned_ms,
+                r.pinned_ms > 0 ? r.default_ms / r.pinned_ms : 0.0);
     vs_best.push_back(best / r.adaptive_ms);
     vs_def.push_back(r.default_ms / r.adaptive_ms);
     if (jl == nullptr) continue;
@@ -662,10 +721,12 @@ int main(int argc, char** argv) {
       line("mkernel_static_" + std::to_string(r.comms[i]), r.static_ms[i], "comm " + std::to_string(r.comms[i]));
     line("mkernel_best_static", best, "comm " + std::to_string(best_comm));
     line("mkernel_default", r.default_ms, "comm " + std::to_string(r.default_comm));
+    line("mkernel_adaptive_pinned", r.pinned_ms, "comm " + std::to_string(r.default_comm) + ", pinned");
     line("mkernel_adaptive", r.adaptive_ms,
          "comm " + std::to_string(r.adaptive_comm) + ", settled after " + std::to_string(r.settled_after) + " launches");
   }
   if (jl != nullptr) std::fclose(jl);
+  if (g_trace != nullptr) std::fclose(g_trace);
   double gd = 0, worst = 1e9;
   for (double x : vs_best) worst = std::min(worst, x);
   for (double x : vs_def) gd += std::log(x);

@@ -19,17 +19,23 @@
 //     to the plateau's end), so counts spread evenly over the rest of the range join them,
 //     kSplitMaxCandidates in all, ascending; with more plateaus than that, the plateaus are
 //     thinned evenly, both ends kept.
-//  3. What is measured, per launch (common/split_control.cuh): the launch's time (first block
-//     in to last block out), when the compute role and the communication role finished, and the
+//  3. What is measured, per launch (common/split_control.cuh): the launch's time (first block in
+//     to last block out), when the compute role and the communication role finished, and the
 //     time the compute role spent waiting for data (readiness flags), averaged over its blocks.
 //     From these a direction: the compute role waited for data more than kSplitWaitHigh of the
 //     launch, or the communication ran on that long after the compute finished: communication
 //     is the bottleneck, give it more blocks (+1); the communication
 //     blocks sat idle at the end for more than kSplitIdleHigh of the launch while compute hardly
 //     waited (under kSplitWaitLow): give compute more blocks (-1); else stay (0).
+//     Late peers. A collective launch cannot end before its last rank started: a rank that
+//     starts late (its host launched later, its previous kernel ran longer) lengthens every
+//     other rank's launch, and that time shows as the compute role waiting for data. Measured on
+//     one H200 with two ranks, a third to a half of the launches were so delayed, by 1-4 times
+//     the launch's own time. A delay only ever adds, so the policy reads each candidate by its
+//     fastest launch: its time is the lowest launch time measured at it, and the direction comes
+//     from the fastest launch of a dwell, whose wait is the kernel's own.
 //  4. Policy. A hill climb over the candidates guided by the direction and checked by the
-//     launch times: each candidate's time is an exponential average (kSplitAlpha) of its
-//     launches; a candidate is judged after kSplitDwell launches at it; the step starts at a
+//     launch times: a candidate is judged after kSplitDwell launches at it; the step starts at a
 //     quarter of the candidates and halves on every reversal and every move that made the
 //     launch slower (which also returns to the best one measured, kSplitTolerance). When the
 //     direction says stay, or points off the list, or to a candidate measured already at a step
@@ -41,12 +47,13 @@
 //     settles on the best measured after kSplitExploreLaunches launches whatever happens, so it
 //     always ends. The first launch of a plan is not measured (cold caches, first touch).
 //  5. Settled, it holds the split and watches the launch time against the settled candidate's
-//     average: kSplitReopenLaunches launches in a row off by more than kSplitDrift (either way:
-//     the machine, the link or the neighbours changed) forget every measurement and explore again
+//     time: when the fastest of kSplitReopenLaunches launches in a row is off by more than
+//     kSplitDrift (either way: the machine, the link or the neighbours changed; a late peer
+//     delays some launches, not all of them) it forgets every measurement and explores again
 //     from where it is, with a step of an eighth of the candidates.
 //  6. State. SplitPolicy holds all of it (a few hundred bytes per plan): the candidates, per
-//     candidate its average and sample count, the current and best index, direction, step,
-//     dwell, phase, counters and the running sums of the current dwell. It lives in the plan's
+//     candidate its time and sample count, the current and best index, direction, step, dwell,
+//     phase, counters and the fastest launch of the current dwell (or settled, of the window). It lives in the plan's
 //     device memory, so it carries over from one launch (or graph replay) to the next; a new
 //     plan starts from the plan's default split. Each rank has its own: ranks may settle on
 //     different splits (the results do not depend on it; note 1).
@@ -65,15 +72,16 @@
 namespace mkernel::kernels {
 
 inline constexpr uint32_t kSplitMaxCandidates = 32;
-inline constexpr float kSplitAlpha = 0.3f;          // weight of a new launch in a candidate's average
-inline constexpr uint32_t kSplitDwell = 2;          // launches at a candidate before judging it
+inline constexpr uint32_t kSplitDwell = 2;          // launches at a candidate before judging it, at least...
+inline constexpr float kSplitAgree = 0.04f;         // ...until its two fastest agree this closely...
+inline constexpr uint32_t kSplitMaxDwell = 6;       // ...or this many
 inline constexpr float kSplitTolerance = 0.02f;     // slower than the best by more: a worse candidate
 inline constexpr float kSplitWaitHigh = 0.03f;      // compute waited this share of the launch: +1
 inline constexpr float kSplitWaitLow = 0.015f;      // compute waited under this share: may go -1
 inline constexpr float kSplitIdleHigh = 0.08f;      // communication idle this share at the end: -1
-inline constexpr float kSplitDrift = 0.08f;         // settled: a launch this far off its average...
-inline constexpr uint32_t kSplitReopenLaunches = 4; // ...this many times in a row: explore again
-inline constexpr uint32_t kSplitExploreLaunches = 64;
+inline constexpr float kSplitDrift = 0.08f;         // settled: the fastest launch of a window this far off...
+inline constexpr uint32_t kSplitReopenLaunches = 8; // ...over a window of this many launches: explore again
+inline constexpr uint32_t kSplitExploreLaunches = 96;
 
 enum SplitPhase : uint32_t {
   kSplitExplore = 0,  // guided by the direction
@@ -92,7 +100,7 @@ struct SplitSample {
 struct SplitPolicy {
   uint32_t n = 0;                             // candidates
   uint16_t comm[kSplitMaxCandidates] = {};    // communication blocks, ascending
-  float avg_us[kSplitMaxCandidates] = {};     // exponential average of the launch time
+  float time_us[kSplitMaxCandidates] = {};    // the lowest launch time measured at it (note 3)
   uint16_t samples[kSplitMaxCandidates] = {}; // launches measured (saturating)
   uint32_t cur = 0;                           // the candidate of the next launch
   uint32_t best = 0;                          // the fastest measured (valid once measured)
@@ -103,10 +111,14 @@ struct SplitPolicy {
   uint32_t phase = kSplitExplore;
   uint32_t launches = 0;                      // launches seen by this policy
   uint32_t explored = 0;                      // launches since exploring began
-  uint32_t strikes = 0;                       // settled: launches in a row off the average
+  uint32_t window = 0;                        // settled: launches in the current window
   uint32_t moves = 0;                         // moves made (for reports)
-  // Sums over the current dwell, for the direction.
-  float sum_launch = 0, sum_wait = 0, sum_idle = 0, sum_tail = 0;
+  // The fastest launch of the current dwell (settled: of the window; its time only), for the
+  // direction: its time, its compute wait, the communication's idle time at its end and its run
+  // past the compute's end.
+  float fast_launch = 0, fast_wait = 0, fast_idle = 0, fast_tail = 0;
+  float second_launch = 0;  // the dwell's second fastest launch
+  uint32_t rechecked = 0;   // candidates measured a second time (bit i: candidate i)
 };
 
 // Note 2 (host code, at plan time). units: pieces of compute work (cluster tiles, attention units) spread over the compute
@@ -213,16 +225,16 @@ MKERNEL_HOST_DEVICE inline void refine(SplitPolicy& s) {
 MKERNEL_HOST_DEVICE inline void settle(SplitPolicy& s) {
   s.phase = kSplitSettled;
   s.cur = s.best;
-  s.strikes = 0;
+  s.window = 0;
   s.dwell = 0;
-  s.sum_launch = s.sum_wait = s.sum_idle = s.sum_tail = 0;
+  s.fast_launch = s.fast_wait = s.fast_idle = s.fast_tail = 0;
 }
 
 MKERNEL_HOST_DEVICE inline void move_to(SplitPolicy& s, uint32_t next, int32_t dir) {
   s.cur = next;
   s.dir = dir;
   s.dwell = 0;
-  s.sum_launch = s.sum_wait = s.sum_idle = s.sum_tail = 0;
+  s.fast_launch = s.fast_wait = s.fast_idle = s.fast_tail = 0;
   ++s.moves;
 }
 
@@ -232,15 +244,15 @@ MKERNEL_HOST_DEVICE inline void find_best(SplitPolicy& s) {
   bool any = false;
   for (uint32_t i = 0; i < s.n; ++i) {
     if (s.samples[i] == 0) continue;
-    if (!any || s.avg_us[i] < s.avg_us[s.best]) s.best = i;
+    if (!any || s.time_us[i] < s.time_us[s.best]) s.best = i;
     any = true;
   }
 }
 
 }  // namespace split_detail
 
-// The direction of note 3 from the sums of a dwell (launch time, compute wait, communication
-// idle at the end, communication still running after the compute finished).
+// The direction of note 3 from one launch (its time, compute wait, communication idle at the
+// end, communication still running after the compute finished).
 MKERNEL_HOST_DEVICE inline int32_t split_direction(float launch, float wait, float idle, float tail) {
   if (launch <= 0) return 0;
   const float w = wait / launch, i = idle / launch;
@@ -258,55 +270,65 @@ MKERNEL_HOST_DEVICE inline uint32_t split_policy_step(SplitPolicy& s, const Spli
   if (s.launches == 1 || !(m.launch_us > 0)) return s.comm[s.cur];  // the first launch is not measured
   const uint32_t c = s.cur;
   if (s.phase == kSplitSettled) {
-    // Note 5: the settled candidate's average is frozen; a persistent change reopens the search.
-    const float ref = s.avg_us[c];
-    const float off = ref > 0 ? (m.launch_us - ref) / ref : 0.0f;
-    if (ref <= 0) {
-      s.avg_us[c] = m.launch_us;
+    // Note 5: the settled candidate's time is frozen; a window whose fastest launch is off it
+    // reopens the search.
+    if (s.time_us[c] <= 0) {
+      s.time_us[c] = m.launch_us;
       if (s.samples[c] < 0xFFFF) ++s.samples[c];
     }
-    s.strikes = (off > kSplitDrift || off < -kSplitDrift) ? s.strikes + 1 : 0;
-    if (s.strikes >= kSplitReopenLaunches && s.n > 1) {
-      for (uint32_t i = 0; i < s.n; ++i) s.avg_us[i] = 0, s.samples[i] = 0;
+    if (s.window == 0 || m.launch_us < s.fast_launch) s.fast_launch = m.launch_us;
+    if (++s.window < kSplitReopenLaunches) return s.comm[s.cur];
+    const float off = (s.fast_launch - s.time_us[c]) / s.time_us[c];
+    s.window = 0;
+    if ((off > kSplitDrift || off < -kSplitDrift) && s.n > 1) {
+      for (uint32_t i = 0; i < s.n; ++i) s.time_us[i] = 0, s.samples[i] = 0;
+      s.rechecked = 0;
       s.phase = kSplitExplore;
       s.best = c;
       s.stride = s.n >= 16 ? s.n / 8 : 1;
       s.dir = 0;
       s.explored = 0;
       s.dwell = 0;
-      s.strikes = 0;
-      s.sum_launch = s.sum_wait = s.sum_idle = s.sum_tail = 0;
+      s.fast_launch = s.fast_wait = s.fast_idle = s.fast_tail = 0;
     }
     return s.comm[s.cur];
   }
-  // Exploring: record.
-  s.avg_us[c] = s.samples[c] == 0 ? m.launch_us : s.avg_us[c] + kSplitAlpha * (m.launch_us - s.avg_us[c]);
+  // Exploring: record (note 3: the lowest time; the dwell's fastest launch for the direction).
+  if (s.samples[c] == 0 || m.launch_us < s.time_us[c]) s.time_us[c] = m.launch_us;
   if (s.samples[c] < 0xFFFF) ++s.samples[c];
+  if (s.dwell == 0 || m.launch_us < s.fast_launch) {
+    s.second_launch = s.dwell == 0 ? 0 : s.fast_launch;
+    s.fast_launch = m.launch_us;
+    s.fast_wait = m.compute_wait_us;
+    const float idle = m.launch_us - m.comm_done_us;
+    s.fast_idle = idle > 0 ? idle : 0;
+    const float tail = m.comm_done_us - m.compute_done_us;
+    s.fast_tail = tail > 0 ? tail : 0;
+  } else if (s.dwell == 1 || m.launch_us < s.second_launch) {
+    s.second_launch = m.launch_us;
+  }
   ++s.dwell;
   ++s.explored;
-  s.sum_launch += m.launch_us;
-  s.sum_wait += m.compute_wait_us;
-  const float idle = m.launch_us - m.comm_done_us;
-  s.sum_idle += idle > 0 ? idle : 0;
-  const float tail = m.comm_done_us - m.compute_done_us;
-  s.sum_tail += tail > 0 ? tail : 0;
   find_best(s);
   if (s.explored >= kSplitExploreLaunches) {
     settle(s);
     return s.comm[s.cur];
   }
+  // Judged once its two fastest launches agree (a late peer seldom delays two by the same), or
+  // after kSplitMaxDwell launches.
   if (s.dwell < kSplitDwell) return s.comm[c];
+  if (s.dwell < kSplitMaxDwell && s.second_launch > s.fast_launch * (1.0f + kSplitAgree)) return s.comm[c];
   if (s.phase == kSplitRefine) {
     refine(s);  // around the best so far (which may now be this one)
     return s.comm[s.cur];
   }
   // A move that made things slower: back to the best, smaller steps.
-  if (c != s.best && s.avg_us[c] > s.avg_us[s.best] * (1.0f + kSplitTolerance)) {
+  if (c != s.best && s.time_us[c] > s.time_us[s.best] * (1.0f + kSplitTolerance)) {
     s.stride = s.stride > 1 ? s.stride / 2 : 1;
     move_to(s, s.best, c > s.best ? -1 : 1);
     return s.comm[s.cur];
   }
-  const int32_t d = split_direction(s.sum_launch, s.sum_wait, s.sum_idle, s.sum_tail);
+  const int32_t d = split_direction(s.fast_launch, s.fast_wait, s.fast_idle, s.fast_tail);
   if (d == 0) {
     refine(s);
     return s.comm[s.cur];
@@ -319,8 +341,17 @@ MKERNEL_HOST_DEVICE inline uint32_t split_policy_step(SplitPolicy& s, const Spli
     refine(s);
     return s.comm[s.cur];
   }
-  // The next one known already at the smallest step: nothing more to learn here.
-  if (measured(s, next) && (s.stride == 1 || s.avg_us[next] > s.avg_us[s.best] * (1.0f + kSplitTolerance))) {
+  // The next one known already at the smallest step: nothing more to learn here, unless it was
+  // judged slower in one dwell only while the direction points to it from its neighbour: a dwell
+  // whose launches were all held back by late peers looks slower than it is (note 3), so it is
+  // measured once more.
+  if (measured(s, next) && s.stride == 1 && (s.rechecked >> next & 1u) == 0 &&
+      s.time_us[next] > s.time_us[s.best] * (1.0f + kSplitTolerance)) {
+    s.rechecked |= 1u << next;
+    move_to(s, next, d);
+    return s.comm[s.cur];
+  }
+  if (measured(s, next) && (s.stride == 1 || s.time_us[next] > s.time_us[s.best] * (1.0f + kSplitTolerance))) {
     if (s.stride == 1) {
       refine(s);
       return s.comm[s.cur];

@@ -34,7 +34,7 @@ struct SplitReport {
   float last_us = 0, last_wait_us = 0, last_compute_done_us = 0, last_comm_done_us = 0;
   struct Candidate {
     uint32_t comm = 0;
-    float avg_us = 0;
+    float time_us = 0;  // the lowest launch time measured at it
     uint32_t samples = 0;
   };
   std::vector<Candidate> candidates;
@@ -56,7 +56,7 @@ struct SplitReport {
       s += " " + std::to_string(c.comm) + (i == best && c.samples != 0 ? "*" : "");
       if (c.samples != 0) {
         char t[32];
-        std::snprintf(t, sizeof(t), ":%.1f", c.avg_us);
+        std::snprintf(t, sizeof(t), ":%.1f", c.time_us);
         s += t;
       }
     }
@@ -128,7 +128,7 @@ inline std::string split_control_read(const SplitControl* dev, SplitReport* r) {
   r->last_comm_done_us = h.last_comm_done_us;
   r->best = h.policy.best;
   for (uint32_t i = 0; i < h.policy.n && i < kSplitMaxCandidates; ++i)
-    r->candidates.push_back({h.policy.comm[i], h.policy.avg_us[i], h.policy.samples[i]});
+    r->candidates.push_back({h.policy.comm[i], h.policy.time_us[i], h.policy.samples[i]});
   return {};
 }
 

@@ -80,6 +80,9 @@ inline SplitState to_split_state(const mk::SplitReport& r) {
   s.last_comm_blocks = static_cast<int>(r.last_comm);
   s.launches = r.launches;
   s.last_us = r.last_us;
+  s.last_wait_us = r.last_wait_us;
+  s.last_compute_done_us = r.last_compute_done_us;
+  s.last_comm_done_us = r.last_comm_done_us;
   s.grid_blocks = static_cast<int>(r.grid);
   for (const auto& c : r.candidates) s.candidates.push_back(static_cast<int>(c.comm));
   s.text = r.describe();

@@ -4,11 +4,14 @@
 // new best when the link changes under it. The model is a persistent kernel whose compute blocks
 // run their own rows' tiles first and the others' as the communication blocks deliver them
 // (AllGather+GEMM's shape of work); its parameters are drawn over compute- and link-bound cases.
+// Late peers (a share of launches held back by a rank that started late) run beside plain noise.
+// SPLIT_TRACE=1 prints every modelled launch of `drive`.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <tuple>
@@ -90,7 +93,28 @@ struct Drive {
   uint32_t changes_after_settling = 0;
 };
 
-Drive drive(mk::SplitPolicy& s, const Model& m, uint32_t launches, double noise, std::mt19937& rng) {
+// A peer that starts late by d (its host launched later, its previous kernel ran longer) holds
+// this rank's whole launch back: the compute waits for the peer's data, the communication for
+// the peer's free slots, and the launch ends d later.
+void delay(mk::SplitSample& x, double d) {
+  x.launch_us = static_cast<float>(x.launch_us + d);
+  x.compute_done_us = static_cast<float>(x.compute_done_us + d);
+  x.comm_done_us = static_cast<float>(x.comm_done_us + d);
+  x.compute_wait_us = static_cast<float>(x.compute_wait_us + 0.8 * d);
+}
+
+// Late peers as measured on one H200 with two ranks (split_policy.h note 3): a share `late` of
+// the launches held back by 0.5 to 3 times the launch's own time.
+struct Late {
+  double share = 0;
+  double operator()(double launch_us, std::mt19937& rng) const {
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    if (share <= 0 || u01(rng) >= share) return 0;
+    return launch_us * (0.5 + 2.5 * u01(rng));
+  }
+};
+
+Drive drive(mk::SplitPolicy& s, const Model& m, uint32_t launches, double noise, std::mt19937& rng, Late late = {}) {
   std::normal_distribution<double> n01(0.0, 1.0);
   Drive r;
   uint32_t comm = mk::split_policy_comm(s);
@@ -100,6 +124,11 @@ Drive drive(mk::SplitPolicy& s, const Model& m, uint32_t launches, double noise,
     x.launch_us = static_cast<float>(x.launch_us * f);
     x.compute_done_us = static_cast<float>(x.compute_done_us * f);
     x.comm_done_us = static_cast<float>(x.comm_done_us * f);
+    const double d = late(x.launch_us, rng);
+    delay(x, d);
+    if (std::getenv("SPLIT_TRACE") != nullptr)
+      std::printf("  launch %u comm %u: %.0f us (late %.0f) wait %.0f -> phase %u next %u best %u\n", i, comm, x.launch_us, d,
+                  x.compute_wait_us, s.phase, mk::split_policy_comm(s), s.comm[s.best]);
     const uint32_t next = mk::split_policy_step(s, x);
     if (s.phase == mk::kSplitSettled && r.settled_at == 0) r.settled_at = i;
     if (r.settled_at != 0 && next != comm && i > r.settled_at) ++r.changes_after_settling;
@@ -232,7 +261,36 @@ TEST(SplitPolicy, SettlesNearTheBestStaticSplitOnModelledKernels) {
   }
 }
 
-TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
+// The modelled kernels again with 40% of the launches held back by a late peer (note 3): the
+// policy reads candidates by their fastest launches, so it settles as near the best as without.
+TEST(SplitPolicy, LatePeersDoNotMoveWhereItSettles) {
+  int reopened = 0;
+  for (const auto& [name, m] : cases()) {
+    const uint32_t lo = m.unit, hi = 40;
+    const auto cand = candidates(m, lo, hi);
+    uint32_t best_c = 0;
+    const double best = best_static(m, lo, hi, &best_c);
+    for (uint32_t seed = 1; seed <= 20; ++seed) {
+      std::mt19937 rng(seed);
+      mk::SplitPolicy s;
+      mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
+      const Drive r = drive(s, m, 400, 0.015, rng, Late{0.4});
+      ASSERT_NE(r.settled_at, 0u) << name << " seed " << seed;
+      EXPECT_LE(r.settled_at, mk::kSplitExploreLaunches + 1) << name;
+      EXPECT_EQ(s.phase, mk::kSplitSettled) << name << " seed " << seed;
+      reopened += r.changes_after_settling != 0;
+      const double got = m.time(r.comm);
+      EXPECT_GE(best / got, 0.97) << name << " seed " << seed << ": settled at " << r.comm << " (" << got
+                                  << " us), the best static split is " << best_c << " (" << best << " us)";
+    }
+  }
+  std::printf("late peers: %d of 100 runs moved after settling\n", reopened);
+  EXPECT_LE(reopened, 5);  // eight late launches in a row (0.4^8 a window) reopen, by design
+}
+
+// 300 random modelled kernels; `late` holds some launches back (note 3). Returns how many
+// settled below 0.97 of their best static split; the geometric mean must be 0.99 or more.
+int random_models(Late late) {
   std::mt19937 rng(20261205);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto logu = [&](double lo, double hi) { return lo * std::pow(hi / lo, u01(rng)); };
@@ -251,13 +309,15 @@ TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
     m.link_gbs = u01(rng) < 0.3 ? logu(2, 20) : logu(100, 400);
     const uint32_t lo = m.unit, hi = 40;
     const auto cand = candidates(m, lo, hi);
-    ASSERT_FALSE(cand.empty());
+    EXPECT_FALSE(cand.empty());
+    if (cand.empty()) return 300;
     const double best = best_static(m, lo, hi);
     mk::SplitPolicy s;
     mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
     std::mt19937 noise_rng(trial);
-    const Drive r = drive(s, m, 200, 0.015, noise_rng);
-    ASSERT_NE(r.settled_at, 0u);
+    const Drive r = drive(s, m, 300, 0.015, noise_rng, late);
+    EXPECT_NE(r.settled_at, 0u);
+    if (r.settled_at == 0) return 300;
     const double ratio = best / m.time(r.comm);
     settle_launches.push_back(r.settled_at);
     ratios.push_back(ratio);
@@ -278,11 +338,22 @@ TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
   geo = std::exp(geo / static_cast<double>(ratios.size()));
   geo_def = std::exp(geo_def / static_cast<double>(speedup_over_default.size()));
   std::sort(settle_launches.begin(), settle_launches.end());
-  std::printf("300 modelled kernels: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
+  std::printf("300 modelled kernels%s: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
               "over the split of 10: geo mean %.3fx; settled after %u launches (median), %u (90th pct), %u (max)\n",
-              geo, worst, worse, geo_def, settle_launches[150], settle_launches[270], settle_launches.back());
+              late.share > 0 ? " with late peers" : "", geo, worst, worse, geo_def, settle_launches[150],
+              settle_launches[270], settle_launches.back());
   EXPECT_GE(geo, 0.99);
-  EXPECT_LE(worse, 3);  // a few local minima of the wave-quantised model may trap a hill climb
+  return worse;
+}
+
+TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
+  EXPECT_LE(random_models(Late{}), 3);  // a few local minima of the wave-quantised model may trap a hill climb
+}
+
+// With 40% of the launches held back: 6 of 300 below 0.97 when this was written (2 without late
+// peers; 69 with the policy that averaged its launches, geometric mean 0.968 against 0.998).
+TEST(SplitPolicy, RandomModelsWithLatePeersSettleWithin3PercentOfTheBestStatic) {
+  EXPECT_LE(random_models(Late{0.4}), 8);
 }
 
 TEST(SplitPolicy, ReopensWhenTheLinkChanges) {
@@ -319,10 +390,12 @@ TEST(SplitPolicy, NoiseAloneDoesNotReopen) {
 // communication blocks push, and a launch ends on both ranks only when both are done (the next
 // launch's pushes wait for the peer's done flag). Each rank's signals thus speak of the other's
 // split; the pair must still settle, near the best split both could share.
-TEST(SplitPolicy, TwoCoupledRanksSettleTogether) {
+// `late`: a share of the launches where one rank (either) starts late and holds the other back.
+// Returns how many of the 100 pairs settled below 0.97 of the best split both could share.
+int coupled_ranks(Late late) {
   std::mt19937 rng(5);
   std::normal_distribution<double> n01(0.0, 1.0);
-  int trials = 0, worse = 0;
+  int trials = 0, worse = 0, settled = 0;
   double worst = 1.0;
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto logu = [&](double lo, double hi) { return lo * std::pow(hi / lo, u01(rng)); };
@@ -355,14 +428,16 @@ TEST(SplitPolicy, TwoCoupledRanksSettleTogether) {
       mk::SplitSample s[2] = {run(c[0], c[1]), run(c[1], c[0])};
       const float end = std::max(std::max(s[0].compute_done_us, s[0].comm_done_us),
                                  std::max(s[1].compute_done_us, s[1].comm_done_us)) + static_cast<float>(m.overhead_us);
+      const double d = late(end, rng);
+      const int slow = u01(rng) < 0.5 ? 0 : 1;
       for (int r = 0; r < 2; ++r) {
         s[r].launch_us = static_cast<float>(end * (1.0 + 0.01 * n01(rng)));
+        if (r != slow) delay(s[r], d);  // the early rank waits for the late one
         c[r] = mk::split_policy_step(p[r], s[r]);
       }
     }
     ++trials;
-    EXPECT_EQ(p[0].phase, mk::kSplitSettled) << "trial " << trial;
-    EXPECT_EQ(p[1].phase, mk::kSplitSettled) << "trial " << trial;
+    settled += p[0].phase == mk::kSplitSettled && p[1].phase == mk::kSplitSettled;
     auto pair_time = [&](uint32_t a, uint32_t b) {
       const mk::SplitSample x = run(a, b), y = run(b, a);
       return static_cast<double>(std::max(std::max(x.compute_done_us, x.comm_done_us),
@@ -380,9 +455,15 @@ TEST(SplitPolicy, TwoCoupledRanksSettleTogether) {
                   m.tiles, m.tile_us, m.bytes_mb, m.per_block_gbs, m.link_gbs, c[0], c[1], ratio);
     }
   }
-  std::printf("%d coupled pairs: worst %.4f of the best shared static split, %d below 0.97\n", trials, worst, worse);
-  EXPECT_LE(worse, 5);
+  std::printf("%d coupled pairs%s: worst %.4f of the best shared static split, %d below 0.97, %d settled at the end\n",
+              trials, late.share > 0 ? " with late peers" : "", worst, worse, settled);
+  EXPECT_GE(settled, late.share > 0 ? 95 : 100);  // late peers may hold a reopened pair in its search
+  return worse;
 }
+
+TEST(SplitPolicy, TwoCoupledRanksSettleTogether) { EXPECT_LE(coupled_ranks(Late{}), 5); }
+
+TEST(SplitPolicy, TwoCoupledRanksWithLatePeersSettleTogether) { EXPECT_LE(coupled_ranks(Late{0.4}), 5); }
 
 
 // The end of a launch as the last block runs it (split_control_end): the measures from the sums,

@@ -94,6 +94,8 @@ struct SplitState {
   int last_comm_blocks = 0;  // of the last finished launch
   uint32_t launches = 0;     // finished launches of this op
   float last_us = 0;         // the last launch's time on the GPU (first block in to last block out)
+  float last_wait_us = 0;    // its compute blocks' wait for data, averaged over them
+  float last_compute_done_us = 0, last_comm_done_us = 0;  // when each role's last block finished
   int grid_blocks = 0;       // blocks of every launch (compute + communication)
   std::vector<int> candidates;  // the communication block counts the policy considers, ascending
   std::string text;          // all of it in one line, with every candidate's average time
