@@ -28,9 +28,12 @@
 //               [--shapes 8192x8192x8192,...] [--seqs 32768] [--masks full,causal] [--heads 32]
 //               [--dim 128] [--tokens 4096] [--moe-model 7168,2048,256,8] [--routing uniform,zipf]
 //               [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C] [--machine M]
-//               [--trace FILE]
-// --trace appends one line per rank and converging launch: launch, rank, communication blocks,
-// the launch's time, the compute role's average wait, when each role finished (us), the phase.
+//               [--trace FILE] [--max-statics N]
+// --max-statics N times N static counts spread over the candidates (both ends kept) besides the
+// default's, not every candidate.
+// --trace appends one line per rank and launch of the adaptive op (converging, then "timed"):
+// launch, rank, communication blocks, the launch's time, the compute role's average wait, when
+// each role finished (us), the phase.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -75,6 +78,7 @@ struct Args {
   uint32_t moe_hidden = 7168, moe_out = 2048, moe_experts = 256, moe_top_k = 8;
   std::vector<std::string> routings = {"uniform", "zipf"};
   int iters = 20, rounds = 4, converge = 64;
+  size_t max_statics = 0;  // 0: every candidate (MoE: at most 12 whatever is asked)
   std::string jsonl, commit = "unknown", machine = "unknown", trace;
 };
 
@@ -87,6 +91,15 @@ void progress(uint32_t rank, const std::string& what) {
   if (rank != 0) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g_start).count();
   std::fprintf(stderr, "[%7.1f s] %s\n", s, what.c_str());
+}
+
+// One line of --trace: a launch of the adaptive op and what its state says of it.
+void trace_launch(const std::string& shape, const char* when, int launch, uint32_t rank, const rt::SplitState& t) {
+  if (g_trace == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_trace_mu);
+  std::fprintf(g_trace, "%s launch %s%d rank %u comm %d us %.1f wait %.1f compute_done %.1f comm_done %.1f %s\n",
+               shape.c_str(), when, launch, rank, t.last_comm_blocks, t.last_us, t.last_wait_us, t.last_compute_done_us,
+               t.last_comm_done_us, t.settled ? "settled" : "exploring");
 }
 
 // One shape of one kernel: what rank 0 measured.
@@ -132,13 +145,7 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
       return false;
     }
     path += (path.empty() ? "" : " ") + std::to_string(st.value().last_comm_blocks);
-    if (g_trace != nullptr) {
-      const rt::SplitState& t = st.value();
-      std::lock_guard<std::mutex> lock(g_trace_mu);
-      std::fprintf(g_trace, "%s launch %d rank %u comm %d us %.1f wait %.1f compute_done %.1f comm_done %.1f %s\n",
-                   row->shape.c_str(), l, rank, t.last_comm_blocks, t.last_us, t.last_wait_us, t.last_compute_done_us,
-                   t.last_comm_done_us, t.settled ? "settled" : "exploring");
-    }
+    trace_launch(row->shape, "", l, rank, st.value());
     if (settled_after == 0 && st.value().settled) settled_after = l;
   }
   progress(rank, row->shape + ": converged over " + std::to_string(args.converge) + " launches");
@@ -164,6 +171,10 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
         float ms = 0;
         (void)cudaEventElapsedTime(&ms, e0, e1);
         if (rd > 0 || it >= 2) times[i].push_back(ms);
+        if (i == impls.size() && g_trace != nullptr) {  // the adaptive op while timed: does it move?
+          auto st = adaptive.state();
+          if (st.ok()) trace_launch(row->shape, "timed ", static_cast<int>(times[i].size()), rank, st.value());
+        }
       }
     }
   (void)cudaEventDestroy(e0);
@@ -331,6 +342,7 @@ bool run_ag(uint32_t rank, const Args& args, const fused_test::Cluster& cluster,
     return rt::AllGatherGemm::create(comm, m_local, n_local, K, cfg, stream);
   };
   sw.launch = [&](rt::AllGatherGemm& op) { return op.launch(a, w, c, nullptr, stream); };
+  sw.max_statics = args.max_statics;
   sw.before = [&] { gemm_test::poison(c, M * n_local, stream); };
   // The reference first: the gathered A from an op's gathered output, cuBLAS on it.
   {
@@ -405,6 +417,7 @@ bool run_ring(uint32_t rank, const Args& args, const fused_test::Cluster& cluste
     return rt::RingAttention::create(comm, sh, cfg, stream);
   };
   sw.launch = [&](rt::RingAttention& op) { return op.launch(q, k, v, o, lse, stream); };
+  sw.max_statics = args.max_statics;
   // Every split gives the default split's O and lse, bit for bit.
   sw.check = [&](size_t i) -> std::string {
     (void)cudaMemcpy(o_now.data(), o, q_elems * 2, cudaMemcpyDeviceToHost);
@@ -479,7 +492,7 @@ bool run_moe(uint32_t rank, const Args& args, const fused_test::Cluster& cluster
   };
   // Each plan holds its own expert rows and outputs (rows_capacity x (H + N) x 2 bytes, over a
   // GiB at T = 4096 with the default capacity): at most 12 static counts.
-  sw.max_statics = 12;
+  sw.max_statics = args.max_statics != 0 ? std::min<size_t>(args.max_statics, 12) : 12;
   const bool ok = run_sweep(rank, args, comm, stream, sync, sw, row);
   for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(out), static_cast<void*>(ch),
                   static_cast<void*>(sc)})
@@ -531,6 +544,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--converge") args.converge = std::atoi(next().c_str());
+    else if (a == "--max-statics") args.max_statics = static_cast<size_t>(std::atoi(next().c_str()));
     else if (a == "--trace") args.trace = next();
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();

@@ -40,14 +40,16 @@ struct SplitReport {
   std::vector<Candidate> candidates;
   uint32_t best = 0;  // index into candidates (valid once one has samples)
 
-  // One line: "adaptive settled comm=6 (next 6) last 812.3 us wait 3.1 us after 14 launches; 2:1090.2 4:840.1 6*:811.9 ..."
+  // One line: "adaptive settled comm=6 (next 6) last 812.3 us, compute waited 3.1 us, launches 14, moves 5;
+  // 2:1090.2 4:840.1 6*:811.9 ..."
   std::string describe() const {
     char head[256];
-    std::snprintf(head, sizeof(head), "%s %s comm=%u (next %u%s) last %.1f us, compute waited %.1f us, launches %u%s",
+    std::snprintf(head, sizeof(head),
+                  "%s %s comm=%u (next %u%s) last %.1f us, compute waited %.1f us, launches %u%s, moves %u",
                   adaptive ? "adaptive" : "static",
                   phase == kSplitSettled ? "settled" : phase == kSplitRefine ? "refining" : "exploring", last_comm,
                   next_comm, pinned != 0 ? ", pinned" : "", last_us, last_wait_us, launches,
-                  failed_launches != 0 ? (" (" + std::to_string(failed_launches) + " failed)").c_str() : "");
+                  failed_launches != 0 ? (" (" + std::to_string(failed_launches) + " failed)").c_str() : "", moves);
     std::string s = head;
     if (!adaptive) return s;
     s += ";";

@@ -278,9 +278,10 @@ TEST(SplitPolicy, LatePeersDoNotMoveWhereItSettles) {
   EXPECT_LE(moved, 5);  // eight late launches in a row (0.4^8 a window) reopen, by design
 }
 
-// 300 random modelled kernels; `late` holds some launches back (note 3). Returns how many
-// settled below 0.97 of their best static split; the geometric mean must be 0.99 or more.
-int random_models(Late late) {
+// 300 random modelled kernels; `late` holds some launches back (note 3), `noise` spreads every
+// launch's time (one standard deviation, relative). Returns how many settled below 0.97 of their
+// best static split (the worst ratio into *worst_out); the geometric mean must be 0.99 or more.
+int random_models(Late late, double noise = 0.015, double* worst_out = nullptr) {
   std::mt19937 rng(20261205);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto logu = [&](double lo, double hi) { return lo * std::pow(hi / lo, u01(rng)); };
@@ -305,7 +306,7 @@ int random_models(Late late) {
     mk::SplitPolicy s;
     mk::split_policy_init(s, cand.data(), static_cast<uint32_t>(cand.size()), 10);
     std::mt19937 noise_rng(trial);
-    const Drive r = drive(s, m, 300, 0.015, noise_rng, late);
+    const Drive r = drive(s, m, 300, noise, noise_rng, late);
     EXPECT_NE(r.settled_at, 0u);
     if (r.settled_at == 0) return 300;
     const double ratio = best / m.time(r.comm);
@@ -328,11 +329,12 @@ int random_models(Late late) {
   geo = std::exp(geo / static_cast<double>(ratios.size()));
   geo_def = std::exp(geo_def / static_cast<double>(speedup_over_default.size()));
   std::sort(settle_launches.begin(), settle_launches.end());
-  std::printf("300 modelled kernels%s: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
+  std::printf("300 modelled kernels%s, %.1f%% noise: adaptive / best static geo mean %.4f, worst %.4f, %d below 0.97; "
               "over the split of 10: geo mean %.3fx; settled after %u launches (median), %u (90th pct), %u (max)\n",
-              late.share > 0 ? " with late peers" : "", geo, worst, worse, geo_def, settle_launches[150],
+              late.share > 0 ? " with late peers" : "", 100 * noise, geo, worst, worse, geo_def, settle_launches[150],
               settle_launches[270], settle_launches.back());
   EXPECT_GE(geo, 0.99);
+  if (worst_out != nullptr) *worst_out = worst;
   return worse;
 }
 
@@ -344,6 +346,17 @@ TEST(SplitPolicy, RandomModelsSettleWithin3PercentOfTheBestStatic) {
 // peers; 69 with the policy that averaged its launches, geometric mean 0.968 against 0.998).
 TEST(SplitPolicy, RandomModelsWithLatePeersSettleWithin3PercentOfTheBestStatic) {
   EXPECT_LE(random_models(Late{0.4}), 8);
+}
+
+// A path whose launch times spread by 6% either way (the emulated network's host proxies): the
+// settled split is watched against a window's fastest launch, not the luckiest launch of the
+// search, so noise does not reopen the search again and again. When the reference was the
+// search's lowest time, this case had 20 below 0.97 and settled as low as 0.24 of the best (the
+// search reopened and ended wherever it was); now 15, the worst 0.92.
+TEST(SplitPolicy, RandomModelsOnANoisyPathStayNearTheBest) {
+  double worst = 0;
+  EXPECT_LE(random_models(Late{}, 0.06, &worst), 20);
+  EXPECT_GE(worst, 0.85);
 }
 
 TEST(SplitPolicy, ReopensWhenTheLinkChanges) {
