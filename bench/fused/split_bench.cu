@@ -3,7 +3,12 @@
 //   mkernel_static_<c>   the op made with c communication blocks (and the same grid)
 //   mkernel_default      the op with the default rule's split
 //   mkernel_adaptive     the op with adaptive_split, after --converge launches to find its split
-//   mkernel_best_static  the fastest of the static rows (its count in "config")
+//   mkernel_best_static  the fastest of the static rows (its count in "config"); with finalists
+//                        (--finalists N, default 3) the N fastest statics of the sweep are timed
+//                        again beside the default and the adaptive, in rounds of their own, and
+//                        best_static, default and adaptive are that pass's (the fastest of many
+//                        noisy medians is biased low: the winner's curse); the static rows stay
+//                        the sweep's
 //   mkernel_adaptive_pinned  the adaptive op pinned at the default split: what the adaptive
 //                        instantiation's measures cost beside mkernel_default
 // for AllGather+GEMM (--kernels ag_gemm; shapes M x N x K, global), ring attention (ring;
@@ -28,7 +33,7 @@
 //               [--shapes 8192x8192x8192,...] [--seqs 32768] [--masks full,causal] [--heads 32]
 //               [--dim 128] [--tokens 4096] [--moe-model 7168,2048,256,8] [--routing uniform,zipf]
 //               [--iters 20] [--rounds 4] [--converge 64] [--jsonl FILE] [--commit C] [--machine M]
-//               [--trace FILE] [--max-statics N]
+//               [--trace FILE] [--max-statics N] [--finalists N]
 // --max-statics N times N static counts spread over the candidates (both ends kept) besides the
 // default's, not every candidate.
 // --trace appends one line per rank and launch of the adaptive op (converging, then "timed"):
@@ -78,6 +83,7 @@ struct Args {
   uint32_t moe_hidden = 7168, moe_out = 2048, moe_experts = 256, moe_top_k = 8;
   std::vector<std::string> routings = {"uniform", "zipf"};
   int iters = 20, rounds = 4, converge = 64;
+  int finalists = 3;  // the fastest statics re-timed beside the default and the adaptive (0: none)
   size_t max_statics = 0;  // 0: every candidate (MoE: at most 12 whatever is asked)
   std::string jsonl, commit = "unknown", machine = "unknown", trace;
 };
@@ -109,6 +115,11 @@ struct Row {
   std::vector<int> comms;           // static counts, ascending
   std::vector<double> static_ms;    // per count
   double default_ms = 0, adaptive_ms = 0, pinned_ms = 0;
+  // The finalists' pass (--finalists): the fastest statics, the default and the adaptive re-timed
+  // together; final_ms per count of final_comms.
+  std::vector<int> final_comms;
+  std::vector<double> final_ms;
+  double final_default_ms = 0, final_adaptive_ms = 0;
   int adaptive_comm = 0, settled_after = 0;
   std::string path, state;          // the adaptive split's counts while converging; its state after
   std::string error;
@@ -153,32 +164,73 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
   cudaEvent_t e0, e1;
   (void)cudaEventCreate(&e0);
   (void)cudaEventCreate(&e1);
-  std::vector<std::vector<float>> times(impls.size() + 1);
   const int per = std::max(1, args.iters / std::max(1, args.rounds));
-  for (int rd = 0; rd < args.rounds; ++rd)
-    for (size_t i = 0; i <= impls.size(); ++i) {
-      Impl& im = i < impls.size() ? impls[i] : adaptive;
-      sync();
-      for (int it = 0; it < per + (rd == 0 ? 2 : 0); ++it) {  // two untimed warm-ups in the first round
-        (void)cudaEventRecord(e0, stream);
-        const mkernel::Status s = im.launch();
-        (void)cudaEventRecord(e1, stream);
-        (void)cudaEventSynchronize(e1);
-        if (!s.ok()) {
-          if (rank == 0) row->error = im.name + ": " + s.to_string();
-          return false;
-        }
-        float ms = 0;
-        (void)cudaEventElapsedTime(&ms, e0, e1);
-        if (rd > 0 || it >= 2) times[i].push_back(ms);
-        if (i == impls.size() && g_trace != nullptr) {  // the adaptive op while timed: does it move?
-          auto st = adaptive.state();
-          if (st.ok()) trace_launch(row->shape, "timed ", static_cast<int>(times[i].size()), rank, st.value());
+  // Rounds taking turns between `which` (indices into impls; impls.size(): the adaptive op);
+  // medians into ms[k] for which[k].
+  auto timed_rounds = [&](const std::vector<size_t>& which, const char* tag, std::vector<double>* ms) -> bool {
+    std::vector<std::vector<float>> times(which.size());
+    for (int rd = 0; rd < args.rounds; ++rd)
+      for (size_t k = 0; k < which.size(); ++k) {
+        const size_t i = which[k];
+        Impl& im = i < impls.size() ? impls[i] : adaptive;
+        sync();
+        for (int it = 0; it < per + (rd == 0 ? 2 : 0); ++it) {  // two untimed warm-ups in the first round
+          (void)cudaEventRecord(e0, stream);
+          const mkernel::Status s = im.launch();
+          (void)cudaEventRecord(e1, stream);
+          (void)cudaEventSynchronize(e1);
+          if (!s.ok()) {
+            if (rank == 0) row->error = im.name + ": " + s.to_string();
+            return false;
+          }
+          float t = 0;
+          (void)cudaEventElapsedTime(&t, e0, e1);
+          if (rd > 0 || it >= 2) times[k].push_back(t);
+          if (i == impls.size() && g_trace != nullptr) {  // the adaptive op while timed: does it move?
+            auto st = adaptive.state();
+            if (st.ok()) trace_launch(row->shape, tag, static_cast<int>(times[k].size()), rank, st.value());
+          }
         }
       }
+    ms->clear();
+    for (auto& t : times) ms->push_back(median(t));
+    return true;
+  };
+  std::vector<size_t> all;
+  for (size_t i = 0; i <= impls.size(); ++i) all.push_back(i);
+  std::vector<double> ms;
+  bool ok = timed_rounds(all, "timed ", &ms);
+  // The finalists: the fastest of many noisy medians is biased low (the winner's curse), so the
+  // fastest statics are timed again beside the default and the adaptive, in rounds of their own.
+  // Every rank must run the same set: rank 0's choice, shared through a barrier.
+  static std::vector<size_t> g_final;
+  if (ok && args.finalists > 0) {
+    if (rank == 0) {
+      std::vector<size_t> st;
+      for (size_t i = 0; i < impls.size(); ++i)
+        if (impls[i].name.rfind("mkernel_static_", 0) == 0) st.push_back(i);
+      std::sort(st.begin(), st.end(), [&](size_t x, size_t y) { return ms[x] < ms[y]; });
+      st.resize(std::min(st.size(), static_cast<size_t>(args.finalists)));
+      for (size_t i = 0; i < impls.size(); ++i)
+        if (impls[i].name == "mkernel_default") st.push_back(i);
+      st.push_back(impls.size());
+      g_final = st;
     }
+    sync();
+    const std::vector<size_t> fin = g_final;
+    sync();
+    std::vector<double> fms;
+    ok = timed_rounds(fin, "final ", &fms);
+    if (ok && rank == 0)
+      for (size_t k = 0; k < fin.size(); ++k) {
+        if (fin[k] == impls.size()) row->final_adaptive_ms = fms[k];
+        else if (impls[fin[k]].name == "mkernel_default") row->final_default_ms = fms[k];
+        else row->final_comms.push_back(impls[fin[k]].comm), row->final_ms.push_back(fms[k]);
+      }
+  }
   (void)cudaEventDestroy(e0);
   (void)cudaEventDestroy(e1);
+  if (!ok) return false;
   if (!comm.check().ok()) {
     if (rank == 0) row->error = comm.check().to_string();
     return false;
@@ -186,15 +238,15 @@ bool converge_and_time(uint32_t rank, const Args& args, cudaStream_t stream, con
   if (rank != 0) return true;
   for (size_t i = 0; i < impls.size(); ++i) {
     if (impls[i].name == "mkernel_default") {
-      row->default_ms = median(times[i]);
+      row->default_ms = ms[i];
     } else if (impls[i].name == "mkernel_adaptive_pinned") {
-      row->pinned_ms = median(times[i]);
+      row->pinned_ms = ms[i];
     } else {
       row->comms.push_back(impls[i].comm);
-      row->static_ms.push_back(median(times[i]));
+      row->static_ms.push_back(ms[i]);
     }
   }
-  row->adaptive_ms = median(times[impls.size()]);
+  row->adaptive_ms = ms[impls.size()];
   auto st = adaptive.state();
   row->adaptive_comm = st.ok() ? st.value().last_comm_blocks : -1;
   row->state = st.ok() ? st.value().text : st.status().to_string();
@@ -544,6 +596,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
     else if (a == "--converge") args.converge = std::atoi(next().c_str());
+    else if (a == "--finalists") args.finalists = std::atoi(next().c_str());
     else if (a == "--max-statics") args.max_statics = static_cast<size_t>(std::atoi(next().c_str()));
     else if (a == "--trace") args.trace = next();
     else if (a == "--jsonl") args.jsonl = next();
@@ -708,19 +761,45 @@ int main(int argc, char** argv) {
     size_t b = 0;
     for (size_t i = 1; i < r.static_ms.size(); ++i)
       if (r.static_ms[i] < r.static_ms[b]) b = i;
-    const double best = r.static_ms.empty() ? 0 : r.static_ms[b];
-    const int best_comm = r.comms.empty() ? 0 : r.comms[b];
+    const double sweep_best = r.static_ms.empty() ? 0 : r.static_ms[b];
+    const int sweep_best_comm = r.comms.empty() ? 0 : r.comms[b];
+    // With finalists the comparison is theirs (the same rounds for all three); else the sweep's.
+    const bool fin = !r.final_ms.empty();
+    size_t fb = 0;
+    for (size_t i = 1; i < r.final_ms.size(); ++i)
+      if (r.final_ms[i] < r.final_ms[fb]) fb = i;
+    const double best = fin ? r.final_ms[fb] : sweep_best;
+    const int best_comm = fin ? r.final_comms[fb] : sweep_best_comm;
+    const double def_ms = fin ? r.final_default_ms : r.default_ms;
+    const double ad_ms = fin ? r.final_adaptive_ms : r.adaptive_ms;
     char best_s[32], ad_s[32];
     std::snprintf(best_s, sizeof(best_s), "%.4f (%d)", best, best_comm);
-    std::snprintf(ad_s, sizeof(ad_s), "%.4f (%d)", r.adaptive_ms, r.adaptive_comm);
+    std::snprintf(ad_s, sizeof(ad_s), "%.4f (%d)", ad_ms, r.adaptive_comm);
     std::printf("%-15s %-26s %5d %7.4f (%d) %16s %18s %9.3f %9.3f\n", r.kernel.c_str(), r.shape.c_str(), r.grid,
-                r.default_ms, r.default_comm, best_s, ad_s, best / r.adaptive_ms, r.default_ms / r.adaptive_ms);
+                def_ms, r.default_comm, best_s, ad_s, best / ad_ms, def_ms / ad_ms);
     std::printf("    settled after %d launches; splits while converging: %s\n    %s\n", r.settled_after,
                 r.path.c_str(), r.state.c_str());
+    std::string sweep;
+    for (size_t i = 0; i < r.comms.size(); ++i) {
+      char t[48];
+      std::snprintf(t, sizeof(t), " %d:%.4f", r.comms[i], r.static_ms[i]);
+      sweep += t;
+    }
+    std::printf("    sweep: default %.4f, adaptive %.4f, statics%s\n", r.default_ms, r.adaptive_ms, sweep.c_str());
+    if (fin) {
+      std::string f;
+      for (size_t i = 0; i < r.final_comms.size(); ++i) {
+        char t[48];
+        std::snprintf(t, sizeof(t), " %d:%.4f", r.final_comms[i], r.final_ms[i]);
+        f += t;
+      }
+      std::printf("    finalists re-timed: default %.4f, adaptive %.4f, statics%s (sweep's best %.4f at %d)\n", def_ms,
+                  ad_ms, f.c_str(), sweep_best, sweep_best_comm);
+    }
     std::printf("    adaptive pinned at the default split: %.4f ms (%.3f of the default)\n", r.pinned_ms,
                 r.pinned_ms > 0 ? r.default_ms / r.pinned_ms : 0.0);
-    vs_best.push_back(best / r.adaptive_ms);
-    vs_def.push_back(r.default_ms / r.adaptive_ms);
+    vs_best.push_back(best / ad_ms);
+    vs_def.push_back(def_ms / ad_ms);
     if (jl == nullptr) continue;
     auto line = [&](const std::string& impl, double ms, const std::string& config) {
       std::fprintf(jl,
@@ -733,11 +812,13 @@ int main(int argc, char** argv) {
     };
     for (size_t i = 0; i < r.comms.size(); ++i)
       line("mkernel_static_" + std::to_string(r.comms[i]), r.static_ms[i], "comm " + std::to_string(r.comms[i]));
-    line("mkernel_best_static", best, "comm " + std::to_string(best_comm));
-    line("mkernel_default", r.default_ms, "comm " + std::to_string(r.default_comm));
+    const std::string how = fin ? ", finalists re-timed (" + std::to_string(r.final_ms.size()) + " fastest statics)" : "";
+    line("mkernel_best_static", best, "comm " + std::to_string(best_comm) + how);
+    line("mkernel_default", def_ms, "comm " + std::to_string(r.default_comm) + how);
     line("mkernel_adaptive_pinned", r.pinned_ms, "comm " + std::to_string(r.default_comm) + ", pinned");
-    line("mkernel_adaptive", r.adaptive_ms,
-         "comm " + std::to_string(r.adaptive_comm) + ", settled after " + std::to_string(r.settled_after) + " launches");
+    line("mkernel_adaptive", ad_ms,
+         "comm " + std::to_string(r.adaptive_comm) + ", settled after " + std::to_string(r.settled_after) + " launches" +
+             how);
   }
   if (jl != nullptr) std::fclose(jl);
   if (g_trace != nullptr) std::fclose(g_trace);
