@@ -10,9 +10,12 @@
 //         nothing new is reported.
 //     The caller leaves its loops on false; nothing traps.
 //  2. The fast path is one acquire load. The slow path backs off with __nanosleep up to
-//     kMaxBackoffNs and looks at the timer, the ring's error word, the peer-abort word and the
-//     status word every kCheckEvery polls, so thousands of waiting threads do not flood PCIe
-//     with reads of host words.
+//     kMaxBackoffNs and looks at the ring's error word, the peer-abort word, the status word
+//     (the first and last are host memory: each look is a read across PCIe) and the bound once
+//     every kFailureCheckNs of waiting, by the timer rather than by a count of polls (every 16
+//     polls was about every 5 us, so a few hundred waiting threads kept up tens of millions of
+//     PCIe reads a second). A failure is seen at most kFailureCheckNs late; bounds are
+//     milliseconds to seconds.
 //  3. Flags carry launch numbers and only grow, so "reached" is `>=` and nothing is reset.
 //  4. mbar_wait_bounded is the same rule for a shared-memory mbarrier phase (a block's own
 //     pipeline): bounded, reported by the caller as kDevicePipelineTimeout.
@@ -47,7 +50,7 @@ struct WaitContext {
   uint32_t rank = 0;                                  // for the report
 };
 
-inline constexpr uint32_t kCheckEvery = 16;
+inline constexpr uint64_t kFailureCheckNs = 50'000;
 inline constexpr uint32_t kMaxBackoffNs = 256;
 
 #if defined(__CUDACC__)
@@ -84,14 +87,17 @@ __device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, c
                                          uint32_t detail, uint64_t where) {
   if (sync::ld_acquire_sys(flag) >= value) return true;
   const uint64_t start = sync::globaltimer_ns();
+  uint64_t next_check = start + kFailureCheckNs;
   uint32_t backoff_ns = 16;
-  for (uint32_t polls = 1;; ++polls) {
+  while (true) {
     __nanosleep(backoff_ns);
     if (backoff_ns < kMaxBackoffNs) backoff_ns *= 2;
     if (sync::ld_acquire_sys(flag) >= value) return true;
-    if (polls % kCheckEvery == 0) {
+    const uint64_t now = sync::globaltimer_ns();
+    if (now >= next_check) {
+      next_check = now + kFailureCheckNs;
       if (failure_seen(w, where)) return false;
-      if (sync::globaltimer_ns() - start > w.timeout_ns) {
+      if (now - start > w.timeout_ns) {
         report(w, kDeviceWaitTimeout, detail, where);
         return false;
       }

@@ -716,6 +716,10 @@ def moe_forward(
     nn.Linear weights (packed; num_experts = experts_per_rank x world). Expert outputs are rounded
     to bf16 before they are weighted, as :func:`moe_combine` does. Arguments as for
     :func:`moe_dispatch`. Runs ``torch.ops.mkernel.moe_forward``.
+
+    Measured on one GPU (docs/kernels.md section 14), this fused kernel is correct but 12-100x
+    slower than :func:`moe_dispatch`, a grouped GEMM and :func:`moe_combine`; prefer those three
+    until that is fixed.
     """
     return torch.ops.mkernel.moe_forward(
         x, topk_ids, topk_weights, w, _name_of(group_name), recv_tokens_per_source=recv_tokens_per_source,
