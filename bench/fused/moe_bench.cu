@@ -15,7 +15,10 @@
 // table last and as JSON lines in --jsonl.
 //
 //   moe_bench [--world W] [--tokens 128,4096] [--routing uniform,zipf] [--iters 30]
-//             [--jsonl FILE] [--commit C] [--machine M] [--blocks N]
+//             [--jsonl FILE] [--commit C] [--machine M] [--blocks N] [--gemm-blocks N] [--cluster-m C]
+// --blocks: communication blocks (fused: role blocks); --gemm-blocks, --cluster-m: the fused
+// kernel's GEMM blocks (0: every SM the role blocks leave) and cluster size (0: choose). Without
+// --machine the record names the GPUs this program sees.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -48,7 +51,7 @@ struct Args {
   std::vector<uint32_t> tokens{128, 4096, 16384};
   std::vector<std::string> routing{"uniform", "zipf"};
   uint32_t hidden = 7168, inter = 2048, experts = 256, top_k = 8;
-  int iters = 30, blocks = 0;
+  int iters = 30, blocks = 0, gemm_blocks = 0, cluster_m = 0;
   std::string jsonl, commit = "unknown", machine = "unknown";
 };
 
@@ -132,6 +135,8 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
       rt::MoeConfig plain, fused;
       plain.blocks = args.blocks;
       fused.blocks = args.blocks;
+      fused.gemm_blocks = args.gemm_blocks;
+      fused.cluster_m = args.cluster_m;
       fused.fused = true;
       auto a = rt::MoeDispatchCombine::create(comm, T, H, N, E, k, plain, st);
       B_OK(a.status(), "create");
@@ -311,6 +316,8 @@ int main(int argc, char** argv) {
     else if (a == "--top-k") args.top_k = static_cast<uint32_t>(std::atoi(next()));
     else if (a == "--iters") args.iters = std::atoi(next());
     else if (a == "--blocks") args.blocks = std::atoi(next());
+    else if (a == "--gemm-blocks") args.gemm_blocks = std::atoi(next());
+    else if (a == "--cluster-m") args.cluster_m = std::atoi(next());
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();
     else if (a == "--machine") args.machine = next();
@@ -323,6 +330,10 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     std::fprintf(stderr, "moe_bench: no CUDA device; nothing to measure\n");
     return 1;
+  }
+  if (args.machine == "unknown") {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) args.machine = std::to_string(gpus) + "x" + prop.name;
   }
   if (args.world <= 0) args.world = gpus;
   if (args.world > gpus) {
