@@ -13,9 +13,9 @@
 //     kMaxBackoffNs and looks at the ring's error word, the peer-abort word, the status word
 //     (the first and last are host memory: each look is a read across PCIe) and the bound once
 //     every kFailureCheckNs of waiting, by the timer rather than by a count of polls (every 16
-//     polls was about every 5 us, so a few hundred waiting threads kept up tens of millions of
-//     PCIe reads a second). A failure is seen at most kFailureCheckNs late; bounds are
-//     milliseconds to seconds.
+//     polls is about every 5 us: a few hundred waiting threads could keep up tens of millions of
+//     PCIe reads a second; an estimate, the fused MoE's time did not change either way). A
+//     failure is seen at most kFailureCheckNs late; bounds are milliseconds to seconds.
 //  3. Flags carry launch numbers and only grow, so "reached" is `>=` and nothing is reset.
 //  4. mbar_wait_bounded is the same rule for a shared-memory mbarrier phase (a block's own
 //     pipeline): bounded, reported by the caller as kDevicePipelineTimeout.
