@@ -41,6 +41,9 @@
 #include "gemm/sm90_bf16_grouped_gemm.h"
 #include "mkernel/runtime/ops.h"
 
+// Present only in diagnostic builds of the fused kernel (common/phase_trace.cuh).
+extern "C" __attribute__((weak)) void mkernel_moe_phase_trace_print();
+
 namespace {
 
 namespace rt = mkernel::rt;
@@ -222,6 +225,10 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
         return ms;
       };
       const auto t_fused = time([&] { return fop.forward(x, ch, sc, w, out_f, st); });
+      if (mkernel_moe_phase_trace_print != nullptr && rank == 0) {  // a diagnostic build's phase trace
+        B_CUDA(cudaStreamSynchronize(st));
+        mkernel_moe_phase_trace_print();
+      }
       const auto t_unfused = time(unfused);
       // Dispatch and combine alone: events around each in dispatch + combine pairs (a combine
       // must follow its dispatch).

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/phase_trace.cuh"
 #include "common/ptx.cuh"
 #include "common/status.h"
 #include "common/split_control.cuh"
@@ -260,6 +261,27 @@ __device__ __forceinline__ bool wait_rows_ready(const GemmParams& p, uint64_t va
 // The value a finished tile's flag gets (GemmParams::tile_flag_value / tile_flag_value_ptr).
 __device__ __forceinline__ uint64_t tile_flag_value(const GemmParams& p) {
   return p.tile_flag_value_ptr != nullptr ? sync::ld_acquire_gpu(p.tile_flag_value_ptr) : p.tile_flag_value;
+}
+
+// Grouped: one more stored tile of flat m block `mb` (GemmParams::mblock_flags). Called by the
+// thread that raised the tile's flag, after it (so after its fence). The count word carries
+// the launch's value in its high half (grouped_mblock_count_next). The tile that completes the
+// count publishes the m block's flag: its fence orders the other tiles' stores (each fenced
+// before its own count) before the flag.
+__device__ __forceinline__ void count_mblock_tile(const GemmParams& p, uint32_t mb, uint64_t value) {
+  unsigned long long* word = p.mblock_counts + mb;
+  unsigned long long cur = *reinterpret_cast<volatile unsigned long long*>(word);
+  unsigned long long next = 0;
+  while (true) {
+    next = grouped_mblock_count_next(cur, value, p.num_n_blocks);
+    const unsigned long long seen = atomicCAS(word, cur, next);
+    if (seen == cur) break;
+    cur = seen;
+  }
+  if ((next & 0xffffffffull) == 0) {
+    sync::fence_acq_rel_sys();
+    sync::st_release_sys(p.mblock_flags + mb, value);
+  }
 }
 
 // CTAs whose consumers hand back each stage of a CTA: those that write into it, i.e. the CTAs of
@@ -658,6 +680,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                           const __grid_constant__ CUtensorMap tma_a_local,
                           const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (threadIdx.x == 0) MK_TRACE_MARK(0);
   // ---- role split ----------------------------------------------------------------------------
   // Static (the plan's) or adaptive (read from the plan's SplitControl; the same for every block).
   // Only roles that ask for it (Role::kAdaptiveSplit) read the split and measure: for the others
@@ -673,6 +696,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
     if (threadIdx.x == 0) split_wait_ns = 0;
   }
+  if (threadIdx.x == 0) MK_TRACE_SHAPE(num_gemm_blocks);
   if (blockIdx.x >= num_gemm_blocks) {
     Role::run(p, blockIdx.x - num_gemm_blocks, gridDim.x - num_gemm_blocks);
     __syncwarp();  // a role's thread 0 may have worked alone; its warp rejoins first
@@ -766,6 +790,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
           if (p.split != nullptr) t0 = sync::globaltimer_ns();
         }
         offsets_missing = wait_geq(p.grouped_offsets_ready, v, p.wait, 0, where_tag(kStepGroupOffsets, 0xFFFFFFFFu)) ? 0u : 1u;
+        MK_TRACE_MARK(1);
         if constexpr (kMaySplit) {  // waiting for the layout is waiting for data too
           if (p.split != nullptr && blockIdx.x < num_gemm_blocks) split_wait_ns += sync::globaltimer_ns() - t0;
         }
@@ -792,7 +817,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       WorkCursor cursor = sched.begin(cluster_idx);
       WorkItem item;
       [[maybe_unused]] GroupCursor gcursor;
+#if defined(MKERNEL_PHASE_TRACE)
+      unsigned long long trace_wait_ns = 0, trace_tiles = 0;
+#endif
       while (!aborted && sched.next(cursor, num_clusters, item)) {
+#if defined(MKERNEL_PHASE_TRACE)
+        const unsigned long long trace_t0 = sync::globaltimer_ns();
+        if (trace_tiles == 0) MK_TRACE_MARK(2);
+        ++trace_tiles;
+#endif
         detail::cluster_k_share<T>(item, krank);
         const CUtensorMap* map_a = &tma_a;
         int32_t a_row = 0, w_row = 0;
@@ -824,6 +857,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
               if (p.split != nullptr) split_wait_ns += sync::globaltimer_ns() - t0;
             }
           }
+#if defined(MKERNEL_PHASE_TRACE)
+          trace_wait_ns += sync::globaltimer_ns() - trace_t0;
+#endif
           a_row = static_cast<int32_t>(gt.row_begin);
           w_row = static_cast<int32_t>(gt.group * p.n + gt.n_block * T::kBlockN);
           own_weight_tile = gt.split != 0;
@@ -927,6 +963,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       if constexpr (kMaySplit) {
         if (p.split != nullptr) split_add_wait(p.split, split_wait_ns);
       }
+#if defined(MKERNEL_PHASE_TRACE)
+      MK_TRACE_MARK(3);
+      MK_TRACE_SET(5, trace_wait_ns / 1000);
+      MK_TRACE_SET(6, trace_tiles);
+#endif
       // Drain: every load this producer issued lands before the block may exit. Normally the
       // consumers waited for all of them and this is one try_wait per stage; after an abort
       // they stop early and a load still in flight would write into shared memory of a block
@@ -1092,7 +1133,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
             ptx::named_barrier_sync(2, 256);
             if (ctid == 0) {
               sync::fence_acq_rel_sys();
-              sync::st_release_sys(p.tile_flags + gt.flat_m_block * p.num_n_blocks + gt.n_block, detail::tile_flag_value(p));
+              const uint64_t value = detail::tile_flag_value(p);
+              sync::st_release_sys(p.tile_flags + gt.flat_m_block * p.num_n_blocks + gt.n_block, value);
+              if (p.mblock_flags != nullptr) detail::count_mblock_tile(p, gt.flat_m_block, value);
             }
           }
         }
@@ -1171,6 +1214,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     }
     if constexpr (detail::role_epilogue<Role>()) Role::template epilogue_end<T>(p, epi_state, ctid);
+    if (ctid == 0) MK_TRACE_MARK(4);
     // Outstanding TMA stores must finish reading shared memory before the block exits; their
     // writes to global memory complete with the grid. A role that acts on the block's end
     // (block_exit, its own epilogue) gets them complete.

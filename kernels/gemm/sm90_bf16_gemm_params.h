@@ -76,6 +76,12 @@ struct GemmParams {
   uint64_t* tile_flags;
   uint64_t tile_flag_value;
   const unsigned long long* tile_flag_value_ptr;  // when set, tile_flag_value is *tile_flag_value_ptr (a launch counter)
+  // Grouped only: mblock_flags[flat_m_block] = tile_flag_value once every n block of that flat m
+  // block is stored (after the tiles' own flags; nullptr: none). mblock_counts: one word per
+  // flat m block, (low 32 bits of the flag value) << 32 | tiles stored
+  // (grouped_mblock_count_next: a word an aborted launch of another value left counts as zero).
+  uint64_t* mblock_flags;
+  unsigned long long* mblock_counts;
 
   // Grouped GEMM only (Traits::kGrouped; gemm/sm90_bf16_grouped_gemm.h): the groups, read from
   // device memory at the start of the launch (sm90_bf16_grouped_gemm_map.h), and the per-group

@@ -161,12 +161,22 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
   }
   for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"hooks.group_ready", h.group_ready},
                                   {"hooks.ready_flags", h.ready_flags},
-                                  {"hooks.tile_flags", h.tile_flags}}) {
+                                  {"hooks.tile_flags", h.tile_flags},
+                                  {"hooks.mblock_flags", h.mblock_flags},
+                                  {"hooks.mblock_counts", h.mblock_counts}}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 8 != 0) {
       return fail(GemmError::kInvalidPointer, std::string(name) + " = " +
                                                   std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
                                                   " is not supported: expected null or 8-byte aligned (uint64 flags)");
     }
+  }
+
+  if ((h.mblock_flags != nullptr) != (h.mblock_counts != nullptr) ||
+      (h.mblock_flags != nullptr && h.tile_flags == nullptr)) {
+    return fail(GemmError::kInvalidConfig,
+                std::string("hooks.mblock_flags is ") + (h.mblock_flags ? "set" : "null") + ", hooks.mblock_counts " +
+                    (h.mblock_counts ? "set" : "null") + ", hooks.tile_flags " + (h.tile_flags ? "set" : "null") +
+                    "; expected the first two both null, or all three set");
   }
 
   int num_sms = 0, major = 0, minor = 0, device = 0;
@@ -216,6 +226,8 @@ GemmResult grouped_gemm_plan(const GroupedGemmArgs& args, GroupedGemmPlan* plan)
       static_cast<uint32_t>(ceil_div(args.capacity, std::max<uint32_t>(1, h.ready_rows_per_flag)));
   p.tile_flags = h.tile_flags;
   p.tile_flag_value = h.tile_flag_value;
+  p.mblock_flags = h.mblock_flags;
+  p.mblock_counts = h.mblock_counts;
   p.wait = args.wait;
   p.role_args = h.role_args;
   p.role_ptrs[0] = h.role_ptrs[0];
@@ -295,6 +307,14 @@ uint64_t grouped_gemm_num_tile_flags(const GroupedGemmArgs& args) {
   if (!grouped_bounds_error(args.capacity, args.num_groups, args.n, args.k, block_n).empty()) return 0;
   return grouped_max_m_blocks(static_cast<uint64_t>(args.capacity), static_cast<uint64_t>(args.num_groups)) *
          static_cast<uint64_t>(ceil_div(args.n, block_n));
+}
+
+uint64_t grouped_gemm_num_mblock_flags(const GroupedGemmArgs& args) {
+  int block_n = args.config.block_n;
+  if (block_n == 0) block_n = choose_block_n(args.n);
+  if (block_n != 128 && block_n != 256) return 0;
+  if (!grouped_bounds_error(args.capacity, args.num_groups, args.n, args.k, block_n).empty()) return 0;
+  return grouped_max_m_blocks(static_cast<uint64_t>(args.capacity), static_cast<uint64_t>(args.num_groups));
 }
 
 GemmResult grouped_gemm_check_offsets(const uint32_t* host_offsets, int64_t num_groups, int64_t capacity) {

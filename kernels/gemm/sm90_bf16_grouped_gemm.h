@@ -72,6 +72,13 @@ struct GroupedGemmHooks {
   // grouped_gemm_num_tile_flags(args).
   uint64_t* tile_flags = nullptr;
   uint64_t tile_flag_value = 0;
+  // Raise mblock_flags[flat_m_block] = tile_flag_value once every n block of the flat m block is
+  // stored: one flag for a band of up to 128 rows of all n (a reader that needs whole rows waits
+  // on one word instead of num_n_blocks). Needs tile_flags; mblock_counts is the count per flat m
+  // block (device memory, zeroed once; GemmParams::mblock_counts). Length of each:
+  // grouped_gemm_num_mblock_flags(args).
+  uint64_t* mblock_flags = nullptr;
+  unsigned long long* mblock_counts = nullptr;
   void* role_args = nullptr;
   const void* role_ptrs[2] = {nullptr, nullptr};
 };
@@ -114,6 +121,8 @@ struct GroupedGemmPlan {
 // Length of the tile flag array: the most m blocks any counts can give times the n blocks of the
 // resolved tile width (0 when args are invalid).
 uint64_t grouped_gemm_num_tile_flags(const GroupedGemmArgs& args);
+// Entries of hooks.mblock_flags and of hooks.mblock_counts (0: the arguments are out of bounds).
+uint64_t grouped_gemm_num_mblock_flags(const GroupedGemmArgs& args);
 
 // Host check of offsets the caller holds in host memory (note 3): non-decreasing, and
 // offsets[num_groups] <= capacity. The message names the first bad entry.

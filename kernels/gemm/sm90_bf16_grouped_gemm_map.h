@@ -97,6 +97,19 @@ MKERNEL_HOST_DEVICE constexpr uint64_t grouped_max_m_blocks(uint64_t capacity, u
   return by_rows < capacity ? by_rows : capacity;
 }
 
+// The per-m-block count word (GroupedGemmHooks::mblock_counts) after one more stored tile of a
+// launch whose flag value is `value`, for m blocks of n_blocks tiles: the low 32 bits of the
+// value in the high half, the tiles counted in the low half. A word with another value's tag
+// counts as zero (what an aborted launch left); the tile that completes the band leaves the
+// count at zero again (a next launch with the same value starts clean) and is the only one
+// that gets a word with a zero count back.
+MKERNEL_HOST_DEVICE constexpr unsigned long long grouped_mblock_count_next(unsigned long long word, uint64_t value,
+                                                                         uint32_t n_blocks) {
+  const unsigned long long tag = (value & 0xffffffffull) << 32;
+  const unsigned long long next = (word & ~0xffffffffull) == tag ? word + 1 : tag | 1ull;
+  return (next & 0xffffffffull) >= n_blocks ? tag : next;
+}
+
 // Host checks of the bounds a launch is planned for (note 4); "" when they are fine, else a
 // message naming the field, its value and what is expected. block_n: the tile width planned.
 inline std::string grouped_bounds_error(int64_t capacity, int64_t num_groups, int64_t n, int64_t k, int64_t block_n) {

@@ -357,4 +357,25 @@ TEST(GroupedGemmMap, MaxMBlocksBound) {
   }
 }
 
+TEST(GroupedGemmMap, MBlockCountWord) {
+  // The per-m-block count (hooks.mblock_counts): a launch's n blocks, counted in any order,
+  // complete the band exactly once, by the last tile, starting from what an earlier launch (of
+  // the same value or another) or an aborted one (another value) left in the word.
+  for (const uint32_t n_blocks : {1u, 2u, 56u}) {
+    for (const unsigned long long start : {0ull, (5ull << 32) | 3ull, 77ull << 32, (78ull << 32) | 1ull}) {
+      unsigned long long w = start;
+      for (const uint64_t value : {77ull, 77ull, 78ull, (1ull << 32) + 79ull}) {
+        uint32_t completed = 0, at = 0;
+        for (uint32_t t = 0; t < n_blocks; ++t) {
+          w = mk::grouped_mblock_count_next(w, value, n_blocks);
+          if ((w & 0xffffffffull) == 0) ++completed, at = t;
+        }
+        EXPECT_EQ(completed, 1u) << "n_blocks " << n_blocks << " start " << start << " value " << value;
+        EXPECT_EQ(at, n_blocks - 1);
+        EXPECT_EQ(w, (value & 0xffffffffull) << 32);
+      }
+    }
+  }
+}
+
 }  // namespace

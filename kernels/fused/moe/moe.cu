@@ -187,7 +187,9 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     const uint64_t bands = (rows + 127) / 128;
     const uint64_t o_x = place(rows * g.hidden * 2), o_y = place(rows * g.out_hidden * 2);
     const uint64_t o_off = place((epr + 1) * 4ull), o_bf = place(bands * 8), o_bc = place(bands * 4);
+    const uint64_t mblocks = grouped_gemm_num_mblock_flags(ga);
     const uint64_t o_mb = place((epr + 1) * 4ull), o_tf = place(tile_flags * 8);
+    const uint64_t o_mf = place(mblocks * 8), o_mc = place(mblocks * 8);
     if (cudaMalloc(&plan->fused_buffers_, f) != cudaSuccess || cudaMemset(plan->fused_buffers_, 0, f) != cudaSuccess) {
       (void)cudaGetLastError();
       return "fused workspace: cannot allocate " + str(f) + " bytes of device memory (expert rows, outputs, flags)";
@@ -200,6 +202,7 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     a.band_count = reinterpret_cast<uint32_t*>(fb + o_bc);
     a.mblk_base = reinterpret_cast<uint32_t*>(fb + o_mb);
     a.tile_flags = reinterpret_cast<uint64_t*>(fb + o_tf);
+    a.mblock_flags = reinterpret_cast<uint64_t*>(fb + o_mf);
     ga.a = a.x_expert;
     ga.w = a.x_expert;  // placeholder until forward() binds the weights
     ga.d = a.y_expert;
@@ -208,6 +211,8 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     ga.hooks.ready_rows_per_flag = 128;
     ga.hooks.ready_value_ptr = c.launch_counter;
     ga.hooks.tile_flags = const_cast<uint64_t*>(a.tile_flags);
+    ga.hooks.mblock_flags = const_cast<uint64_t*>(a.mblock_flags);
+    ga.hooks.mblock_counts = reinterpret_cast<unsigned long long*>(fb + o_mc);
     ga.hooks.role_args = plan->args_;
     ga.wait = setup.wait;
     const GemmResult r = grouped_gemm_plan(ga, &plan->gemm_);

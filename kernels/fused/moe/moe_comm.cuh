@@ -38,6 +38,7 @@
 #endif
 
 #include "common/comm.cuh"
+#include "common/phase_trace.cuh"
 #include "common/split_control.cuh"
 #include "fused/common/launch_state.cuh"
 #include "fused/moe/moe_plan.h"
@@ -93,6 +94,9 @@ struct MoeKernelArgs {
   uint32_t* band_count = nullptr;
   uint32_t* mblk_base = nullptr;    // [epr + 1]
   const uint64_t* tile_flags = nullptr;
+  // One flag per flat m block, raised when all its n blocks are stored (the grouped GEMM's
+  // hooks.mblock_flags): what the combine waits on.
+  const uint64_t* mblock_flags = nullptr;
   uint32_t num_n_blocks = 0;
 };
 
@@ -575,6 +579,7 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
   if (block == 0) {
     const bool r = route_and_count(x, p, route_smem);
     if (threadIdx.x == 0) ok = r;
+    if (threadIdx.x == 0) MK_TRACE_MARK(3);
   } else if (threadIdx.x == 0) {
     ok = x.wait_local(kMoeFlagRouted, x.launch, where_tag(kStepMoeRoute, 0));
   }
@@ -591,6 +596,7 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
     if (threadIdx.x == 0) ok = ok && r;
     __syncthreads();
   }
+  if (threadIdx.x == 0) MK_TRACE_MARK(5);
   // Forward items: per other node, its count records first, then its chunks.
   for (uint32_t it = block; ok && it < (nodes - 1) * (a.chunks + 1); it += blocks) {
     const uint32_t ni = it % (nodes - 1), k = it / (nodes - 1);
@@ -603,6 +609,7 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
     MoeDispatchPtrs q = p;
     const bool r = lay_out_rows(x, q);
     if (threadIdx.x == 0) ok = r;
+    if (threadIdx.x == 0) MK_TRACE_MARK(4);
     __syncthreads();
   }
   // Expand items, chunk-major over the sources in arrival order.
@@ -611,6 +618,7 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
     if (threadIdx.x == 0) ok = ok && r;
     __syncthreads();
   }
+  if (threadIdx.x == 0) MK_TRACE_MARK(6);
   __syncthreads();
   return ok;
 }

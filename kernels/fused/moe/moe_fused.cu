@@ -37,12 +37,19 @@ struct MoeFusedRole {
                              nullptr,
                              nullptr};
     if (!dispatch_stages(x, dp, route_smem, role_block, num_role_blocks)) return;
+    if (threadIdx.x == 0) MK_TRACE_MARK(1);
     const MoeCombinePtrs cp{a.y_expert, const_cast<void*>(p.role_ptrs[3])};
     (void)combine_stages(x, cp, role_block, num_role_blocks);
+    if (threadIdx.x == 0) MK_TRACE_MARK(2);
   }
 
   // Thread 0 of every block, GEMM or role, after its work: the last one ends the launch.
   __device__ static void block_exit(const GemmParams& p) {
+    // Phase trace (common/phase_trace.cuh, diagnostic builds): GEMM blocks 0 start, 1 offsets
+    // read, 2 first tile, 3 last load issued, 4 last epilogue, 5 producer's waits (us), 6 tiles;
+    // role blocks 0 start, 1 dispatch done, 2 combine done, 3 routed, 4 laid out, 5 dispatch
+    // items done, 6 expanded; 7 exit.
+    MK_TRACE_MARK(7);
     moe_detail::end_launch(*static_cast<const MoeKernelArgs*>(p.role_args), kAdaptive ? p.split : nullptr);
   }
 };
@@ -67,6 +74,13 @@ GemmResult launch_moe_role(const GemmPlan& engine, cudaStream_t stream) {
             : launch_sm90_bf16_gemm<GroupedGemmTraits<128, 1>, Role>(engine, stream);
 }
 }  // namespace
+
+#if defined(MKERNEL_PHASE_TRACE)
+// The phase trace of the last fused launch (diagnostic builds; moe_bench calls it when linked).
+extern "C" void mkernel_moe_phase_trace_print() {
+  phase_trace::print((1u << 5) | (1u << 6), 0u, "gemm", "role");
+}
+#endif
 
 GemmResult moe_fused_launch(const GemmPlan& engine, cudaStream_t stream) {
   return engine.params.split != nullptr ? launch_moe_role<MoeFusedRole<true>>(engine, stream)

@@ -403,33 +403,65 @@ void run_tile_flag_case() {
     cfg.block_n = 128;
     mk::GroupedGemmArgs args = p.args(cfg);
     const uint64_t num_flags = mk::grouped_gemm_num_tile_flags(args);
-    uint64_t* flags = nullptr;
+    const uint64_t num_mblocks = mk::grouped_gemm_num_mblock_flags(args);
+    uint64_t *flags = nullptr, *mflags = nullptr;
+    unsigned long long* mcounts = nullptr;
     GT_CUDA(cudaMalloc(&flags, sizeof(uint64_t) * num_flags));
     GT_CUDA(cudaMemset(flags, 0, sizeof(uint64_t) * num_flags));
+    GT_CUDA(cudaMalloc(&mflags, sizeof(uint64_t) * num_mblocks));
+    GT_CUDA(cudaMemset(mflags, 0, sizeof(uint64_t) * num_mblocks));
+    // The m block counts as an aborted launch (value 5) would have left them: 3 tiles counted.
+    std::vector<unsigned long long> stale(num_mblocks, (5ull << 32) | 3ull);
+    GT_CUDA(cudaMalloc(&mcounts, sizeof(unsigned long long) * num_mblocks));
+    GT_CUDA(cudaMemcpy(mcounts, stale.data(), sizeof(unsigned long long) * num_mblocks, cudaMemcpyHostToDevice));
     args.hooks.tile_flags = flags;
-    args.hooks.tile_flag_value = 77;
-    mk::GemmResult r = mk::grouped_gemm_bf16_tn(args, nullptr);
-    check(r.ok(), "tile flag launch: " + r.message);
-    GT_CUDA(cudaDeviceSynchronize());
-    std::vector<uint64_t> h(num_flags);
-    GT_CUDA(cudaMemcpy(h.data(), flags, sizeof(uint64_t) * num_flags, cudaMemcpyDeviceToHost));
-    // Flags of flat m blocks [0, total m blocks) x n blocks raised, none after.
+    args.hooks.mblock_flags = mflags;
+    args.hooks.mblock_counts = mcounts;
     uint64_t m_blocks = 0;
     for (auto c : counts) m_blocks += (c + 127) / 128;
     const uint64_t nb = (n + 127) / 128;
-    uint64_t raised = 0, wrong = 0;
-    for (uint64_t i = 0; i < num_flags; ++i) {
-      if (h[i] == 77) ++raised;
-      if ((i < m_blocks * nb) != (h[i] == 77)) ++wrong;
+    // Two launches (values 77, then 78 over the first's counts): every flag of a flat m block
+    // below the total raised to the launch's value, none after; the m block flags likewise.
+    for (uint64_t value : {77ull, 78ull}) {
+      args.hooks.tile_flag_value = value;
+      mk::GemmResult r = mk::grouped_gemm_bf16_tn(args, nullptr);
+      check(r.ok(), "tile flag launch: " + r.message);
+      GT_CUDA(cudaDeviceSynchronize());
+      std::vector<uint64_t> h(num_flags), hm(num_mblocks);
+      GT_CUDA(cudaMemcpy(h.data(), flags, sizeof(uint64_t) * num_flags, cudaMemcpyDeviceToHost));
+      GT_CUDA(cudaMemcpy(hm.data(), mflags, sizeof(uint64_t) * num_mblocks, cudaMemcpyDeviceToHost));
+      uint64_t raised = 0, wrong = 0, m_raised = 0, m_wrong = 0;
+      for (uint64_t i = 0; i < num_flags; ++i) {
+        if (h[i] == value) ++raised;
+        if ((i < m_blocks * nb) != (h[i] == value)) ++wrong;
+      }
+      for (uint64_t i = 0; i < num_mblocks; ++i) {
+        if (hm[i] == value) ++m_raised;
+        if ((i < m_blocks) != (hm[i] == value)) ++m_wrong;
+      }
+      const Verdict v = verify(p);
+      const bool ok = p.take_status().code == mk::kDeviceOk && wrong == 0 && raised == m_blocks * nb && m_wrong == 0 &&
+                      m_raised == m_blocks && v.ok;
+      std::printf("%s  tile flags c%d value %llu: %llu of %llu raised (%llu expected), m block flags %llu of %llu "
+                  "(%llu expected), rel err %.2e%s%s\n",
+                  ok ? "ok  " : "FAIL", cluster, static_cast<unsigned long long>(value),
+                  static_cast<unsigned long long>(raised), static_cast<unsigned long long>(num_flags),
+                  static_cast<unsigned long long>(m_blocks * nb), static_cast<unsigned long long>(m_raised),
+                  static_cast<unsigned long long>(num_mblocks), static_cast<unsigned long long>(m_blocks), v.worst_ref,
+                  v.ok ? "" : ": ", v.why.c_str());
+      if (!ok) ++g_failures;
     }
-    const Verdict v = verify(p);
-    const bool ok = p.take_status().code == mk::kDeviceOk && wrong == 0 && raised == m_blocks * nb && v.ok;
-    std::printf("%s  tile flags c%d: %llu of %llu raised (%llu expected, array of %llu), rel err %.2e%s%s\n",
-                ok ? "ok  " : "FAIL", cluster, static_cast<unsigned long long>(raised),
-                static_cast<unsigned long long>(num_flags), static_cast<unsigned long long>(m_blocks * nb),
-                static_cast<unsigned long long>(num_flags), v.worst_ref, v.ok ? "" : ": ", v.why.c_str());
-    if (!ok) ++g_failures;
+    // m block flags without counts (or without tile flags) are refused before any launch.
+    mk::GroupedGemmArgs bad = args;
+    bad.hooks.mblock_counts = nullptr;
+    mk::GroupedGemmPlan bad_plan;
+    const mk::GemmResult br = mk::grouped_gemm_plan(bad, &bad_plan);
+    const bool refused = !br.ok() && br.message.find("hooks.mblock_counts") != std::string::npos;
+    std::printf("%s  m block flags without counts refused: %s\n", refused ? "ok  " : "FAIL", br.message.c_str());
+    if (!refused) ++g_failures;
     GT_CUDA(cudaFree(flags));
+    GT_CUDA(cudaFree(mflags));
+    GT_CUDA(cudaFree(mcounts));
   }
 }
 
