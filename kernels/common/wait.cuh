@@ -27,6 +27,13 @@
 //     a cluster peer stuck on a readiness flag could time out first and name the pipeline. The
 //     producer (one thread) also stops as soon as the status word holds an error, so the
 //     longer bound does not lengthen the kernel's end after a failure.
+//  6. Polls are not free: each is an `ld.acquire.sys` (LDG.STRONG.SYS and an L1 invalidation)
+//     that queues at the L2 slice holding the flag. A hundred or more warps polling every 256 ns
+//     slowed the blocks that do the work beside them by 3-20x in the fused MoE (one H100;
+//     kernels.md section 14). WaitContext::long_wait_shift = k lets the sleep keep growing with
+//     the wait: up to (time waited) >> k, at most kMaxLongBackoffNs. A wait that ends within
+//     256 << k ns polls as before; a longer one sees its flag at most 1/2^k of its length (and
+//     8 us) late. Off (0) unless a kernel asks: the MoE sets 3 for its GEMM and role blocks.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +55,15 @@ struct WaitContext {
   const unsigned long long* launch_counter = nullptr; // for the report's launch number
   uint64_t timeout_ns = 2'000'000'000ull;
   uint32_t rank = 0;                                  // for the report
+  // 0: the sleep between polls stops growing at kMaxBackoffNs. k > 0: it keeps growing with the
+  // wait, up to (time waited) >> k and kMaxLongBackoffNs (note 6). For kernels whose waiters
+  // are many and wait long.
+  uint32_t long_wait_shift = 0;
 };
 
 inline constexpr uint64_t kFailureCheckNs = 50'000;
 inline constexpr uint32_t kMaxBackoffNs = 256;
+inline constexpr uint32_t kMaxLongBackoffNs = 8192;
 
 #if defined(__CUDACC__)
 
@@ -94,6 +106,12 @@ __device__ __forceinline__ bool wait_geq(const uint64_t* flag, uint64_t value, c
     if (backoff_ns < kMaxBackoffNs) backoff_ns *= 2;
     if (sync::ld_acquire_sys(flag) >= value) return true;
     const uint64_t now = sync::globaltimer_ns();
+    if (w.long_wait_shift != 0) {  // note 6
+      const uint64_t grown = (now - start) >> w.long_wait_shift;
+      const uint32_t cap = grown < kMaxBackoffNs ? kMaxBackoffNs
+                                                 : (grown > kMaxLongBackoffNs ? kMaxLongBackoffNs : static_cast<uint32_t>(grown));
+      backoff_ns = backoff_ns * 2 <= cap ? backoff_ns * 2 : cap;
+    }
     if (now >= next_check) {
       next_check = now + kFailureCheckNs;
       if (failure_seen(w, where)) return false;

@@ -215,6 +215,7 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     ga.hooks.mblock_counts = reinterpret_cast<unsigned long long*>(fb + o_mc);
     ga.hooks.role_args = plan->args_;
     ga.wait = setup.wait;
+    ga.wait.long_wait_shift = kMoeLongWaitShift;  // wait.cuh note 6
     const GemmResult r = grouped_gemm_plan(ga, &plan->gemm_);
     if (!r.ok()) return "grouped GEMM: " + r.message;
     if (plan->gemm_.config.num_role_blocks != plan->blocks_ && plan->gemm_.config.num_role_blocks > 0)

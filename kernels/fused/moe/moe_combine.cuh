@@ -35,7 +35,6 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
   __shared__ bool failed;
   if (threadIdx.x == 0) failed = false;
   __syncthreads();
-#if !defined(MKERNEL_DIAG_COMBINE_PER_TOKEN)
   // Fused: the expert rows of every token of the chunk are stored. Warp 0 waits on the m block
   // flag of each (token, choice) on this rank, the others at the barrier (few pollers: see
   // kernels.md section 14 on what many polling warps cost the GEMM blocks beside them).
@@ -56,32 +55,10 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
     __syncthreads();
     if (failed) return false;
   }
-#endif
   for (uint32_t t = warp; t < n_tok && !failed; t += warps) {
     const uint32_t pos = ch * a.chunk + t;
     const uint32_t* m = x.meta_rec(a.rank, s, pos);
     auto* dst = reinterpret_cast<uint4*>(x.partial_row(target, x.local(), a.layout.node_of(s), pos));
-#if defined(MKERNEL_DIAG_COMBINE_PER_TOKEN)
-    if (a.tile_flags != nullptr) {  // fused: every tile holding this token's rows is done
-      bool good = true;
-      for (uint32_t j = 0; j < a.top_k && good; ++j) {
-        const uint32_t e = __ldcg(m + mm.expert(j));
-        if (e == 0xffffffffu || e < first || e >= first + epr) continue;
-        const uint32_t el = e - first;
-        const uint32_t r = a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));  // row within the expert
-        const uint32_t flat = a.mblk_base[el] + r / 128;
-        for (uint32_t nb = 0; nb < a.num_n_blocks && good; ++nb)
-          good = warp_wait(lane, [&] {
-            const uint32_t f = flat * a.num_n_blocks + nb;
-            return wait_geq(a.tile_flags + f, x.launch, x.w, f, where_tag(kStepMoeLayout, 0x80000000ull | f));
-          });
-      }
-      if (!good) {
-        if (lane == 0) failed = true;
-        break;
-      }
-    }
-#endif
     for (uint32_t v = lane; v < vecs; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (uint32_t j = 0; j < a.top_k; ++j) {

@@ -53,6 +53,10 @@ inline constexpr uint32_t kMoeFusedThreads = 384;
 // Local flags (device memory, launch numbers): the routing is done; the row layout is done;
 // source i (arrival order) is expanded.
 inline constexpr uint32_t kMoeFlagRouted = 0;
+// The fused kernel's waits let their sleep grow to an eighth of the time waited (wait.cuh
+// note 6): its GEMM producers and combine warps wait for milliseconds beside the blocks that
+// route, expand and compute.
+inline constexpr uint32_t kMoeLongWaitShift = 3;
 inline constexpr uint32_t kMoeFlagLayout = 1;
 inline constexpr uint32_t kMoeFlagExpanded = 2;  // + source index
 

@@ -24,7 +24,9 @@ struct MoeFusedRole {
   __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
     using namespace moe_detail;
     const auto& a = *static_cast<const MoeKernelArgs*>(p.role_args);
-    const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), wait_context(a.comm)};
+    WaitContext w = wait_context(a.comm);
+    w.long_wait_shift = kMoeLongWaitShift;  // wait.cuh note 6
+    const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), w};
     extern __shared__ uint8_t moe_role_smem[];  // the block's shared memory is the role's
     auto* route_smem =
         reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(moe_role_smem) + 127) & ~uintptr_t{127});
