@@ -28,9 +28,9 @@
 //     producer (one thread) also stops as soon as the status word holds an error, so the
 //     longer bound does not lengthen the kernel's end after a failure.
 //  6. Polls are not free: each is an `ld.acquire.sys` (LDG.STRONG.SYS and an L1 invalidation)
-//     that queues at the L2 slice holding the flag. A hundred or more warps polling every 256 ns
-//     slowed the blocks that do the work beside them by 3-20x in the fused MoE (one H100;
-//     kernels.md section 14). WaitContext::long_wait_shift = k lets the sleep keep growing with
+//     that queues at the L2 slice holding the flag. In the fused MoE (one H100, kernels.md
+//     section 14) 116 GEMM producers polling every 256 ns stretched the routing, layout and
+//     expansion beside them from 1.8 ms (the same work unfused) to 20-85 ms. WaitContext::long_wait_shift = k lets the sleep keep growing with
 //     the wait: up to (time waited) >> k, at most kMaxLongBackoffNs. A wait that ends within
 //     256 << k ns polls as before; a longer one sees its flag at most 1/2^k of its length (and
 //     8 us) late. Off (0) unless a kernel asks: the MoE sets 3 for its GEMM and role blocks.
