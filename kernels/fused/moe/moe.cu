@@ -201,7 +201,6 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     a.band_flags = reinterpret_cast<uint64_t*>(fb + o_bf);
     a.band_count = reinterpret_cast<uint32_t*>(fb + o_bc);
     a.mblk_base = reinterpret_cast<uint32_t*>(fb + o_mb);
-    a.tile_flags = reinterpret_cast<uint64_t*>(fb + o_tf);
     a.mblock_flags = reinterpret_cast<uint64_t*>(fb + o_mf);
     ga.a = a.x_expert;
     ga.w = a.x_expert;  // placeholder until forward() binds the weights
@@ -210,7 +209,7 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     ga.hooks.ready_flags = a.band_flags;
     ga.hooks.ready_rows_per_flag = 128;
     ga.hooks.ready_value_ptr = c.launch_counter;
-    ga.hooks.tile_flags = const_cast<uint64_t*>(a.tile_flags);
+    ga.hooks.tile_flags = reinterpret_cast<uint64_t*>(fb + o_tf);
     ga.hooks.mblock_flags = const_cast<uint64_t*>(a.mblock_flags);
     ga.hooks.mblock_counts = reinterpret_cast<unsigned long long*>(fb + o_mc);
     ga.hooks.role_args = plan->args_;
@@ -224,7 +223,6 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     gp.grouped_offsets_ready = a.flags + kMoeFlagLayout;
     gp.grouped.coherent = 1;
     gp.tile_flag_value_ptr = c.launch_counter;
-    a.num_n_blocks = gp.num_n_blocks;
     plan->fused_ = true;
     if (setup.adaptive_split) {
       // The grouped GEMM's tiles are known only on the GPU (they follow the routing): the

@@ -53,12 +53,13 @@ inline constexpr uint32_t kMoeFusedThreads = 384;
 // Local flags (device memory, launch numbers): the routing is done; the row layout is done;
 // source i (arrival order) is expanded.
 inline constexpr uint32_t kMoeFlagRouted = 0;
+inline constexpr uint32_t kMoeFlagLayout = 1;
+inline constexpr uint32_t kMoeFlagExpanded = 2;  // + source index
+
 // The fused kernel's waits let their sleep grow to an eighth of the time waited (wait.cuh
 // note 6): its GEMM producers and combine warps wait for milliseconds beside the blocks that
 // route, expand and compute.
 inline constexpr uint32_t kMoeLongWaitShift = 3;
-inline constexpr uint32_t kMoeFlagLayout = 1;
-inline constexpr uint32_t kMoeFlagExpanded = 2;  // + source index
 
 struct MoeKernelArgs {
   DeviceComm comm;
@@ -90,18 +91,16 @@ struct MoeKernelArgs {
   // The fused kernel (dispatch + grouped GEMM + combine, moe_fused.cu): the plan's own expert
   // rows, outputs and offsets; readiness of each 128-row band of expert rows for the GEMM
   // (band_flags, raised when band_count reaches the band's rows); the first flat m block of each
-  // expert (the GEMM's tile flags are per flat m block and n block, note 5 of the grouped map).
+  // expert (the GEMM's m block flags are per flat m block, note 5 of the grouped map).
   void* x_expert = nullptr;
   void* y_expert = nullptr;
   uint32_t* expert_offsets = nullptr;
   uint64_t* band_flags = nullptr;
   uint32_t* band_count = nullptr;
   uint32_t* mblk_base = nullptr;    // [epr + 1]
-  const uint64_t* tile_flags = nullptr;
   // One flag per flat m block, raised when all its n blocks are stored (the grouped GEMM's
-  // hooks.mblock_flags): what the combine waits on.
+  // hooks.mblock_flags, which count the tiles the GEMM flags): what the combine waits on.
   const uint64_t* mblock_flags = nullptr;
-  uint32_t num_n_blocks = 0;
 };
 
 // Per-launch pointers (kernel parameters, so a CUDA graph captures them).
