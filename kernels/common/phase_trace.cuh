@@ -20,7 +20,7 @@
 namespace mkernel::kernels::phase_trace {
 
 inline constexpr uint32_t kTraceBlocks = 1024;
-inline constexpr uint32_t kTraceSlots = 8;
+inline constexpr uint32_t kTraceSlots = 16;
 __device__ unsigned long long g_rows[kTraceBlocks][kTraceSlots];
 __device__ unsigned int g_shape[2];  // the split between the two kinds of block, the grid
 

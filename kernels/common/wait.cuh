@@ -27,13 +27,14 @@
 //     a cluster peer stuck on a readiness flag could time out first and name the pipeline. The
 //     producer (one thread) also stops as soon as the status word holds an error, so the
 //     longer bound does not lengthen the kernel's end after a failure.
-//  6. Polls are not free: each is an `ld.acquire.sys` (LDG.STRONG.SYS and an L1 invalidation)
-//     that queues at the L2 slice holding the flag. In the fused MoE (one H100, kernels.md
-//     section 14) 116 GEMM producers polling every 256 ns stretched the routing, layout and
-//     expansion beside them from 1.8 ms (the same work unfused) to 20-85 ms.
-//     WaitContext::long_wait_shift = k lets the sleep keep growing with the wait: up to (time
-//     waited) >> k, at most kMaxLongBackoffNs. A wait that ends within 256 << k ns polls as
-//     before; a longer one sees its flag at most 1/2^k of its length (and 8 us) late. Off (0) unless a kernel asks: the MoE sets 3 for its GEMM and role blocks.
+//  6. Growing sleeps. WaitContext::long_wait_shift = k lets the sleep keep growing with the wait:
+//     up to (time waited) >> k, at most kMaxLongBackoffNs. A wait that ends within 256 << k ns
+//     polls as before; a longer one sees its flag at most 1/2^k of its length (and 8 us) late.
+//     Off (0) unless a kernel asks: the fused MoE sets 3 for its GEMM and role blocks, where
+//     it once shortened the routing and layout beside 116 polling GEMM producers several times
+//     (kernels.md section 14). Why is not known: a microbenchmark of 131 blocks polling (any
+//     scope, one address or one line each, every 256 ns) beside one copying block showed no
+//     effect on it at all, so polls alone are not the cost they were first taken for.
 #pragma once
 
 #include <cstdint>

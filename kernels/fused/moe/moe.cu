@@ -81,9 +81,9 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
   const uint32_t threads = setup.fused ? kMoeFusedThreads : static_cast<uint32_t>(kThreads);
   const uint32_t route_warps = std::min<uint32_t>(threads / 32, moe_route_warps(shape, kRouteSmemBudget));
   if (route_warps == 0)
-    return "experts + ranks + nodes: " + str(moe_route_columns(shape)) + "; expected at most " +
+    return "experts + ranks + nodes + 32 x top_k: " + str(moe_route_words_per_warp(shape)) + "; expected at most " +
            str(kRouteSmemBudget / 4);
-  plan->smem_ = size_t{route_warps} * moe_route_columns(shape) * 4;
+  plan->smem_ = moe_route_smem_bytes(shape, route_warps);
 
   // Workspace: one allocation, zeroed once (flags and counters must start at zero).
   uint64_t off = 0;

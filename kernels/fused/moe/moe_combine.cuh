@@ -14,6 +14,24 @@ namespace moe_detail {
 
 // ---- combine ----------------------------------------------------------------------------------
 
+// Adds one bf16 row (8 values per uint4) into fp32 accumulators.
+__device__ __forceinline__ void add8(float* acc, const uint4& u) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(h[q]);
+    acc[2 * q] += f.x;
+    acc[2 * q + 1] += f.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float* acc) {
+  uint4 o;
+  auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) oh[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+  return o;
+}
+
 // A combine item: the partials of chunk ch of source index i's tokens on this rank.
 __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint32_t i, uint32_t ch) {
   const MoeKernelArgs& a = x.a;
@@ -55,56 +73,62 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
     __syncthreads();
     if (failed) return false;
   }
+  // Per token, one warp: lane j < top_k resolves choice j's row and score once; then per 16
+  // bytes of the output the rows are loaded up to 8 at once and summed in choice order (the
+  // order is the result's, so it stays fixed).
+  constexpr uint32_t kAll = 0xffffffffu, kNone = 0xffffffffu, kBatch = 8;
   for (uint32_t t = warp; t < n_tok && !failed; t += warps) {
     const uint32_t pos = ch * a.chunk + t;
     const uint32_t* m = x.meta_rec(a.rank, s, pos);
     auto* dst = reinterpret_cast<uint4*>(x.partial_row(target, x.local(), a.layout.node_of(s), pos));
+    uint32_t row = kNone;
+    float sc = 0.0f;
+    if (lane < a.top_k) {
+      const uint32_t e = __ldcg(m + mm.expert(lane));
+      if (e != 0xffffffffu && e >= first && e < first + epr) {
+        const uint32_t el = e - first;
+        row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(lane));
+        sc = a.apply_scores ? __uint_as_float(__ldcg(m + mm.score(lane))) : 1.0f;
+      }
+    }
+    const uint32_t rows = __ballot_sync(kAll, row != kNone);
     for (uint32_t v = lane; v < vecs; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (uint32_t j = 0; j < a.top_k; ++j) {
-        const uint32_t e = __ldcg(m + mm.expert(j));
-        if (e == 0xffffffffu || e < first || e >= first + epr) continue;
-        const uint32_t el = e - first;
-        const uint32_t row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));
-        const float sc = a.apply_scores ? __uint_as_float(__ldcg(m + mm.score(j))) : 1.0f;
-        const uint4 u = __ldcg(y + uint64_t{row} * vecs + v);
-        const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+      for (uint32_t h = rows; h != 0;) {
+        uint4 u[kBatch];
+        float c[kBatch];
+        uint32_t got = 0;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float2 f = __bfloat1622float2(h[q]);
-          acc[2 * q] += sc * f.x;
-          acc[2 * q + 1] += sc * f.y;
+        for (uint32_t q = 0; q < kBatch; ++q) {
+          if (h != 0) {  // warp-uniform
+            const int b = __ffs(static_cast<int>(h)) - 1;
+            h &= h - 1;
+            const uint32_t r = __shfl_sync(kAll, row, b);
+            c[q] = __shfl_sync(kAll, sc, b);
+            u[q] = __ldcg(y + uint64_t{r} * vecs + v);
+            got = q + 1;
+          }
+        }
+#pragma unroll
+        for (uint32_t q = 0; q < kBatch; ++q) {
+          if (q < got) {
+            const auto* hv = reinterpret_cast<const __nv_bfloat162*>(&u[q]);
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              const float2 f = __bfloat1622float2(hv[w]);
+              acc[2 * w] += c[q] * f.x;
+              acc[2 * w + 1] += c[q] * f.y;
+            }
+          }
         }
       }
-      uint4 o;
-      auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) oh[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-      dst[v] = o;
+      dst[v] = pack8(acc);
     }
   }
   __syncthreads();
   if (failed) return false;
   publish(nvl_fused_flag(x.c, target, x.partial_flag(x.local(), a.layout.node_of(s), ch)), x.launch);
   return true;
-}
-
-// Adds one bf16 row (8 values per uint4) into fp32 accumulators.
-__device__ __forceinline__ void add8(float* acc, const uint4& u) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 f = __bfloat1622float2(h[q]);
-    acc[2 * q] += f.x;
-    acc[2 * q + 1] += f.y;
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float* acc) {
-  uint4 o;
-  auto* oh = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) oh[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-  return o;
 }
 
 // An aggregate item (nodes > 1): this rank sums its node's partials of the tokens it forwarded

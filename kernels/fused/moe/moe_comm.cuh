@@ -250,6 +250,7 @@ __device__ inline bool route_and_count(const Ctx& x, const MoeDispatchPtrs& p, u
   MoeRouteArgs r = a.route;
   r.choices = p.choices;
   moe_route_block(r, smem, a.route_warps);
+  if (threadIdx.x == 0) MK_TRACE_MARK(12);  // phase trace: routed
   __shared__ bool ok;
   if (threadIdx.x == 0) {
     const MoeRouteResult res = *a.route.result;
@@ -270,7 +271,9 @@ __device__ inline bool route_and_count(const Ctx& x, const MoeDispatchPtrs& p, u
       if (q != kMoeNoChoice) a.norder[size_t{n} * a.capacity + q] = t;
     }
   }
+  if (threadIdx.x == 0) MK_TRACE_MARK(13);  // the positions inverted
   publish(a.flags + kMoeFlagRouted, x.launch);
+  if (threadIdx.x == 0) MK_TRACE_MARK(14);  // the routed flag raised
   // Count records: node peers (and this rank) over NVLink, other nodes through the rail peers.
   const uint32_t epr = x.epr();
   for (uint32_t i = 0; i < a.layout.gpus; ++i) {
@@ -447,10 +450,43 @@ __device__ inline bool forward_item(const Ctx& x, uint32_t n, uint32_t ch) {
   return ok;
 }
 
-// The row layout, once every count record is in (moe_plan.h note 5); by block 0.
-__device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p) {
+// In-place exclusive prefix sum of v[0 .. n) by the calling warp (v in shared memory, n + 1
+// words): each lane sums a contiguous segment, the lanes scan their sums with shuffles, then
+// write their segment's prefixes. v[n] becomes the total. Values and prefixes saturate at
+// 2^32 - 1; the exact total is returned (to every lane).
+__device__ inline uint64_t warp_exclusive_scan(uint32_t* v, uint32_t n, uint32_t lane) {
+  constexpr uint32_t kAll = 0xffffffffu;
+  const uint32_t per = (n + 31) / 32, b = min(n, lane * per), e = min(n, b + per);
+  uint64_t sum = 0;
+  for (uint32_t i = b; i < e; ++i) sum += v[i];
+  uint64_t inc = sum;
+  for (uint32_t off = 1; off < 32; off <<= 1) {
+    const uint64_t o = __shfl_up_sync(kAll, inc, off);
+    if (lane >= off) inc += o;
+  }
+  uint64_t run = inc - sum;
+  auto cap = [](uint64_t x) { return static_cast<uint32_t>(x < 0xffffffffull ? x : 0xffffffffull); };
+  for (uint32_t i = b; i < e; ++i) {
+    const uint32_t x = v[i];
+    v[i] = cap(run);
+    run += x;
+  }
+  const uint64_t total = __shfl_sync(kAll, inc, 31);
+  __syncwarp();
+  if (lane == 0) v[n] = cap(total);
+  __syncwarp();
+  return total;
+}
+
+// The row layout, once every count record is in (moe_plan.h note 5); by block 0. `smem`: at
+// least experts-per-rank + 1 words of shared memory (the routing's, free by now). The scans
+// over the experts run in shared memory (warp_exclusive_scan): one thread walking them in
+// global memory paid a load's latency per expert, one after the other (hundreds of
+// microseconds beside a busy GEMM).
+__device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p, uint32_t* smem) {
   const MoeKernelArgs& a = x.a;
   const uint32_t world = x.world(), epr = x.epr();
+  const uint32_t lane = threadIdx.x % 32;
   __shared__ bool ok;
   __shared__ uint32_t bad;
   for (uint32_t i = 0; i < world; ++i) {
@@ -462,9 +498,11 @@ __device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p) {
       a.recv_counts[size_t{s} * a.count_words + j] = __ldcg(x.count_rec(a.rank, s) + j);
   }
   __syncthreads();
+  if (threadIdx.x == 0) MK_TRACE_MARK(8);  // phase trace: the count records are in
   if (threadIdx.x == 0) bad = 0;
   __syncthreads();
   // Per expert: sources in arrival order. One thread per expert, then a scan over the experts.
+  uint32_t* sizes = smem;
   for (uint32_t e = threadIdx.x; e < epr; e += blockDim.x) {
     uint32_t within = 0;
     for (uint32_t i = 0; i < world; ++i) {
@@ -472,46 +510,108 @@ __device__ inline bool lay_out_rows(const Ctx& x, MoeDispatchPtrs& p) {
       a.source_base[size_t{e} * world + s] = within;
       within += a.recv_counts[size_t{s} * a.count_words + 1 + e];
     }
-    a.expert_base[e + 1] = within;  // sizes for now
+    sizes[e] = within;
   }
+  if (threadIdx.x == 0) MK_TRACE_MARK(9);  // sizes per expert
   for (uint32_t s = threadIdx.x; s < world; s += blockDim.x)
     if (a.recv_counts[size_t{s} * a.count_words] > a.capacity) bad = 1;  // a sender's check failed to stop it
   __syncthreads();
-  if (threadIdx.x == 0) {
-    uint64_t run = 0;
-    a.expert_base[0] = 0;
-    for (uint32_t e = 0; e < epr; ++e) {
-      run += a.expert_base[e + 1];
-      a.expert_base[e + 1] = static_cast<uint32_t>(run < 0xffffffffull ? run : 0xffffffffull);
+  if (threadIdx.x < 32) {
+    const uint64_t run = warp_exclusive_scan(sizes, epr, lane);
+    if (lane == 0) {
+      ok = bad == 0 && run <= a.rows_capacity;
+      if (!ok)
+        report(x.c, kDeviceMoeRouting, bad ? kMoeRouteRankOverflow : kMoeRouteRowsOverflow,
+               where_tag(kStepMoeRoute, bad ? a.rank : run));
     }
-    ok = bad == 0 && run <= a.rows_capacity;
-    if (!ok)
-      report(x.c, kDeviceMoeRouting, bad ? kMoeRouteRankOverflow : kMoeRouteRowsOverflow,
-             where_tag(kStepMoeRoute, bad ? a.rank : run));
   }
   __syncthreads();
   if (!ok) return false;
-  for (uint32_t e = threadIdx.x; e <= epr; e += blockDim.x) p.expert_offsets[e] = a.expert_base[e];
-  if (a.mblk_base != nullptr && threadIdx.x == 0) {  // the GEMM's flat m blocks per expert
-    uint32_t run = 0;
-    for (uint32_t e = 0; e < epr; ++e) {
-      a.mblk_base[e] = run;
-      run += (a.expert_base[e + 1] - a.expert_base[e] + 127) / 128;
-    }
-    a.mblk_base[epr] = run;
+  if (threadIdx.x == 0) MK_TRACE_MARK(10);  // scanned
+  for (uint32_t e = threadIdx.x; e <= epr; e += blockDim.x) {
+    a.expert_base[e] = sizes[e];
+    p.expert_offsets[e] = sizes[e];
+  }
+  if (a.mblk_base != nullptr) {  // the GEMM's flat m blocks per expert
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < epr; e += blockDim.x) sizes[e] = (a.expert_base[e + 1] - a.expert_base[e] + 127) / 128;
+    __syncthreads();
+    if (threadIdx.x < 32) (void)warp_exclusive_scan(sizes, epr, lane);
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e <= epr; e += blockDim.x) a.mblk_base[e] = sizes[e];
   }
   // Sources that send nothing are expanded already.
   for (uint32_t i = threadIdx.x; i < world; i += blockDim.x)
     if (a.recv_counts[size_t{moe_source_order(a.layout, a.rank, i)} * a.count_words] == 0)
       raise_flag(a.flags + kMoeFlagExpanded + i, x.launch);
+  if (threadIdx.x == 0) MK_TRACE_MARK(11);  // m blocks written
   publish(a.flags + kMoeFlagLayout, x.launch);
   return true;
+}
+
+// One warp expands token `pos` of source s into the rows of its experts on this rank (expand
+// note): lane j < top_k resolves choice j's row (its record's fields and the layout, loaded by
+// all lanes at once), the row is read once and written to every one of them (8 x 16 bytes a
+// lane in flight), then each lane with a row fences once and counts its row into its band (fused
+// kernel: the band's flag rises with its last row). Before, each choice was resolved, copied
+// (seven dependent loads of 2 KB for a 14 KB row) and fenced in turn: dozens of memory
+// latencies one after the other per token.
+__device__ inline void expand_token(const Ctx& x, const MoeDispatchPtrs& p, uint32_t s, uint32_t pos, uint32_t lane) {
+  constexpr uint32_t kAll = 0xffffffffu, kNone = 0xffffffffu, kUnroll = 8;
+  const MoeKernelArgs& a = x.a;
+  const uint32_t world = x.world(), epr = x.epr(), first = a.rank * epr;
+  const MoeMeta mm = x.meta();
+  const uint32_t* m = x.meta_rec(a.rank, s, pos);
+  uint32_t row = kNone;
+  if (lane < a.top_k) {
+    const uint32_t e = __ldcg(m + mm.expert(lane));
+    if (e != 0xffffffffu && e >= first && e < first + epr) {
+      const uint32_t el = e - first;
+      row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(lane));
+      if (p.row_source) p.row_source[row] = static_cast<int32_t>(s);
+      if (p.row_token) p.row_token[row] = static_cast<int32_t>(__ldcg(m + mm.token()));
+      if (p.row_score) p.row_score[row] = __uint_as_float(__ldcg(m + mm.score(lane)));
+    }
+  }
+  const uint32_t rows = __ballot_sync(kAll, row != kNone);
+  if (rows == 0) return;
+  const auto* src = reinterpret_cast<const uint4*>(x.token_row(a.rank, s, pos));
+  auto* dst = static_cast<uint4*>(p.x_expert);
+  const uint64_t n = uint64_t{a.hidden} * 2 / 16;  // 16-byte pieces of a row
+  uint64_t i = lane;
+  for (; i + (kUnroll - 1) * 32 < n; i += kUnroll * 32) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) v[u] = load16<LoadPolicy::kL2>(src + i + u * 32);
+    for (uint32_t h = rows; h != 0; h &= h - 1) {
+      const uint64_t r = __shfl_sync(kAll, row, __ffs(static_cast<int>(h)) - 1);
+      uint4* d = dst + r * n + i;
+#pragma unroll
+      for (uint32_t u = 0; u < kUnroll; ++u) d[u * 32] = v[u];
+    }
+  }
+  for (; i < n; i += 32) {
+    const uint4 v = load16<LoadPolicy::kL2>(src + i);
+    for (uint32_t h = rows; h != 0; h &= h - 1) dst[uint64_t{__shfl_sync(kAll, row, __ffs(static_cast<int>(h)) - 1)} * n + i] = v;
+  }
+  if (a.band_flags != nullptr) {  // fused: the GEMM starts a band once all its rows are here
+    __syncwarp();
+    if (row != kNone) {
+      __threadfence();  // the warp's stores (ordered before it by __syncwarp), then the count
+      const uint32_t band = row / 128, total = a.expert_base[epr];
+      const uint32_t want = min(128u, total - band * 128);
+      if (atomicAdd(&a.band_count[band], 1u) + 1 == want) {
+        a.band_count[band] = 0;
+        raise_flag(a.band_flags + band, x.launch);
+      }
+    }
+  }
 }
 
 // An expand item: chunk ch of source index i (arrival order) into the expert rows.
 __device__ inline bool expand_item(const Ctx& x, const MoeDispatchPtrs& p, uint32_t i, uint32_t ch) {
   const MoeKernelArgs& a = x.a;
-  const uint32_t s = moe_source_order(a.layout, a.rank, i), world = x.world(), epr = x.epr();
+  const uint32_t s = moe_source_order(a.layout, a.rank, i);
   __shared__ bool ok;
   if (threadIdx.x == 0) ok = x.wait_local(kMoeFlagLayout, x.launch, where_tag(kStepMoeLayout, i));
   __syncthreads();
@@ -523,39 +623,8 @@ __device__ inline bool expand_item(const Ctx& x, const MoeDispatchPtrs& p, uint3
     ok = x.wait_nvl(x.token_flag(s, ch), x.launch, where_tag(kStepMoeTokens, uint64_t{s} * 65536 + ch));
   __syncthreads();
   if (!ok) return false;
-  const MoeMeta mm = x.meta();
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const uint64_t row_bytes = uint64_t{a.hidden} * 2;
-  const uint32_t first = a.rank * epr;
-  for (uint32_t t = warp; t < n_tok; t += warps) {
-    const uint32_t pos = ch * a.chunk + t;
-    const uint32_t* m = x.meta_rec(a.rank, s, pos);
-    const uint8_t* src = x.token_row(a.rank, s, pos);
-    for (uint32_t j = 0; j < a.top_k; ++j) {
-      const uint32_t e = __ldcg(m + mm.expert(j));
-      if (e == 0xffffffffu || e < first || e >= first + epr) continue;
-      const uint32_t el = e - first;
-      const uint32_t row = a.expert_base[el] + a.source_base[size_t{el} * world + s] + __ldcg(m + mm.slot(j));
-      warp_copy<LoadPolicy::kL2>(static_cast<uint8_t*>(p.x_expert) + uint64_t{row} * row_bytes, src, row_bytes, lane);
-      if (lane == 0) {
-        if (p.row_source) p.row_source[row] = static_cast<int32_t>(s);
-        if (p.row_token) p.row_token[row] = static_cast<int32_t>(__ldcg(m + mm.token()));
-        if (p.row_score) p.row_score[row] = __uint_as_float(__ldcg(m + mm.score(j)));
-      }
-      if (a.band_flags != nullptr) {  // fused: the GEMM starts a band once all its rows are here
-        __syncwarp();
-        if (lane == 0) {
-          __threadfence();
-          const uint32_t band = row / 128, total = a.expert_base[epr];
-          const uint32_t want = min(128u, total - band * 128);
-          if (atomicAdd(&a.band_count[band], 1u) + 1 == want) {
-            a.band_count[band] = 0;
-            raise_flag(a.band_flags + band, x.launch);
-          }
-        }
-      }
-    }
-  }
+  for (uint32_t t = warp; t < n_tok; t += warps) expand_token(x, p, s, ch * a.chunk + t, lane);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -610,7 +679,7 @@ __device__ inline bool dispatch_stages(const Ctx& x, const MoeDispatchPtrs& p, u
   }
   if (block == 0 && ok) {
     MoeDispatchPtrs q = p;
-    const bool r = lay_out_rows(x, q);
+    const bool r = lay_out_rows(x, q, route_smem);
     if (threadIdx.x == 0) ok = r;
     if (threadIdx.x == 0) MK_TRACE_MARK(4);
     __syncthreads();

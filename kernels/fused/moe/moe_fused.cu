@@ -50,7 +50,9 @@ struct MoeFusedRole {
     // Phase trace (common/phase_trace.cuh, diagnostic builds): GEMM blocks 0 start, 1 offsets
     // read, 2 first tile, 3 last load issued, 4 last epilogue, 5 producer's waits (us), 6 tiles;
     // role blocks 0 start, 1 dispatch done, 2 combine done, 3 routed, 4 laid out, 5 dispatch
-    // items done, 6 expanded; 7 exit.
+    // items done, 6 expanded; 7 exit; block 0's steps (moe_comm.cuh): 12 routing block done,
+    // 13 positions inverted, 14 routed flag raised, 8 count records in, 9 sizes per expert,
+    // 10 scanned, 11 m blocks written.
     MK_TRACE_MARK(7);
     moe_detail::end_launch(*static_cast<const MoeKernelArgs*>(p.role_args), kAdaptive ? p.split : nullptr);
   }

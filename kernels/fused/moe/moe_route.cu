@@ -27,7 +27,8 @@ std::string moe_route_check(const MoeRouteArgs& a) {
   if (s.top_k == 0 || s.top_k > kMoeMaxTopK || s.top_k > s.experts)
     return "top_k: " + str(s.top_k) + "; expected 1 .. min(experts, " + str(kMoeMaxTopK) + ")";
   if (moe_route_warps(s, kRouteSmemBudget) == 0)
-    return "experts + ranks + nodes: " + str(moe_route_columns(s)) + "; expected at most " + str(kRouteSmemBudget / 4);
+    return "experts + ranks + nodes + 32 x top_k: " + str(moe_route_words_per_warp(s)) + "; expected at most " +
+           str(kRouteSmemBudget / 4);
   if (a.tokens > 0 && (!a.choices || !a.pos || !a.npos || !a.slot))
     return "choices/pos/npos/slot: a null pointer; expected device arrays";
   if (!a.send_tokens || !a.node_tokens || !a.rows || !a.result)
@@ -38,7 +39,7 @@ std::string moe_route_check(const MoeRouteArgs& a) {
 cudaError_t moe_route_launch(const MoeRouteArgs& a, cudaStream_t stream) {
   if (!moe_route_check(a).empty()) return cudaErrorInvalidValue;
   const uint32_t warps = moe_route_warps(a.shape, kRouteSmemBudget);
-  const size_t smem = size_t{warps} * moe_route_columns(a.shape) * 4;
+  const size_t smem = moe_route_smem_bytes(a.shape, warps);
   if (smem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
