@@ -28,12 +28,14 @@ enum Variant : int {
   kTimerWarps,    // only %globaltimer reads, lane 0 of every warp of the polling blocks
   kHost50us,      // ld.acquire.sys, and two host-memory words every 50 us (wait.cuh's failure check)
   kHostEvery,     // ld.acquire.sys, and two host-memory words every poll
+  kHostGated,     // as kHost50us, but one look per 50 us for the whole grid (wait.cuh note 8's gate)
   kCount
 };
 const char* const kNames[kCount] = {"no pollers",        "acquire.sys",         "acquire.gpu",
                                     "relaxed.gpu",       "acquire.sys, growing", "acquire.sys, own line",
                                     "acquire.sys + timer", "acquire.sys on counters", "timer, every warp",
-                                    "+ host words / 50 us", "+ host words / poll"};
+                                    "+ host words / 50 us", "+ host words / poll",
+                                    "+ host words, gated"};
 
 __device__ __forceinline__ uint64_t timer() {
   uint64_t t;
@@ -71,6 +73,7 @@ struct Args {
   unsigned* counters;
   const uint32_t* chain;
   unsigned long long* out;  // the working block's four times, ns
+  unsigned long long* gate; // kHostGated: the time from which the next look is due
 };
 
 __device__ void work(const Args& a) {
@@ -141,6 +144,13 @@ __device__ void poll(const Args& a) {
       volatile uint64_t t = timer();
       (void)t;
     }
+    if (v == kHostGated && timer() >= next_host) {
+      next_host = timer() + 50'000;
+      const unsigned long long now = timer(), due = *reinterpret_cast<volatile unsigned long long*>(a.gate);
+      if (now >= due && atomicCAS(a.gate, due, now + 50'000) == due &&
+          ld_acquire_sys32(a.host) + ld_acquire_sys32(a.host + 32) == 77u)
+        return;
+    }
     if (v == kHostEvery || (v == kHost50us && timer() >= next_host)) {
       next_host = timer() + 50'000;
       if (ld_acquire_sys32(a.host) + ld_acquire_sys32(a.host + 32) == 77u) return;  // never: the words are 0
@@ -175,6 +185,7 @@ int main() {
   if (!check(cudaMalloc(&a.src, kBytes), "cudaMalloc") || !check(cudaMalloc(&a.dst, kBytes), "cudaMalloc") ||
       !check(cudaMalloc(&a.flags, size_t{16} * 8 * 1024), "cudaMalloc") ||
       !check(cudaMalloc(&a.counters, 8 * 4096), "cudaMalloc") || !check(cudaMalloc(&a.out, 64), "cudaMalloc") ||
+      !check(cudaMalloc(&a.gate, 8), "cudaMalloc") ||
       !check(cudaMalloc(const_cast<uint32_t**>(&a.chain), kChain * 4), "cudaMalloc") ||
       !check(cudaMemcpy(const_cast<uint32_t*>(a.chain), chain.data(), kChain * 4, cudaMemcpyHostToDevice), "cudaMemcpy") ||
       !check(cudaMemset(const_cast<uint4*>(a.src), 1, kBytes), "cudaMemset") ||
@@ -195,7 +206,9 @@ int main() {
     std::vector<double> t[4];
     for (int it = 0; it < 7; ++it) {
       a.variant = v;
-      if (!check(cudaMemset(a.flags, 0, size_t{16} * 8 * 1024), "cudaMemset")) return 1;
+      if (!check(cudaMemset(a.flags, 0, size_t{16} * 8 * 1024), "cudaMemset") ||
+          !check(cudaMemset(a.gate, 0, 8), "cudaMemset"))
+        return 1;
       poll_bench_kernel<<<sms, 256, kSmem>>>(a);
       if (!check(cudaGetLastError(), "the launch") || !check(cudaDeviceSynchronize(), "the kernel")) return 1;
       unsigned long long r[4];

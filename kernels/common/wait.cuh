@@ -13,9 +13,9 @@
 //     kMaxBackoffNs and looks at the ring's error word, the peer-abort word, the status word
 //     (the first and last are host memory: each look is a read across PCIe) and the bound once
 //     every kFailureCheckNs of waiting, by the timer rather than by a count of polls (every 16
-//     polls is about every 5 us: a few hundred waiting threads could keep up tens of millions of
-//     PCIe reads a second; an estimate, the fused MoE's time did not change either way). A
-//     failure is seen at most kFailureCheckNs late; bounds are milliseconds to seconds.
+//     polls is about every 5 us). Even so these reads cost the GPU's other blocks their fences
+//     (note 7). A failure is seen at most kFailureCheckNs late; bounds are milliseconds to
+//     seconds.
 //  3. Flags carry launch numbers and only grow, so "reached" is `>=` and nothing is reset.
 //  4. mbar_wait_bounded is the same rule for a shared-memory mbarrier phase (a block's own
 //     pipeline): bounded, reported by the caller as kDevicePipelineTimeout.
@@ -30,11 +30,22 @@
 //  6. Growing sleeps. WaitContext::long_wait_shift = k lets the sleep keep growing with the wait:
 //     up to (time waited) >> k, at most kMaxLongBackoffNs. A wait that ends within 256 << k ns
 //     polls as before; a longer one sees its flag at most 1/2^k of its length (and 8 us) late.
-//     Off (0) unless a kernel asks: the fused MoE sets 3 for its GEMM and role blocks, where
-//     it once shortened the routing and layout beside 116 polling GEMM producers several times
-//     (kernels.md section 14). Why is not known: a microbenchmark of 131 blocks polling (any
-//     scope, one address or one line each, every 256 ns) beside one copying block showed no
-//     effect on it at all, so polls alone are not the cost they were first taken for.
+//     Off (0) unless a kernel asks: the fused MoE sets 3 for its GEMM and role blocks.
+//  7. What waiting costs the others (bench/fused/poll_bench.cu, one H100): polls of device
+//     memory, at any scope and rate, cost the working blocks nothing measurable. The look at the
+//     host words (note 2) does: with 131 waiting threads each reading two host words every 50 us,
+//     a fence anywhere else on the GPU took 100-270x longer (about 70 us for fence.acq_rel.sys),
+//     and a fused kernel raises its flags behind fences (kernels.md section 14).
+//  8. The host gate (optional: WaitContext::host_gate and ::failed, device words shared by every
+//     waiter of a launch; off where null). Then a waiter's failure check reads the device words
+//     first: `failed` holds the launch number + 1 of a failure some waiter saw (this launch's
+//     mark ends the wait at once), and `host_gate` the time from which the next look at the
+//     host words is due; the waiter that finds it due and wins the compare-and-swap that moves it
+//     kHostLookNs on looks, the others do not. So the host words are read about once per
+//     kHostLookNs for the whole launch instead of once per kFailureCheckNs per waiter, and a
+//     failure the host records reaches every waiter within about kHostLookNs + kFailureCheckNs.
+//     report() marks `failed` too. Set by the fused MoE (its GEMM and role blocks), whose
+//     waiters are many and long; not yet run on a GPU.
 #pragma once
 
 #include <cstdint>
@@ -60,17 +71,30 @@ struct WaitContext {
   // wait, up to (time waited) >> k and kMaxLongBackoffNs (note 6). For kernels whose waiters
   // are many and wait long.
   uint32_t long_wait_shift = 0;
+  // The host gate (note 8): device words shared by the launch's waiters, both zero at first.
+  unsigned long long* host_gate = nullptr;  // %globaltimer from which the next host look is due
+  unsigned long long* failed = nullptr;     // launch number + 1 of a failure a waiter saw
 };
 
 inline constexpr uint64_t kFailureCheckNs = 50'000;
 inline constexpr uint32_t kMaxBackoffNs = 256;
 inline constexpr uint32_t kMaxLongBackoffNs = 8192;
+inline constexpr uint64_t kHostLookNs = 50'000;  // note 8
 
 #if defined(__CUDACC__)
+
+// The launch's failure mark for WaitContext::failed (note 8): its launch number + 1.
+__device__ __forceinline__ unsigned long long failure_mark(const WaitContext& w) {
+  return (w.launch_counter != nullptr ? sync::ld_acquire_gpu(w.launch_counter) : 0) + 1;
+}
+__device__ __forceinline__ void mark_failed(const WaitContext& w) {
+  if (w.failed != nullptr) atomicMax(w.failed, failure_mark(w));
+}
 
 // Records an error unless one is already there (status.h note 1). Returns whether this call's
 // error was the one recorded.
 __device__ __forceinline__ bool report(const WaitContext& w, uint32_t code, uint32_t detail, uint64_t where) {
+  mark_failed(w);
   if (w.status == nullptr) return false;
   if (atomicCAS_system(&w.status->code, 0u, code) != 0u) return false;
   w.status->detail = detail;
@@ -82,17 +106,40 @@ __device__ __forceinline__ bool report(const WaitContext& w, uint32_t code, uint
 }
 
 // Whether a failure elsewhere means this thread should stop now (and records why, for the ring
-// and peer conditions). Reads host words: call it every few polls, not every poll.
+// and peer conditions). Reads host words (unless the host gate, note 8, says another waiter
+// looks): call it every few polls, not every poll.
 __device__ __forceinline__ bool failure_seen(const WaitContext& w, uint64_t where) {
+  if (w.failed == nullptr) {  // no host gate: every look reads the host words
+    if (w.ring_error != nullptr) {
+      const uint32_t err = sync::ld_acquire_sys(w.ring_error);
+      if (err != 0) return report(w, kDeviceRingError, err, where), true;
+    }
+    if (w.peer_abort != nullptr) {
+      const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
+      if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
+    }
+    return w.status != nullptr && sync::ld_acquire_sys(&w.status->code) != 0;
+  }
+  // The host gate (note 8): device words first, the host words only by the waiter whose turn it is.
+  if (sync::ld_acquire_gpu(w.failed) >= failure_mark(w)) return true;
+  if (w.peer_abort != nullptr) {  // device memory (the NVLink buffer)
+    const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
+    if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
+  }
+  if (w.host_gate != nullptr) {
+    const unsigned long long now = sync::globaltimer_ns();
+    const unsigned long long due = *reinterpret_cast<volatile unsigned long long*>(w.host_gate);
+    if (now < due || atomicCAS(w.host_gate, due, now + kHostLookNs) != due) return false;
+  }
   if (w.ring_error != nullptr) {
     const uint32_t err = sync::ld_acquire_sys(w.ring_error);
     if (err != 0) return report(w, kDeviceRingError, err, where), true;
   }
-  if (w.peer_abort != nullptr) {
-    const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
-    if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
+  if (w.status != nullptr && sync::ld_acquire_sys(&w.status->code) != 0) {
+    mark_failed(w);
+    return true;
   }
-  return w.status != nullptr && sync::ld_acquire_sys(&w.status->code) != 0;
+  return false;
 }
 
 // Waits until *flag >= value (note 1). `detail` goes into a timeout report (the flag's index).

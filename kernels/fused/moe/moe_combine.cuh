@@ -92,7 +92,10 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
       }
     }
     const uint32_t rows = __ballot_sync(kAll, row != kNone);
-    for (uint32_t v = lane; v < vecs; v += 32) {
+    // Warp-uniform loop (the shuffles need all 32 lanes; see expand_token).
+    for (uint32_t v0 = 0; v0 < vecs; v0 += 32) {
+      const uint32_t v = v0 + lane;
+      const bool in = v < vecs;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (uint32_t h = rows; h != 0;) {
         uint4 u[kBatch];
@@ -105,7 +108,7 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
             h &= h - 1;
             const uint32_t r = __shfl_sync(kAll, row, b);
             c[q] = __shfl_sync(kAll, sc, b);
-            u[q] = __ldcg(y + uint64_t{r} * vecs + v);
+            u[q] = in ? __ldcg(y + uint64_t{r} * vecs + v) : uint4{0, 0, 0, 0};
             got = q + 1;
           }
         }
@@ -122,7 +125,7 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
           }
         }
       }
-      dst[v] = pack8(acc);
+      if (in) dst[v] = pack8(acc);
     }
   }
   __syncthreads();

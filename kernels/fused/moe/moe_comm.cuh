@@ -88,6 +88,7 @@ struct MoeKernelArgs {
   uint32_t* fwd_count = nullptr;    // [nodes][gpus][chunks]: forwarded tokens per destination chunk (note 3)
   uint32_t* expand_count = nullptr; // [world]: chunks expanded per source
   uint32_t apply_scores = 1;        // the combine weights expert outputs by the router scores
+  unsigned long long* wait_gate = nullptr;  // [2]: the fused kernel's host gate and failure mark (wait.cuh note 8)
   // The fused kernel (dispatch + grouped GEMM + combine, moe_fused.cu): the plan's own expert
   // rows, outputs and offsets; readiness of each 128-row band of expert rows for the GEMM
   // (band_flags, raised when band_count reaches the band's rows); the first flat m block of each
@@ -578,21 +579,21 @@ __device__ inline void expand_token(const Ctx& x, const MoeDispatchPtrs& p, uint
   const auto* src = reinterpret_cast<const uint4*>(x.token_row(a.rank, s, pos));
   auto* dst = static_cast<uint4*>(p.x_expert);
   const uint64_t n = uint64_t{a.hidden} * 2 / 16;  // 16-byte pieces of a row
-  uint64_t i = lane;
-  for (; i + (kUnroll - 1) * 32 < n; i += kUnroll * 32) {
-    uint4 v[kUnroll];
+  // Warp-uniform loop: every lane runs every pass, in range or not, because the shuffles need
+  // all 32 lanes (a loop bounded per lane, `for (i = lane; i < n; ...)`, leaves lanes out when
+  // n is not a multiple of 32, and a full-mask shuffle then waits for them forever).
+  for (uint64_t base = 0; base < n; base += kUnroll * 32) {
+    uint4 v[kUnroll] = {};
 #pragma unroll
-    for (uint32_t u = 0; u < kUnroll; ++u) v[u] = load16<LoadPolicy::kL2>(src + i + u * 32);
+    for (uint32_t u = 0; u < kUnroll; ++u)
+      if (base + u * 32 + lane < n) v[u] = load16<LoadPolicy::kL2>(src + base + u * 32 + lane);
     for (uint32_t h = rows; h != 0; h &= h - 1) {
       const uint64_t r = __shfl_sync(kAll, row, __ffs(static_cast<int>(h)) - 1);
-      uint4* d = dst + r * n + i;
+      uint4* d = dst + r * n + base + lane;
 #pragma unroll
-      for (uint32_t u = 0; u < kUnroll; ++u) d[u * 32] = v[u];
+      for (uint32_t u = 0; u < kUnroll; ++u)
+        if (base + u * 32 + lane < n) d[u * 32] = v[u];
     }
-  }
-  for (; i < n; i += 32) {
-    const uint4 v = load16<LoadPolicy::kL2>(src + i);
-    for (uint32_t h = rows; h != 0; h &= h - 1) dst[uint64_t{__shfl_sync(kAll, row, __ffs(static_cast<int>(h)) - 1)} * n + i] = v;
   }
   if (a.band_flags != nullptr) {  // fused: the GEMM starts a band once all its rows are here
     __syncwarp();
