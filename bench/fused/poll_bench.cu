@@ -14,7 +14,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "mkernel/protocol/sync.cuh"
+
 namespace {
+
+namespace sync = mkernel::sync;
 
 enum Variant : int {
   kNone,          // no pollers
@@ -37,29 +41,13 @@ const char* const kNames[kCount] = {"no pollers",        "acquire.sys",         
                                     "+ host words / 50 us", "+ host words / poll",
                                     "+ host words, gated"};
 
-__device__ __forceinline__ uint64_t timer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+using sync::ld_acquire_gpu;
+using sync::ld_acquire_sys;
+__device__ __forceinline__ uint64_t timer() { return sync::globaltimer_ns(); }
+// Not in sync.cuh (no kernel of ours polls relaxed): the weakest poll, for comparison.
 __device__ __forceinline__ uint64_t ld_relaxed_gpu(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_acquire_sys32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -132,7 +120,9 @@ __device__ void poll(const Args& a) {
   uint64_t next_host = start + 50'000;
   uint32_t sleep = 16;
   for (uint32_t i = 0;; ++i) {
-    const uint64_t f = v == kAcqGpu ? ld_acquire_gpu(flag) : v == kRelaxedGpu ? ld_relaxed_gpu(flag) : ld_acquire_sys(flag);
+    const uint64_t f = v == kAcqGpu       ? ld_acquire_gpu(reinterpret_cast<const unsigned long long*>(flag))
+                       : v == kRelaxedGpu ? ld_relaxed_gpu(flag)
+                                          : ld_acquire_sys(flag);
     if (v == kAcqSysCtr ? ((i & 15) == 0 && ld_relaxed_gpu(a.flags) >= 1) : f >= 1) return;
     __nanosleep(sleep);
     uint32_t cap = 256;
@@ -148,12 +138,12 @@ __device__ void poll(const Args& a) {
       next_host = timer() + 50'000;
       const unsigned long long now = timer(), due = *reinterpret_cast<volatile unsigned long long*>(a.gate);
       if (now >= due && atomicCAS(a.gate, due, now + 50'000) == due &&
-          ld_acquire_sys32(a.host) + ld_acquire_sys32(a.host + 32) == 77u)
+          ld_acquire_sys(a.host) + ld_acquire_sys(a.host + 32) == 77u)
         return;
     }
     if (v == kHostEvery || (v == kHost50us && timer() >= next_host)) {
       next_host = timer() + 50'000;
-      if (ld_acquire_sys32(a.host) + ld_acquire_sys32(a.host + 32) == 77u) return;  // never: the words are 0
+      if (ld_acquire_sys(a.host) + ld_acquire_sys(a.host + 32) == 77u) return;  // never: the words are 0
     }
     sleep = sleep * 2 <= cap ? sleep * 2 : cap;
   }
