@@ -43,6 +43,10 @@ inline constexpr uint32_t kNvlSystemWords = 8;
 inline constexpr uint32_t kNvlWordPeerAbort = 0;  // rank + 1 of the first peer that failed
 // Words of DeviceComm::fused_state (fused/common/launch_state.cuh says what each holds).
 inline constexpr uint32_t kFusedStateWords = 8;
+// Words 2 and 3 of it are the host gate of every wait of the communicator's kernels
+// (wait.cuh note 8): when the next look at the host words is due, and the failure mark.
+inline constexpr uint32_t kWaitHostDue = 2;
+inline constexpr uint32_t kWaitFailedMark = 3;
 // The fused-op flags of the flag array start with an agreement area: two banks of kAgreeWords
 // flags per rank, where every rank leaves the description of the op it is about to plan (the
 // runtime's agreement, runtime/src/ops/agree.cu); the ops' own flags follow it
@@ -147,6 +151,10 @@ __device__ __forceinline__ WaitContext wait_context(const DeviceComm& c) {
   w.launch_counter = c.launch_counter;
   w.timeout_ns = c.wait_timeout_ns;
   w.rank = c.rank;
+  if (c.fused_state != nullptr) {  // wait.cuh note 8
+    w.host_gate = c.fused_state + kWaitHostDue;
+    w.failed = c.fused_state + kWaitFailedMark;
+  }
   return w;
 }
 

@@ -44,8 +44,10 @@
 //     kHostLookNs on looks, the others do not. So the host words are read about once per
 //     kHostLookNs for the whole launch instead of once per kFailureCheckNs per waiter, and a
 //     failure the host records reaches every waiter within about kHostLookNs + kFailureCheckNs.
-//     report() marks `failed` too. Set by the fused MoE (its GEMM and role blocks), whose
-//     waiters are many and long; not yet run on a GPU.
+//     report() marks `failed` too. Every wait context a communicator gives (wait_context in
+//     comm.cuh and Communicator::wait_context) sets both, to words 2 and 3 of its fused_state, so
+//     every fused op's waits and a readiness hook's are gated; the agreement's waits are not
+//     (they report nothing).
 #pragma once
 
 #include <cstdint>

@@ -525,6 +525,10 @@ kernels::WaitContext Communicator::wait_context() const {
   w.launch_counter = device_.launch_counter;
   w.timeout_ns = device_.wait_timeout_ns;
   w.rank = rank_;
+  if (device_.fused_state != nullptr) {  // wait.cuh note 8
+    w.host_gate = device_.fused_state + kernels::kWaitHostDue;
+    w.failed = device_.fused_state + kernels::kWaitFailedMark;
+  }
   return w;
 }
 

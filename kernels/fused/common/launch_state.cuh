@@ -21,7 +21,7 @@ namespace mkernel::kernels {
 
 inline constexpr uint32_t kLastFusedLaunch = 0;
 inline constexpr uint32_t kExitCount = 1;
-static_assert(kExitCount < kFusedStateWords);
+static_assert(kExitCount < kWaitHostDue && kWaitFailedMark < kFusedStateWords);
 
 #if defined(__CUDACC__)
 

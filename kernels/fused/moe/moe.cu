@@ -100,7 +100,6 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
   const uint64_t o_counts = take(uint64_t{world} * g.count_words() * 4);
   const uint64_t o_ebase = take((epr + 1) * 4ull), o_sbase = take(uint64_t{epr} * world * 4);
   const uint64_t o_flags = take((kMoeFlagExpanded + world) * 8ull);
-  const uint64_t o_gate = take(2 * 8ull);
   const uint64_t o_fwd = take(uint64_t{nodes} * g.layout.gpus * g.chunks() * 4);
   const uint64_t o_exp = take(world * 4ull);
   if (cudaMalloc(&plan->workspace_, off) != cudaSuccess || cudaMemset(plan->workspace_, 0, off) != cudaSuccess) {
@@ -157,7 +156,6 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
   a.expert_base = reinterpret_cast<uint32_t*>(w + o_ebase);
   a.source_base = reinterpret_cast<uint32_t*>(w + o_sbase);
   a.flags = reinterpret_cast<uint64_t*>(w + o_flags);
-  a.wait_gate = reinterpret_cast<unsigned long long*>(w + o_gate);
   a.fwd_count = reinterpret_cast<uint32_t*>(w + o_fwd);
   a.expand_count = reinterpret_cast<uint32_t*>(w + o_exp);
   a.apply_scores = setup.apply_scores ? 1 : 0;
@@ -217,8 +215,6 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     ga.hooks.role_args = plan->args_;
     ga.wait = setup.wait;
     ga.wait.long_wait_shift = kMoeLongWaitShift;  // wait.cuh note 6
-    ga.wait.host_gate = a.wait_gate;               // wait.cuh note 8
-    ga.wait.failed = a.wait_gate + 1;
     const GemmResult r = grouped_gemm_plan(ga, &plan->gemm_);
     if (!r.ok()) return "grouped GEMM: " + r.message;
     if (plan->gemm_.config.num_role_blocks != plan->blocks_ && plan->gemm_.config.num_role_blocks > 0)

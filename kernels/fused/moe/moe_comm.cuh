@@ -88,7 +88,6 @@ struct MoeKernelArgs {
   uint32_t* fwd_count = nullptr;    // [nodes][gpus][chunks]: forwarded tokens per destination chunk (note 3)
   uint32_t* expand_count = nullptr; // [world]: chunks expanded per source
   uint32_t apply_scores = 1;        // the combine weights expert outputs by the router scores
-  unsigned long long* wait_gate = nullptr;  // [2]: the fused kernel's host gate and failure mark (wait.cuh note 8)
   // The fused kernel (dispatch + grouped GEMM + combine, moe_fused.cu): the plan's own expert
   // rows, outputs and offsets; readiness of each 128-row band of expert rows for the GEMM
   // (band_flags, raised when band_count reaches the band's rows); the first flat m block of each

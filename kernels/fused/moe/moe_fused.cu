@@ -26,8 +26,6 @@ struct MoeFusedRole {
     const auto& a = *static_cast<const MoeKernelArgs*>(p.role_args);
     WaitContext w = wait_context(a.comm);
     w.long_wait_shift = kMoeLongWaitShift;  // wait.cuh note 6
-    w.host_gate = a.wait_gate;              // wait.cuh note 8: one host look at a time
-    w.failed = a.wait_gate + 1;
     const Ctx x{a, a.comm, launch_number(a.comm), previous_fused_launch(a.comm), w};
     extern __shared__ uint8_t moe_role_smem[];  // the block's shared memory is the role's
     auto* route_smem =

@@ -44,9 +44,12 @@ __global__ void agree_kernel(mk::DeviceComm c, uint64_t seq, const uint32_t* min
   }
   __syncthreads();
   // The waits record nothing in the status word: a rank that does not take part is the
-  // caller's error to report, not a broken communicator.
+  // caller's error to report, not a broken communicator (nor a failure mark, wait.cuh note 8,
+  // that would end the waits of the op's launch).
   mk::WaitContext w = mk::wait_context(c);
   w.status = nullptr;
+  w.host_gate = nullptr;
+  w.failed = nullptr;
   w.timeout_ns = timeout_ns;
   for (uint32_t q = threadIdx.x; q < c.world_size; q += blockDim.x) {
     bool ok = true;
