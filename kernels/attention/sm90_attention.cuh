@@ -289,7 +289,9 @@ struct Sm90AttnCore {
       ptx::mbar_try_wait(bar, parity);
       return false;
     }
-    if (mbar_wait_bounded(bar, parity, p.wait.timeout_ns)) return true;
+    // Four times the bound, ending early once an error is recorded (wait.cuh note 5): the
+    // consumers that hold the slot may be waiting for a stage, up to twice the bound.
+    if (mbar_wait_bounded(bar, parity, p.wait.timeout_ns, 2, p.wait.status)) return true;
     report(p.wait, kDevicePipelineTimeout, detail, where_tag(kStepAttnPipeline, blockIdx.x));
     st.failed = true;
     return false;
@@ -367,7 +369,9 @@ struct Sm90AttnCore {
       ptx::mbar_try_wait(bar, parity);
       return;
     }
-    if (!mbar_wait_bounded(bar, parity, p.wait.timeout_ns)) {
+    // Twice the bound (wait.cuh note 5): the producer may be in a bounded wait for a chunk (the
+    // ring's flag wait), whose report names the cause and must come first.
+    if (!mbar_wait_bounded(bar, parity, p.wait.timeout_ns, 1)) {
       report(p.wait, kDevicePipelineTimeout, detail, where_tag(kStepAttnPipeline, blockIdx.x));
       st.failed = true;
     }

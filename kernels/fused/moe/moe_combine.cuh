@@ -92,10 +92,11 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
       }
     }
     const uint32_t rows = __ballot_sync(kAll, row != kNone);
-    // Warp-uniform loop (the shuffles need all 32 lanes; see expand_token).
-    for (uint32_t v0 = 0; v0 < vecs; v0 += 32) {
+    // Warp-uniform passes (the shuffles need all 32 lanes; see expand_token): whole passes with
+    // no bounds test, then one guarded pass for the rest.
+    auto pass = [&](uint32_t v0, auto guarded) {
       const uint32_t v = v0 + lane;
-      const bool in = v < vecs;
+      const bool in = !decltype(guarded)::value || v < vecs;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (uint32_t h = rows; h != 0;) {
         uint4 u[kBatch];
@@ -126,7 +127,10 @@ __device__ inline bool combine_item(const Ctx& x, const MoeCombinePtrs& p, uint3
         }
       }
       if (in) dst[v] = pack8(acc);
-    }
+    };
+    uint32_t v0 = 0;
+    for (; v0 + 32 <= vecs; v0 += 32) pass(v0, std::false_type{});
+    if (v0 < vecs) pass(v0, std::true_type{});
   }
   __syncthreads();
   if (failed) return false;

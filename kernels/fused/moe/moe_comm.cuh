@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
@@ -578,22 +579,27 @@ __device__ inline void expand_token(const Ctx& x, const MoeDispatchPtrs& p, uint
   const auto* src = reinterpret_cast<const uint4*>(x.token_row(a.rank, s, pos));
   auto* dst = static_cast<uint4*>(p.x_expert);
   const uint64_t n = uint64_t{a.hidden} * 2 / 16;  // 16-byte pieces of a row
-  // Warp-uniform loop: every lane runs every pass, in range or not, because the shuffles need
+  // Warp-uniform passes: every lane runs every pass, in range or not, because the shuffles need
   // all 32 lanes (a loop bounded per lane, `for (i = lane; i < n; ...)`, leaves lanes out when
-  // n is not a multiple of 32, and a full-mask shuffle then waits for them forever).
-  for (uint64_t base = 0; base < n; base += kUnroll * 32) {
+  // n is not a multiple of 32, and a full-mask shuffle then waits for them forever). Whole
+  // passes carry no bounds tests; one guarded pass takes the rest.
+  auto pass = [&](uint64_t base, auto guarded) {
+    constexpr bool kGuarded = decltype(guarded)::value;
     uint4 v[kUnroll] = {};
 #pragma unroll
     for (uint32_t u = 0; u < kUnroll; ++u)
-      if (base + u * 32 + lane < n) v[u] = load16<LoadPolicy::kL2>(src + base + u * 32 + lane);
+      if (!kGuarded || base + u * 32 + lane < n) v[u] = load16<LoadPolicy::kL2>(src + base + u * 32 + lane);
     for (uint32_t h = rows; h != 0; h &= h - 1) {
       const uint64_t r = __shfl_sync(kAll, row, __ffs(static_cast<int>(h)) - 1);
       uint4* d = dst + r * n + base + lane;
 #pragma unroll
       for (uint32_t u = 0; u < kUnroll; ++u)
-        if (base + u * 32 + lane < n) d[u * 32] = v[u];
+        if (!kGuarded || base + u * 32 + lane < n) d[u * 32] = v[u];
     }
-  }
+  };
+  uint64_t base = 0;
+  for (; base + kUnroll * 32 <= n; base += kUnroll * 32) pass(base, std::false_type{});
+  if (base < n) pass(base, std::true_type{});
   if (a.band_flags != nullptr) {  // fused: the GEMM starts a band once all its rows are here
     __syncwarp();
     if (row != kNone) {
