@@ -111,23 +111,14 @@ __device__ __forceinline__ bool report(const WaitContext& w, uint32_t code, uint
 // and peer conditions). Reads host words (unless the host gate, note 8, says another waiter
 // looks): call it every few polls, not every poll.
 __device__ __forceinline__ bool failure_seen(const WaitContext& w, uint64_t where) {
-  if (w.failed == nullptr) {  // no host gate: every look reads the host words
-    if (w.ring_error != nullptr) {
-      const uint32_t err = sync::ld_acquire_sys(w.ring_error);
-      if (err != 0) return report(w, kDeviceRingError, err, where), true;
-    }
-    if (w.peer_abort != nullptr) {
-      const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
-      if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
-    }
-    return w.status != nullptr && sync::ld_acquire_sys(&w.status->code) != 0;
-  }
-  // The host gate (note 8): device words first, the host words only by the waiter whose turn it is.
-  if (sync::ld_acquire_gpu(w.failed) >= failure_mark(w)) return true;
-  if (w.peer_abort != nullptr) {  // device memory (the NVLink buffer)
+  // Device words first: a failure another waiter of the launch saw (note 8), a peer's abort
+  // (this rank's NVLink buffer).
+  if (w.failed != nullptr && sync::ld_acquire_gpu(w.failed) >= failure_mark(w)) return true;
+  if (w.peer_abort != nullptr) {
     const uint64_t a = sync::ld_acquire_sys(w.peer_abort);
     if (a != 0) return report(w, kDevicePeerFailed, static_cast<uint32_t>(a - 1), where), true;
   }
+  // Then the host words; with a host gate (note 8) only by the waiter whose turn it is.
   if (w.host_gate != nullptr) {
     const unsigned long long now = sync::globaltimer_ns();
     const unsigned long long due = *reinterpret_cast<volatile unsigned long long*>(w.host_gate);
