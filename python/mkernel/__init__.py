@@ -4,13 +4,15 @@
     comm = mkernel.Communicator.from_process_group(dist.group.WORLD, workspace_bytes=...)
     A, [C] = mkernel.fused_all_gather_matmul(A_shard, [weight.t()], 0, dist.group.WORLD.group_name)
     y = mkernel.fused_matmul_reduce_scatter(C, weight2.t(), "sum", 0, dist.group.WORLD.group_name)
+    y = mkernel.fused_matmul_all_reduce(C, weight2.t(), "sum", dist.group.WORLD.group_name)  # the whole sum, every rank
     x_expert, offsets, *_ = mkernel.moe_dispatch(x, topk_ids, topk_weights, num_experts, group_name)
     out = mkernel.moe_combine(experts(x_expert, offsets), group_name, num_tokens=x.shape[0])
     out = mkernel.moe_forward(x, topk_ids, topk_weights, w, group_name)        # fused, one kernel
     o, lse = mkernel.ring_attention(q, k, v, group_name, causal=True)
 
 The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable); the GEMM ones
-have the same arguments and results as their ``torch.ops.symm_mem`` counterparts. The compiled module
+have the same arguments and results as their ``torch.ops.symm_mem`` counterparts (which has no
+GEMM+AllReduce: ``fused_matmul_all_reduce`` is ``dist.all_reduce(A @ B)``). The compiled module
 (mkernel._C) does not link torch: tensors pass through DLPack and streams as integers.
 """
 
@@ -27,6 +29,9 @@ from .communicator import (
     all_gather_matmul_workspace_bytes,
     default_fused_flags,
     get_communicator,
+    matmul_all_reduce_fused_flags,
+    matmul_all_reduce_network_bytes,
+    matmul_all_reduce_workspace_bytes,
     matmul_reduce_scatter_fused_flags,
     matmul_reduce_scatter_network_bytes,
     matmul_reduce_scatter_workspace_bytes,
@@ -52,6 +57,7 @@ else:
         from ._ring import zigzag_permutation, zigzag_reorder
         from .ops import (
             fused_all_gather_matmul,
+            fused_matmul_all_reduce,
             fused_matmul_reduce_scatter,
             moe_combine,
             moe_dispatch,
@@ -71,6 +77,7 @@ if torch_unavailable_reason:
         """Needs torch (see torch_unavailable_reason)."""
         raise NotBuiltError(torch_unavailable_reason)
 
+    fused_matmul_all_reduce = fused_matmul_reduce_scatter  # type: ignore[misc]
     moe_dispatch = moe_combine = moe_forward = ring_attention = fused_matmul_reduce_scatter  # type: ignore[misc]
     zigzag_permutation = zigzag_reorder = fused_matmul_reduce_scatter  # type: ignore[misc]
 
@@ -92,8 +99,12 @@ __all__ = [
     "all_gather_matmul_workspace_bytes",
     "default_fused_flags",
     "fused_all_gather_matmul",
+    "fused_matmul_all_reduce",
     "fused_matmul_reduce_scatter",
     "get_communicator",
+    "matmul_all_reduce_fused_flags",
+    "matmul_all_reduce_network_bytes",
+    "matmul_all_reduce_workspace_bytes",
     "matmul_reduce_scatter_fused_flags",
     "matmul_reduce_scatter_network_bytes",
     "matmul_reduce_scatter_workspace_bytes",

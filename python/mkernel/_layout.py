@@ -1,5 +1,6 @@
 """How torch's ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` arguments map onto
-mkernel's AllGather+GEMM and GEMM+ReduceScatter (the latter at the end of this file).
+mkernel's AllGather+GEMM and GEMM+ReduceScatter (the latter further down), and those of mkernel's
+``fused_matmul_all_reduce`` onto its GEMM+AllReduce (at the end of this file).
 
 Both the real implementation and the fake one (torch.compile's tracing) go through these
 functions, so they check the same things and produce outputs of the same shapes and strides.
@@ -180,10 +181,10 @@ RS_OP_NAME = "fused_matmul_reduce_scatter"
 REDUCE_OPS = ("sum",)
 
 
-def check_matmul_reduce_scatter(A: Any, B: Any, reduce_op: Any, scatter_dim: Any, *, allow_copy_B: Any = False) -> int:
-    """Refuses arguments fused_matmul_reduce_scatter does not take (ArgumentError naming the
-    argument); returns scatter_dim made non-negative. Reads metadata only. The group's size is
-    checked against A by check_scatter_world."""
+def _check_summed_matmul(A: Any, B: Any, reduce_op: Any, allow_copy_B: Any, op: str) -> None:
+    """What GEMM+ReduceScatter and GEMM+AllReduce (``op`` names it) both refuse: A as an
+    activation, B [K, N] as a transposed weight (or any layout with allow_copy_B), a reduce_op
+    other than "sum"."""
     K = _check_activation("A", A)
     if not isinstance(B, torch.Tensor):
         raise ArgumentError(f"B: {type(B).__name__}; expected a torch.Tensor")
@@ -204,9 +205,16 @@ def check_matmul_reduce_scatter(A: Any, B: Any, reduce_op: Any, scatter_dim: Any
         )
     if not isinstance(reduce_op, str) or reduce_op not in REDUCE_OPS:
         raise ArgumentError(
-            f"reduce_op: {reduce_op!r}; expected 'sum' (mkernel's GEMM+ReduceScatter sums; for 'avg' divide "
-            "the sum by the group's size)"
+            f"reduce_op: {reduce_op!r}; expected 'sum' (mkernel's {op} sums; for 'avg' divide the sum by the "
+            "group's size)"
         )
+
+
+def check_matmul_reduce_scatter(A: Any, B: Any, reduce_op: Any, scatter_dim: Any, *, allow_copy_B: Any = False) -> int:
+    """Refuses arguments fused_matmul_reduce_scatter does not take (ArgumentError naming the
+    argument); returns scatter_dim made non-negative. Reads metadata only. The group's size is
+    checked against A by check_scatter_world."""
+    _check_summed_matmul(A, B, reduce_op, allow_copy_B, "GEMM+ReduceScatter")
     if isinstance(scatter_dim, bool) or not isinstance(scatter_dim, int):
         raise ArgumentError(f"scatter_dim: {scatter_dim!r}; expected an int")
     nd = A.dim()
@@ -247,5 +255,45 @@ def scatter_output_of(
     def result(t: torch.Tensor) -> torch.Tensor:
         viewed = t.view(*leading, N)
         return viewed if sd == 0 else viewed.movedim(0, sd).contiguous()
+
+    return out, result
+
+
+# ---- fused_matmul_all_reduce --------------------------------------------------------------------
+#
+# The kernel computes, on every rank, ``out = sum over ranks of a @ w^T`` with ``a`` [M, k], ``w``
+# [n, k] packed row-major and ``out`` [M, n], bf16; M is any positive number (the kernel's bands
+# need not be equal, and some are empty when M < world). The op takes ``A`` (any rank >= 2,
+# [..., K]) and ``B`` [K, N] and returns ``all_reduce(A @ B, reduce_op)``, contiguous, every rank
+# the same bits. So:
+#
+# * ``A`` is flattened to rows [M, K] (M the product of its leading dimensions): a view when A is
+#   contiguous, else one copy.
+# * ``B`` as for fused_matmul_reduce_scatter: a transposed [N, K] weight as it is, a row-major
+#   [K, N] B refused unless ``allow_copy_B=True``.
+# * The output [M, N] the kernel writes is the result, viewed as ``A.shape[:-1] + (N,)``.
+
+AR_OP_NAME = "fused_matmul_all_reduce"
+
+
+def check_matmul_all_reduce(A: Any, B: Any, reduce_op: Any, *, allow_copy_B: Any = False) -> None:
+    """Refuses arguments fused_matmul_all_reduce does not take (ArgumentError naming the
+    argument). Reads metadata only; the group's size does not constrain A."""
+    _check_summed_matmul(A, B, reduce_op, allow_copy_B, "GEMM+AllReduce")
+    if not isinstance(allow_copy_B, bool):
+        raise ArgumentError(f"allow_copy_B: {allow_copy_B!r}; expected a bool")
+
+
+def all_reduce_output_of(
+    A: torch.Tensor, B: torch.Tensor
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The flat output the kernel writes [M, N] and the function that makes the op's result of it
+    (a view: contiguous, ``A.shape[:-1] + (N,)``)."""
+    leading = list(A.shape[:-1])
+    N = B.shape[1]
+    out = A.new_empty((math.prod(leading), N))
+
+    def result(t: torch.Tensor) -> torch.Tensor:
+        return t.view(*leading, N)
 
     return out, result

@@ -12,13 +12,15 @@ it. It is made collectively, by every rank of the group:
 
 Its size is fixed at creation: ``workspace_bytes`` must hold the gathered activation of the
 largest AllGather+GEMM it will run (:func:`all_gather_matmul_workspace_bytes`) and the staged
-partial tiles of the largest GEMM+ReduceScatter (:func:`matmul_reduce_scatter_workspace_bytes`),
-whichever is larger (the ops take turns with it), and what the MoE and ring attention need
-(:func:`moe_workspace_bytes`, :func:`ring_attention_workspace_bytes`); a GEMM+ReduceScatter of
-many tiles or a large MoE may also need more fused-op flags than libmkernel's default
-(``fused_flags``, :func:`matmul_reduce_scatter_fused_flags`, :func:`moe_fused_flags`). Plans, one per op and shape, are made on a shape's
-first call (collectively, so every rank must call with the same shape) and live with the
-communicator until :meth:`Communicator.close`.
+partial tiles of the largest GEMM+ReduceScatter (:func:`matmul_reduce_scatter_workspace_bytes`)
+and GEMM+AllReduce (:func:`matmul_all_reduce_workspace_bytes`), whichever is larger (the ops take
+turns with it), and what the MoE and ring attention need (:func:`moe_workspace_bytes`,
+:func:`ring_attention_workspace_bytes`); a GEMM+ReduceScatter or GEMM+AllReduce of many tiles or a
+large MoE may also need more fused-op flags than libmkernel's default (``fused_flags``,
+:func:`matmul_reduce_scatter_fused_flags`, :func:`matmul_all_reduce_fused_flags`,
+:func:`moe_fused_flags`). Plans, one per op and shape, are made on a shape's first call
+(collectively, so every rank must call with the same shape) and live with the communicator until
+:meth:`Communicator.close`.
 
 The torch ops find a communicator by the ``group_name`` they are given: communicators register
 under their group's name (``from_process_group``) or under ``name`` (``from_env``). Where none is
@@ -72,6 +74,27 @@ def matmul_reduce_scatter_fused_flags(world: int, m_local: int, n: int, nodes: i
     default is ``default_fused_flags()``."""
     nodes, gpus = _nodes_and_gpus(world, nodes)
     return int(_native.require().gemm_reduce_scatter_fused_flags(nodes, gpus, m_local, n))
+
+
+def matmul_all_reduce_workspace_bytes(world: int, m: int, n: int, nodes: int = 1) -> int:
+    """NVLink workspace bytes a GEMM+AllReduce over ``world`` ranks on ``nodes`` nodes needs for a
+    result of [m, n] on every rank (m all the rows: the node peers' partial tiles and the finished
+    tiles passed on to them; 0 with one GPU per node), for whichever tile width the engine picks."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().gemm_all_reduce_nvlink_bytes(nodes, gpus, m, n))
+
+
+def matmul_all_reduce_network_bytes(nodes: int, m: int, n: int) -> int:
+    """Network workspace bytes the same op needs between ``nodes`` nodes (0 on one node)."""
+    return int(_native.require().gemm_all_reduce_network_bytes(nodes, m, n))
+
+
+def matmul_all_reduce_fused_flags(world: int, m: int, n: int, nodes: int = 1) -> int:
+    """Fused-op flags (``fused_flags`` of a communicator) the same op needs, for whichever tile
+    width the engine picks: one per staged tile and per finished tile passed on, so it grows with
+    m x n; libmkernel's default is ``default_fused_flags()``."""
+    nodes, gpus = _nodes_and_gpus(world, nodes)
+    return int(_native.require().gemm_all_reduce_fused_flags(nodes, gpus, m, n))
 
 
 def moe_workspace_bytes(
@@ -254,10 +277,11 @@ class Communicator:
         for a unique id and puts it in the group's store; the others wait for it there, up to
         ``rendezvous_timeout`` seconds, which also bounds the ranks joining. ``device`` is the
         rank's CUDA device (default: torch's current one). ``fused_flags`` (default: libmkernel's,
-        :func:`default_fused_flags`) bounds the tiles a GEMM+ReduceScatter may stage
-        (:func:`matmul_reduce_scatter_fused_flags`). ``adaptive_split`` lets the fused kernels
-        move the split of their blocks between compute and communication from launch to launch
-        (AllGather+GEMM, ring attention, fused MoE; results unchanged; :meth:`split_report`).
+        :func:`default_fused_flags`) bounds the tiles a GEMM+ReduceScatter or GEMM+AllReduce may
+        stage (:func:`matmul_reduce_scatter_fused_flags`, :func:`matmul_all_reduce_fused_flags`).
+        ``adaptive_split`` lets the fused kernels move the split of their blocks between compute
+        and communication from launch to launch (AllGather+GEMM, ring attention, fused MoE;
+        results unchanged; :meth:`split_report`).
         """
         import torch
         import torch.distributed as dist
@@ -393,6 +417,18 @@ class Communicator:
     def describe_matmul_reduce_scatter(self, m_local: int, n: int, k: int) -> str:
         """A GEMM+ReduceScatter plan in words (bands, order of tiles, GEMM configuration)."""
         return str(self._live().describe_reduce_scatter(m_local, n, k))
+
+    def plan_matmul_all_reduce(self, m: int, n: int, k: int, stream: int | None = None) -> None:
+        """Plans a GEMM+AllReduce shape now (result [m, n] on every rank, m all the rows, k the
+        reduction dimension each rank holds), e.g. before a CUDA graph capture (collective)."""
+        self._live().plan_all_reduce(m, n, k, _stream_or_current(stream, self.device))
+
+    def has_matmul_all_reduce_plan(self, m: int, n: int, k: int) -> bool:
+        return bool(self._live().has_all_reduce_plan(m, n, k))
+
+    def describe_matmul_all_reduce(self, m: int, n: int, k: int) -> str:
+        """A GEMM+AllReduce plan in words (bands, order of tiles, GEMM configuration)."""
+        return str(self._live().describe_all_reduce(m, n, k))
 
     def has_plan(self, m_local: int, n_local: int, k: int) -> bool:
         return bool(self._live().has_plan(m_local, n_local, k))

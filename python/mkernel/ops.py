@@ -19,6 +19,13 @@ return structure, so switching is one line):
     GEMM+ReduceScatter (sums in fp32 in a fixed order, rounds once: deterministic). ``reduce_op``
     is "sum" (torch's op also takes "avg"); B as ``Bs[0]`` above.
 
+``fused_matmul_all_reduce(A, B, reduce_op, group_name, *, allow_copy_B=False) -> Tensor``
+    ``all_reduce(A @ B, reduce_op)`` over the group, by mkernel's GEMM+AllReduce (the same kernel
+    as GEMM+ReduceScatter, each finished band then passed to every rank: every rank gets the same
+    bits). torch.ops.symm_mem has no such op: the reference is ``dist.all_reduce(A @ B)``. A any
+    rank >= 2 (M, the product of its leading dimensions, any positive number); ``reduce_op``
+    "sum"; B as above.
+
 ``moe_dispatch(x, topk_ids, topk_weights, num_experts, group_name, *, out_hidden=None,
 recv_tokens_per_source=None, expert_rows_capacity=None, apply_scores=True)
 -> (x_expert, expert_offsets, row_source, row_token, row_score)``
@@ -74,6 +81,9 @@ from .communicator import (
     all_gather_matmul_workspace_bytes,
     default_fused_flags,
     get_communicator,
+    matmul_all_reduce_fused_flags,
+    matmul_all_reduce_network_bytes,
+    matmul_all_reduce_workspace_bytes,
     matmul_reduce_scatter_fused_flags,
     matmul_reduce_scatter_network_bytes,
     matmul_reduce_scatter_workspace_bytes,
@@ -93,6 +103,9 @@ _SCHEMA = (
 _RS_SCHEMA = (
     "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, str group_name, *, "
     "bool allow_copy_B=False) -> Tensor"
+)
+_AR_SCHEMA = (
+    "fused_matmul_all_reduce(Tensor A, Tensor B, str reduce_op, str group_name, *, bool allow_copy_B=False) -> Tensor"
 )
 
 _MOE_DISPATCH_SCHEMA = (
@@ -254,6 +267,28 @@ def _check_comm_device(comm: Communicator, group_name: str, arg: str, t: torch.T
         )
 
 
+def _communicator_for_all_reduce(group_name: str, A: torch.Tensor, m: int, n: int, world: int) -> Communicator:
+    def sizes(w: int, nodes: int) -> tuple[int, int, int]:
+        return (
+            matmul_all_reduce_workspace_bytes(w, m, n, nodes),
+            matmul_all_reduce_network_bytes(nodes, m, n),
+            matmul_all_reduce_fused_flags(w, m, n, nodes),
+        )
+
+    comm = get_communicator(group_name)
+    if comm is None:
+        nodes = _nodes_of(world)
+        workspace, network, flags = sizes(world, nodes)
+        comm = _make_communicator(group_name, A.device, workspace_bytes=max(1, workspace),
+                                  network_workspace_bytes=network, fused_flags=max(default_fused_flags(), flags))
+    workspace, network, flags = sizes(comm.size, max(1, comm.nodes))
+    _check_sized(comm, group_name, "A", f"the partial tiles of the [{m}, {n}] sum its node peers stage with it and "
+                 "the finished tiles passed on to it", workspace, network, flags, "matmul_all_reduce",
+                 "matmul_all_reduce")
+    _check_comm_device(comm, group_name, "A", A)
+    return comm
+
+
 def _communicator_for_moe(group_name: str, x: torch.Tensor, plan: Any, world: int) -> Communicator:
     def sizes(w: int, nodes: int) -> tuple[int, int, int]:
         common = dict(out_hidden=plan.out_hidden, nodes=nodes, recv_tokens_per_source=plan.recv or None,
@@ -397,6 +432,50 @@ def _fused_matmul_reduce_scatter_fake(
 ) -> torch.Tensor:
     sd, world = _checked_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B)
     out, result = _layout.scatter_output_of(A, B, sd, world)
+    return result(out)
+
+
+# ---- fused_matmul_all_reduce --------------------------------------------------------------------
+
+
+def _checked_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str, group_name: str, allow_copy_B: bool) -> int:
+    """The arguments' checks both implementations share; returns the group's size."""
+    _layout.check_matmul_all_reduce(A, B, reduce_op, allow_copy_B=allow_copy_B)
+    return _world_size(group_name)
+
+
+def _fused_matmul_all_reduce(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    group_name: str,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    world = _checked_all_reduce(A, B, reduce_op, group_name, allow_copy_B)
+    # The communicator first: one too small is refused before anything is copied or allocated.
+    comm = _communicator_for_all_reduce(group_name, A, A.numel() // A.shape[-1], B.shape[1], world)
+    a = _layout.rows_of(A, 0)
+    if a.data_ptr() % 16 != 0:  # a view at an odd offset: the kernel's TMA needs 16-byte rows
+        a = a.clone()
+    out, result = _layout.all_reduce_output_of(A, B)
+    w = _layout.weight_of(B)
+    with torch.cuda.device(A.device):
+        stream = torch.cuda.current_stream(A.device).cuda_stream
+        comm.native.gemm_all_reduce(_dlpack(a), _dlpack(w), _dlpack(out), stream)
+    return result(out)
+
+
+def _fused_matmul_all_reduce_fake(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    group_name: str,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    _checked_all_reduce(A, B, reduce_op, group_name, allow_copy_B)
+    out, result = _layout.all_reduce_output_of(A, B)
     return result(out)
 
 
@@ -578,6 +657,10 @@ _lib.define(_RS_SCHEMA, tags=_stride_tag())
 _lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CUDA")
 _lib.impl(_layout.RS_OP_NAME, _fused_matmul_reduce_scatter, "CPU")
 torch.library.register_fake(f"{_NAMESPACE}::{_layout.RS_OP_NAME}", _fused_matmul_reduce_scatter_fake, lib=_lib)
+_lib.define(_AR_SCHEMA, tags=_stride_tag())
+_lib.impl(_layout.AR_OP_NAME, _fused_matmul_all_reduce, "CUDA")
+_lib.impl(_layout.AR_OP_NAME, _fused_matmul_all_reduce, "CPU")
+torch.library.register_fake(f"{_NAMESPACE}::{_layout.AR_OP_NAME}", _fused_matmul_all_reduce_fake, lib=_lib)
 for _schema, _name, _real, _fake in (
     (_MOE_DISPATCH_SCHEMA, _moe.DISPATCH, _moe_dispatch, _moe_dispatch_fake),
     (_MOE_COMBINE_SCHEMA, _moe.COMBINE, _moe_combine, _moe_combine_fake),
@@ -634,6 +717,30 @@ def fused_matmul_reduce_scatter(
     if not isinstance(group_name, str) and hasattr(group_name, "group_name"):
         group_name = group_name.group_name
     return torch.ops.mkernel.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, allow_copy_B=allow_copy_B)
+
+
+def fused_matmul_all_reduce(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    reduce_op: str,
+    group_name: Any,
+    *,
+    allow_copy_B: bool = False,
+) -> torch.Tensor:
+    """``all_reduce(A @ B, reduce_op)`` over the group, fused: the row-parallel linear layer of
+    tensor parallelism when every rank needs the whole output.
+
+    ``A`` [..., K] (K this rank's share of the reduction dimension; any leading dimensions, M
+    their product any positive number) and ``B`` [K, N] (this rank's weight shard,
+    ``weight.t()`` of an nn.Linear weight [N, K]), bf16; ``reduce_op`` is "sum". Returns
+    ``A.shape[:-1] + (N,)``, contiguous, bf16: the same bits on every rank and from call to call
+    (mkernel sums in fp32 in a fixed order and rounds once). torch.ops.symm_mem has no fused
+    op for this; the reference is ``dist.all_reduce(A @ B)``, which agrees within bf16 rounding
+    (torch rounds each rank's product to bf16 before the sum). ``group_name`` may also be the
+    process group itself. Runs ``torch.ops.mkernel.fused_matmul_all_reduce``; see this module's
+    documentation for streams, communicators, plans, errors and layouts.
+    """
+    return torch.ops.mkernel.fused_matmul_all_reduce(A, B, reduce_op, _name_of(group_name), allow_copy_B=allow_copy_B)
 
 
 def _name_of(group_name: Any) -> Any:

@@ -155,6 +155,13 @@ NB_MODULE(_C, m) {
         "Network workspace bytes a GEMM+ReduceScatter of this size needs between nodes (0 on one node).");
   m.def("gemm_reduce_scatter_fused_flags", &rt::gemm_reduce_scatter_fused_flags, "nodes"_a, "gpus"_a, "m_local"_a,
         "n"_a, "Fused-op flags (Options::fused_flags) a GEMM+ReduceScatter of this size needs, for either tile width.");
+  m.def("gemm_all_reduce_nvlink_bytes", &rt::gemm_all_reduce_nvlink_bytes, "nodes"_a, "gpus"_a, "m"_a, "n"_a,
+        "NVLink workspace bytes a GEMM+AllReduce of m (all) rows x n needs (0 with one GPU per node; for either "
+        "tile width).");
+  m.def("gemm_all_reduce_network_bytes", &rt::gemm_all_reduce_network_bytes, "nodes"_a, "m"_a, "n"_a,
+        "Network workspace bytes a GEMM+AllReduce of this size needs between nodes (0 on one node).");
+  m.def("gemm_all_reduce_fused_flags", &rt::gemm_all_reduce_fused_flags, "nodes"_a, "gpus"_a, "m"_a, "n"_a,
+        "Fused-op flags (Options::fused_flags) a GEMM+AllReduce of this size needs, for either tile width.");
   m.def(
       "moe_nvlink_bytes",
       [](uint32_t nodes, uint32_t gpus, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts,
@@ -229,6 +236,12 @@ NB_MODULE(_C, m) {
       },
       "a"_a, "w"_a, "out"_a, "world"_a,
       "Refuses (ArgumentError) arrays a GEMM+ReduceScatter launch would not take; needs no GPU.");
+  m.def(
+      "check_gemm_all_reduce",
+      [](const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& out) {
+        (void)check_gemm_all_reduce(a, w, out);
+      },
+      "a"_a, "w"_a, "out"_a, "Refuses (ArgumentError) arrays a GEMM+AllReduce launch would not take; needs no GPU.");
 
   m.def(
       "check_moe_dispatch",
@@ -347,6 +360,25 @@ NB_MODULE(_C, m) {
           },
           "a"_a, "w"_a, "out"_a, "stream"_a,
           "out = rows rank * M / world ... of sum over ranks of a @ w^T, on `stream`.")
+      .def(
+          "plan_all_reduce",
+          [](PyCommunicator& c, uint64_t rows, uint64_t n, uint64_t k, uintptr_t stream) {
+            nb::gil_scoped_release unlocked;
+            c.plan_all_reduce(rows, n, k, stream);
+          },
+          "m"_a, "n"_a, "k"_a, "stream"_a = 0,
+          "Plans a GEMM+AllReduce shape now (collective: every rank with the same shape).")
+      .def("has_all_reduce_plan", &PyCommunicator::has_all_reduce_plan, "m"_a, "n"_a, "k"_a)
+      .def("describe_all_reduce", &PyCommunicator::describe_all_reduce, "m"_a, "n"_a, "k"_a)
+      .def(
+          "gemm_all_reduce",
+          [](PyCommunicator& c, const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& out,
+             uintptr_t stream) {
+            const GemmAllReduceArgs args = check_gemm_all_reduce(a, w, out);
+            nb::gil_scoped_release unlocked;
+            c.gemm_all_reduce(args, stream);
+          },
+          "a"_a, "w"_a, "out"_a, "stream"_a, "out = sum over ranks of a @ w^T (the same bits on every rank), on `stream`.")
       .def(
           "plan_moe",
           [](PyCommunicator& c, uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32_t experts, uint32_t top_k,

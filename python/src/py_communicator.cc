@@ -45,8 +45,10 @@ class DeviceScope {
 
 cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-std::string shape_key(uint64_t m, uint64_t n, uint64_t k, const char* n_name = "n_local") {
-  return "(m_local=" + std::to_string(m) + ", " + n_name + "=" + std::to_string(n) + ", k=" + std::to_string(k) + ")";
+std::string shape_key(uint64_t m, uint64_t n, uint64_t k, const char* n_name = "n_local",
+                      const char* m_name = "m_local") {
+  return "(" + std::string(m_name) + "=" + std::to_string(m) + ", " + n_name + "=" + std::to_string(n) +
+         ", k=" + std::to_string(k) + ")";
 }
 
 // Planning synchronises its stream (the agreement between ranks): not while it is captured.
@@ -272,6 +274,50 @@ void PyCommunicator::gemm_reduce_scatter(const GemmReduceScatterArgs& args, uint
   throw_if_error(op.launch(args.a.data, args.w.data, args.c.data, as_stream(stream)));
 }
 
+// ---- GEMM+AllReduce -----------------------------------------------------------------------------
+
+rt::GemmAllReduce& PyCommunicator::ar_plan_locked(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream) {
+  rt::Communicator& comm = live("gemm_all_reduce");
+  auto it = ar_plans_.find({m, n, k});
+  if (it != ar_plans_.end()) return *it->second;
+  refuse_if_capturing(stream, "gemm_all_reduce", shape_key(m, n, k, "n", "m"), "Communicator.plan_matmul_all_reduce()");
+  auto op = rt::GemmAllReduce::create(comm, m, n, k, rt::GemmReduceScatterConfig{}, as_stream(stream));
+  if (!op.ok()) throw_status(op.status());
+  auto& slot = ar_plans_[{m, n, k}];
+  slot = std::move(op.value());
+  return *slot;
+}
+
+void PyCommunicator::plan_all_reduce(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceScope scope(live("plan_all_reduce").cuda_device());
+  (void)ar_plan_locked(m, n, k, stream);
+}
+
+bool PyCommunicator::has_all_reduce_plan(uint64_t m, uint64_t n, uint64_t k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ar_plans_.count({m, n, k}) != 0;
+}
+
+std::string PyCommunicator::describe_all_reduce(uint64_t m, uint64_t n, uint64_t k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ar_plans_.find({m, n, k});
+  if (it == ar_plans_.end())
+    throw_status(Status(StatusCode::kNotFound, "describe_all_reduce: no plan for " + shape_key(m, n, k, "n", "m") +
+                                                   "; plan it or run the op with that shape first"));
+  return it->second->describe();
+}
+
+void PyCommunicator::gemm_all_reduce(const GemmAllReduceArgs& args, uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("gemm_all_reduce");
+  if (args.a.device != comm.cuda_device()) throw ArgumentError{on_device_text("a", args.a.device, comm)};
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  rt::GemmAllReduce& op = ar_plan_locked(args.a.rows, args.w.rows, args.a.cols, stream);
+  throw_if_error(op.launch(args.a.data, args.w.data, args.c.data, as_stream(stream)));
+}
+
 // ---- MoE ----------------------------------------------------------------------------------------
 
 rt::MoeDispatchCombine& PyCommunicator::moe_plan_locked(const MoeShape& shape, uintptr_t stream) {
@@ -466,6 +512,7 @@ void PyCommunicator::close() {
   moe_dispatched_ = nullptr;
   plans_.clear();
   rs_plans_.clear();
+  ar_plans_.clear();
   moe_plans_.clear();
   ring_plans_.clear();
   comm_.reset();

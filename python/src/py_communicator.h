@@ -1,14 +1,17 @@
 // py_communicator.h: the compiled module's communicator: one libmkernel Communicator and the
-// AllGather+GEMM, GEMM+ReduceScatter, MoE and ring attention plans made on it, behind the calls
-// Python makes.
+// AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce, MoE and ring attention plans made on it,
+// behind the calls Python makes.
 //
 // Design notes
 //  1. Ownership. A PyCommunicator owns its rt::Communicator and every plan made on it; the plans
 //     are declared after the communicator, so they are destroyed first (a plan uses the
 //     communicator's workspace). close() drops both early; a closed communicator refuses calls.
 //  2. The plan caches live here, one per op, keyed by shape ((m_local, n_local, k) for
-//     AllGatherGemm, (m_local, n, k) for GemmReduceScatter), for the communicator's lifetime. The
-//     two ops share the communicator's workspace and fused-op flags, in stream order. Planning is
+//     AllGatherGemm, (m_local, n, k) for GemmReduceScatter, (m, n, k) for GemmAllReduce), for the
+//     communicator's lifetime. The ops share the communicator's workspace and fused-op flags, in
+//     stream order. GemmAllReduce derives from GemmReduceScatter (the same kernel and launch),
+//     whose destructor is not virtual, so its plans are owned as GemmAllReduce, in a map of their
+//     own, and never through the base. Planning is
 //     collective (every rank plans the same shape, the ranks agree through their daemons) and
 //     synchronises the stream it is made on, so it cannot happen while that stream is captured
 //     into a CUDA graph: a new shape met during capture is refused with the fix (run the shape
@@ -113,6 +116,11 @@ class PyCommunicator {
   bool has_reduce_scatter_plan(uint64_t m_local, uint64_t n, uint64_t k);
   std::string describe_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k);
   void gemm_reduce_scatter(const GemmReduceScatterArgs& args, uintptr_t stream);
+  // The same for GEMM+AllReduce, shapes (m, n, k): m all the rows, every rank gets the whole sum.
+  void plan_all_reduce(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream);
+  bool has_all_reduce_plan(uint64_t m, uint64_t n, uint64_t k);
+  std::string describe_all_reduce(uint64_t m, uint64_t n, uint64_t k);
+  void gemm_all_reduce(const GemmAllReduceArgs& args, uintptr_t stream);
   // MoE (note 6): plans on first use, as the others. rows_capacity / experts_per_rank of a plan
   // (planning it if needed) are what dispatch's outputs must hold.
   void plan_moe(const MoeShape& shape, uintptr_t stream);
@@ -150,6 +158,7 @@ class PyCommunicator {
   rt::Communicator& live(const char* what);
   rt::AllGatherGemm& plan_locked(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream);
   rt::GemmReduceScatter& rs_plan_locked(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream);
+  rt::GemmAllReduce& ar_plan_locked(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream);
 
   rt::MoeDispatchCombine& moe_plan_locked(const MoeShape& shape, uintptr_t stream);
   rt::RingAttention& ring_plan_locked(const rt::RingAttentionShape& shape, uintptr_t stream);
@@ -162,6 +171,7 @@ class PyCommunicator {
   std::unique_ptr<rt::Communicator> comm_;  // before plans_: destroyed after them (note 1)
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::AllGatherGemm>> plans_;
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmReduceScatter>> rs_plans_;
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmAllReduce>> ar_plans_;
   std::map<MoeKey, std::unique_ptr<rt::MoeDispatchCombine>> moe_plans_;
   std::map<RingKey, std::unique_ptr<rt::RingAttention>> ring_plans_;
   // The plan whose dispatch was the last MoE launch, and its shape (note 6); null: none pending.

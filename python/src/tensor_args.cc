@@ -174,6 +174,34 @@ void expect_shape(const Matrix& m, const char* name, uint64_t rows, uint64_t col
            std::to_string(rows) + ", " + std::to_string(cols) + ") " + why);
 }
 
+// Every other matrix of a launch on a's device.
+void expect_on_device_of_a(const Matrix& a, std::initializer_list<std::pair<const char*, int>> others) {
+  for (const auto& [name, device] : others)
+    if (device != a.device)
+      refuse(std::string(name) + ": on CUDA device " + std::to_string(device) + "; expected a's device " +
+             std::to_string(a.device));
+}
+
+// The operands of a GEMM whose products are summed over ranks (GEMM+ReduceScatter and
+// GEMM+AllReduce, note 2): a [M, k], w [n, k] and out [out_rows(M), n], packed bf16 matrices on
+// a's device. out_rows gives the result's rows for M, or refuses M; `form` names them in out's
+// refusal.
+template <class Args, class OutRows>
+Args gemm_sum_args(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c, OutRows out_rows,
+                   const char* form) {
+  Args r;
+  r.a = matrix(a, "a");
+  r.w = matrix(w, "w");
+  r.c = matrix(c, "out");
+  const uint64_t rows = out_rows(r.a.rows), k = r.a.cols;
+  if (r.w.cols != k)
+    refuse("w: shape (" + std::to_string(r.w.rows) + ", " + std::to_string(r.w.cols) + "); expected (n, " +
+           std::to_string(k) + "): its rows are k = " + std::to_string(k) + " long like a's");
+  expect_shape(r.c, "out", rows, r.w.rows, form);
+  expect_on_device_of_a(r.a, {{"w", r.w.device}, {"out", r.c.device}});
+  return r;
+}
+
 }  // namespace
 
 AllGatherGemmArgs check_all_gather_gemm(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c,
@@ -189,40 +217,27 @@ AllGatherGemmArgs check_all_gather_gemm(const nb::ndarray<>& a, const nb::ndarra
            std::to_string(k) + "): its rows are k = " + std::to_string(k) + " long like a's");
   expect_shape(r.c, "out", M, r.w.rows, "= (world * m_local, n_local)");
   if (r.gathered) expect_shape(*r.gathered, "gathered_out", M, k, "= (world * m_local, k)");
-  const struct {
-    const char* name;
-    int device;
-  } devices[] = {{"w", r.w.device}, {"out", r.c.device}, {"gathered_out", r.gathered ? r.gathered->device : r.a.device}};
-  for (const auto& d : devices)
-    if (d.device != r.a.device)
-      refuse(std::string(d.name) + ": on CUDA device " + std::to_string(d.device) + "; expected a's device " +
-             std::to_string(r.a.device));
+  expect_on_device_of_a(
+      r.a, {{"w", r.w.device}, {"out", r.c.device}, {"gathered_out", r.gathered ? r.gathered->device : r.a.device}});
   return r;
 }
 
 GemmReduceScatterArgs check_gemm_reduce_scatter(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c,
                                                 uint32_t world) {
-  GemmReduceScatterArgs r;
-  r.a = matrix(a, "a");
-  r.w = matrix(w, "w");
-  r.c = matrix(c, "out");
-  const uint64_t M = r.a.rows, k = r.a.cols;
-  if (world == 0 || M % world != 0)
-    refuse("a: " + std::to_string(M) + " rows; expected M = world * m_local, a multiple of world = " +
-           std::to_string(world) + " (each rank gets M / world rows of the sum)");
-  if (r.w.cols != k)
-    refuse("w: shape (" + std::to_string(r.w.rows) + ", " + std::to_string(r.w.cols) + "); expected (n, " +
-           std::to_string(k) + "): its rows are k = " + std::to_string(k) + " long like a's");
-  expect_shape(r.c, "out", M / world, r.w.rows, "= (M / world, n)");
-  const struct {
-    const char* name;
-    int device;
-  } devices[] = {{"w", r.w.device}, {"out", r.c.device}};
-  for (const auto& d : devices)
-    if (d.device != r.a.device)
-      refuse(std::string(d.name) + ": on CUDA device " + std::to_string(d.device) + "; expected a's device " +
-             std::to_string(r.a.device));
-  return r;
+  // a holds every rank's rows: M = world * m_local, and out gets M / world of them.
+  const auto band = [world](uint64_t M) {
+    if (world == 0 || M % world != 0)
+      refuse("a: " + std::to_string(M) + " rows; expected M = world * m_local, a multiple of world = " +
+             std::to_string(world) + " (each rank gets M / world rows of the sum)");
+    return M / world;
+  };
+  return gemm_sum_args<GemmReduceScatterArgs>(a, w, c, band, "= (M / world, n)");
+}
+
+GemmAllReduceArgs check_gemm_all_reduce(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c) {
+  // Every rank gets the whole sum, so any M goes: the kernel's bands need not be equal.
+  const auto all_rows = [](uint64_t M) { return M; };
+  return gemm_sum_args<GemmAllReduceArgs>(a, w, c, all_rows, "= (M, n)");
 }
 
 MoeDispatchArgs check_moe_dispatch(const nb::ndarray<>& x, const nb::ndarray<>& choices, const nb::ndarray<>& scores,

@@ -12,7 +12,8 @@
 //     runtime can judge (k and n_local multiples of 8, the workspace, the device being this
 //     rank's) the runtime refuses itself, with its own message. GEMM+ReduceScatter's a holds
 //     every rank's rows (M = world * m_local), so M must be a multiple of world: that is a
-//     shape agreement between arrays, checked here.
+//     shape agreement between arrays, checked here. GEMM+AllReduce takes the same operands and
+//     any M (every rank gets all of the sum), so it shares the checks, less that one.
 //  3. MoE and ring attention take arrays of other types and ranks (int32 routing, fp32 scores
 //     and log-sum-exp, 3-D and 4-D bf16): the same checks, through one Array check that takes the
 //     dtype and the number of dimensions. Sizes that only a plan knows (the MoE's expert rows, its
@@ -49,6 +50,13 @@ struct GemmReduceScatterArgs {
   Matrix a;  // [M, k], M = world * m_local
   Matrix w;  // [n, k]
   Matrix c;  // [m_local, n]
+};
+
+// The arguments of one GEMM+AllReduce launch, checked against each other (note 2).
+struct GemmAllReduceArgs {
+  Matrix a;  // [M, k], M any positive number
+  Matrix w;  // [n, k]
+  Matrix c;  // [M, n]
 };
 
 // A packed (C-contiguous) array of any rank and element type on a CUDA device, 16-byte aligned.
@@ -92,6 +100,8 @@ AllGatherGemmArgs check_all_gather_gemm(const nanobind::ndarray<>& a, const nano
                                         const std::optional<nanobind::ndarray<>>& gathered, uint32_t world);
 GemmReduceScatterArgs check_gemm_reduce_scatter(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
                                                 const nanobind::ndarray<>& c, uint32_t world);
+GemmAllReduceArgs check_gemm_all_reduce(const nanobind::ndarray<>& a, const nanobind::ndarray<>& w,
+                                        const nanobind::ndarray<>& c);
 
 MoeDispatchArgs check_moe_dispatch(const nanobind::ndarray<>& x, const nanobind::ndarray<>& choices,
                                    const nanobind::ndarray<>& scores, const nanobind::ndarray<>& x_expert,

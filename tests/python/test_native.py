@@ -56,6 +56,39 @@ def test_reduce_scatter_sizes(native):
         mkernel.matmul_reduce_scatter_fused_flags(0, 128, 128)
 
 
+def test_all_reduce_sizes(native):
+    # NVLink: the reduce-scatter's staging of the node peers' partial tiles for M rows (bands of
+    # M / world rows), plus a result slot per band of every rank: the largest band's m blocks plus
+    # one, by the n blocks (counted for 256-wide tiles here; 128-wide ones need the same bytes).
+    tile = 128 * 256 * 2
+    assert mkernel.matmul_all_reduce_workspace_bytes(2, 4096, 1024) == (1 * 16 * 4 + 2 * 17 * 4) * tile
+    assert mkernel.matmul_all_reduce_workspace_bytes(8, 8192, 4096) == (7 * 8 * 16 + 8 * 9 * 16) * tile
+    # M not a multiple of world or of 128: bands of 50 rows in one m block.
+    assert mkernel.matmul_all_reduce_workspace_bytes(2, 100, 64) == (1 * 1 + 2 * 2) * tile
+    # A single row: one band is empty.
+    assert mkernel.matmul_all_reduce_workspace_bytes(2, 1, 1024) == (1 * 4 + 2 * 2 * 4) * tile
+    assert mkernel.matmul_all_reduce_workspace_bytes(1, 4096, 1024) == 0
+    assert mkernel.matmul_all_reduce_workspace_bytes(2, 4096, 1024, nodes=2) == 0
+    # Between nodes: the reduce-scatter's receive and send slots per node, a result receive slot
+    # per node and one result send slot.
+    assert mkernel.matmul_all_reduce_network_bytes(1, 4096, 1024) == 0
+    assert mkernel.matmul_all_reduce_network_bytes(2, 4096, 1024) == (3 * 2 + 1) * (2048 // 128 + 1) * 4 * tile
+    # Flags (counted for 128-wide tiles): one per rank, the staged tiles once per node peer, then
+    # a result flag per tile of every band's slot.
+    assert mkernel.matmul_all_reduce_fused_flags(2, 4096, 1024) == 2 + 1 * 16 * 8 + 2 * 17 * 8
+    assert mkernel.matmul_all_reduce_fused_flags(1, 4096, 1024) == 1 + 33 * 8
+    assert mkernel.matmul_all_reduce_fused_flags(8, 8192, 4096) == 8 + 7 * 8 * 32 + 8 * 9 * 32
+    # Between nodes: the flag array's agreement area and arrivals, of partial and result tiles.
+    assert mkernel.matmul_all_reduce_fused_flags(4, 2048, 1024, nodes=4) == 4 * 12 + 4 + 2 * 4 * 5 * 8
+    # The same tiles as the reduce-scatter's: M = world x m_local rows need its staging and more.
+    assert mkernel.matmul_all_reduce_workspace_bytes(2, 4096, 1024) > mkernel.matmul_reduce_scatter_workspace_bytes(
+        2, 2048, 1024)
+    with pytest.raises(mkernel.ArgumentError, match=r"^nodes: 3; expected a positive divisor of world = 8"):
+        mkernel.matmul_all_reduce_workspace_bytes(8, 128, 128, nodes=3)
+    with pytest.raises(mkernel.ArgumentError, match=r"^world: 0; expected a positive int"):
+        mkernel.matmul_all_reduce_fused_flags(0, 128, 128)
+
+
 def _args(m_local=64, n_local=32, k=128, world=2):
     return dict(
         a=dl_array([m_local, k]),
@@ -140,6 +173,84 @@ def test_reduce_scatter_arrays_refused_name_the_argument(native, name, replaceme
         native.check_gemm_reduce_scatter(**args)
     assert isinstance(info.value, ValueError)
     assert info.value.code == "invalid argument"
+
+
+def _ar_args(m=64, n=32, k=128):
+    return dict(a=dl_array([m, k]), w=dl_array([n, k]), out=dl_array([m, n]))
+
+
+def test_all_reduce_well_formed_arrays_pass(native):
+    native.check_gemm_all_reduce(**_ar_args())
+    # Any M: not a multiple of the group's size (which the check does not take) nor of 128.
+    native.check_gemm_all_reduce(**_ar_args(m=3))
+    native.check_gemm_all_reduce(**_ar_args(m=1))
+    args = _ar_args(m=1)
+    args["a"] = dl_array([1, 128], [999, 1])  # a row of one takes any stride
+    native.check_gemm_all_reduce(**args)
+
+
+@pytest.mark.parametrize(
+    "name, replacement, message",
+    [
+        ("a", dl_array([64, 128], dtype=F16), r"^a: dtype float16; expected bfloat16"),
+        ("w", dl_array([32, 128], device=DL_CPU), r"^w: device cpu; expected a CUDA device"),
+        ("out", dl_array([64, 32], dtype=F16), r"^out: dtype float16; expected bfloat16"),
+        ("a", dl_array([2, 64, 128]), r"^a: shape \(2, 64, 128\); expected a matrix"),
+        ("a", dl_array([64, 128], [1, 64]), r"^a: strides \(1, 64\) for shape \(64, 128\); expected packed row-major"),
+        ("w", dl_array([32, 128], [256, 1]), r"^w: strides \(256, 1\) .*expected packed row-major \(128, 1\)"),
+        ("out", dl_array([64, 32], [64, 1]), r"^out: strides \(64, 1\) .*expected packed row-major \(32, 1\)"),
+        ("a", dl_array([64, 128], data=0x7F0000000008), r"^a: data at 0x7f0000000008 is not 16-byte aligned"),
+        ("w", dl_array([32, 64]), r"^w: shape \(32, 64\); expected \(n, 128\): its rows are k = 128 long like a's"),
+        ("out", dl_array([32, 32]), r"^out: shape \(32, 32\); expected \(64, 32\) = \(M, n\)"),
+        ("out", dl_array([64, 16]), r"^out: shape \(64, 16\); expected \(64, 32\) = \(M, n\)"),
+        ("w", dl_array([32, 128], device_id=1), r"^w: on CUDA device 1; expected a's device 0"),
+        ("out", dl_array([64, 32], device_id=2), r"^out: on CUDA device 2; expected a's device 0"),
+        ("a", dl_array([0, 128]), r"^a: shape \(0, 128\); expected no empty dimension"),
+    ],
+)
+def test_all_reduce_arrays_refused_name_the_argument(native, name, replacement, message):
+    args = _ar_args()
+    args[name] = replacement
+    with pytest.raises(mkernel.ArgumentError, match=message) as info:
+        native.check_gemm_all_reduce(**args)
+    assert isinstance(info.value, ValueError)
+    assert info.value.code == "invalid argument"
+
+
+def test_all_reduce_communicator_calls_are_bound(native):
+    # What mkernel.Communicator and the op call (a communicator needs a daemon: tests/gpu/python).
+    cls = native.Communicator
+    for name in ("plan_all_reduce", "has_all_reduce_plan", "describe_all_reduce", "gemm_all_reduce"):
+        assert callable(getattr(cls, name, None)), name
+    assert cls.plan_all_reduce.__doc__.startswith("plan_all_reduce(self, m: int, n: int, k: int, stream: int = 0)")
+    assert cls.gemm_all_reduce.__doc__.startswith("gemm_all_reduce(self, a: ")
+
+
+
+def test_communicator_all_reduce_methods_reach_the_module():
+    calls = []
+
+    class Native:  # stands in for mkernel._C.Communicator
+        closed = False
+        device = 0
+
+        def plan_all_reduce(self, *args):
+            calls.append(("plan_all_reduce", args))
+
+        def has_all_reduce_plan(self, *args):
+            calls.append(("has_all_reduce_plan", args))
+            return True
+
+        def describe_all_reduce(self, *args):
+            calls.append(("describe_all_reduce", args))
+            return "a plan"
+
+    comm = mkernel.Communicator(Native(), "stub")
+    comm.plan_matmul_all_reduce(333, 1024, 512, stream=7)
+    assert comm.has_matmul_all_reduce_plan(333, 1024, 512) is True
+    assert comm.describe_matmul_all_reduce(333, 1024, 512) == "a plan"
+    assert calls == [("plan_all_reduce", (333, 1024, 512, 7)), ("has_all_reduce_plan", (333, 1024, 512)),
+                     ("describe_all_reduce", (333, 1024, 512))]
 
 
 # ---- MoE and ring attention arrays --------------------------------------------------------------

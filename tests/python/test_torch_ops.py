@@ -13,7 +13,7 @@ import datetime
 
 import pytest
 
-from conftest import HAVE_TORCH
+from conftest import HAVE_TORCH, needs_native
 
 if not HAVE_TORCH:
     pytest.skip("torch is not installed (scripts/install-deps.sh installs it)", allow_module_level=True)
@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import mkernel  # noqa: E402
-from mkernel import _layout  # noqa: E402
+from mkernel import _layout, communicator, ops  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -419,3 +419,201 @@ def test_reduce_scatter_rows_are_rank_bands_of_the_moved_a():
             band = rows[r * m_local:(r + 1) * m_local]
             share = A.chunk(world, dim=sd)[r].movedim(sd, 0).reshape(-1, 8)
             assert torch.equal(band, share)
+
+
+
+# ---- fused_matmul_all_reduce --------------------------------------------------------------------
+# torch.ops.symm_mem has no GEMM+AllReduce: the reference is all_reduce(A @ B), whose shape and
+# strides are those of A @ B (torch's functional all_reduce, traced here, keeps them).
+
+
+def test_all_reduce_op_is_registered_with_its_schema():
+    op = torch.ops.mkernel.fused_matmul_all_reduce
+    args = [(a.name, str(a.type), a.kwarg_only) for a in op.default._schema.arguments]
+    assert args == [("A", "Tensor", False), ("B", "Tensor", False), ("reduce_op", "str", False),
+                    ("group_name", "str", False), ("allow_copy_B", "bool", True)]
+    assert [a.default_value for a in op.default._schema.arguments][-1] is False
+    assert [str(r.type) for r in op.default._schema.returns] == ["Tensor"]
+    assert mkernel.fused_matmul_all_reduce.__module__ == "mkernel.ops"
+    assert "dist.all_reduce(A @ B)" in mkernel.fused_matmul_all_reduce.__doc__
+    tags = op.default.tags
+    assert any(t in tags for t in (getattr(torch.Tag, "needs_exact_strides", None), torch.Tag.needs_fixed_stride_order))
+
+
+def test_all_reduce_cpu_tensors_refused_naming_the_device():
+    A, B = torch.zeros(4, 16, dtype=BF16), torch.zeros(8, 16, dtype=BF16).t()
+    with pytest.raises(mkernel.ArgumentError, match=r"^A: device cpu; expected a CUDA tensor"):
+        torch.ops.mkernel.fused_matmul_all_reduce(A, B, "sum", "0")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: (cuda(64, 32, dtype=torch.float16), weight_t(16, 32), "sum"), r"^A: dtype torch.float16; expected torch.bfloat16"),
+        (lambda: (cuda(64, 32, dtype=torch.float32), weight_t(16, 32), "sum"), r"^A: dtype torch.float32"),
+        (lambda: (cuda(32), weight_t(16, 32), "sum"), r"^A: shape \(32,\); expected at least 2 dimensions"),
+        (lambda: (cuda(64, 12), weight_t(16, 12), "sum"), r"^A: K = 12 \(last dimension\); expected a multiple of 8"),
+        (lambda: (cuda(0, 32), weight_t(16, 32), "sum"), r"^A: shape \(0, 32\); expected no empty dimension"),
+        (lambda: (cuda(4, 0, 32), weight_t(16, 32), "sum"), r"^A: shape \(4, 0, 32\); expected no empty dimension"),
+        (lambda: (cuda(64, 32), weight_t(16, 32).to(torch.float16), "sum"), r"^B: dtype torch.float16; expected torch.bfloat16"),
+        (lambda: (cuda(64, 32), weight_t(16, 24), "sum"), r"^B: shape \(24, 16\); expected \[K, N\] = \[32, N\]"),
+        (lambda: (cuda(64, 32), cuda(2, 32, 16), "sum"), r"^B: shape \(2, 32, 16\); expected \[K, N\]"),
+        (lambda: (cuda(64, 32), weight_t(12, 32), "sum"), r"^B: N = 12 columns; expected a positive multiple of 8"),
+        (lambda: (cuda(64, 32), cuda(32, 16), "sum"),
+         r"^B: strides \(16, 1\) for shape \(32, 16\); expected \(1, 32\): the transpose of a row-major \[N, K\] "
+         r"weight, e\.g\. weight\.t\(\) .*allow_copy_B=True"),
+        (lambda: (cuda(64, 32), cuda(16, 64)[:, :32].t(), "sum"), r"^B: strides \(1, 64\) for shape \(32, 16\); expected \(1, 32\)"),
+        (lambda: (cuda(64, 32), weight_t(16, 32), "avg"),
+         r"^reduce_op: 'avg'; expected 'sum' \(mkernel's GEMM\+AllReduce sums; for 'avg' divide the sum"),
+        (lambda: (cuda(64, 32), weight_t(16, 32), "max"), r"^reduce_op: 'max'; expected 'sum'"),
+    ],
+)
+def test_all_reduce_bad_arguments_refused_naming_the_argument(fake_pg, fake_mode, make, message):
+    A, B, reduce_op = make()
+    with pytest.raises(mkernel.ArgumentError, match=message):
+        torch.ops.mkernel.fused_matmul_all_reduce(A, B, reduce_op, fake_pg)
+
+
+def test_all_reduce_allow_copy_B_must_be_a_bool():
+    # The schema's bool refuses anything else before the op; the check itself names it too.
+    with FakeTensorMode():
+        with pytest.raises(mkernel.ArgumentError, match=r"^allow_copy_B: 1; expected a bool"):
+            _layout.check_matmul_all_reduce(cuda(64, 32), weight_t(16, 32), "sum", allow_copy_B=1)
+
+
+def test_all_reduce_devices_must_match(fake_pg, fake_mode):
+    A = cuda(64, 32)
+    B = torch.empty(16, 32, device="cuda:1", dtype=BF16).t()
+    with pytest.raises(mkernel.ArgumentError, match=r"^B: device cuda:1; expected A's device cuda:0"):
+        torch.ops.mkernel.fused_matmul_all_reduce(A, B, "sum", fake_pg)
+
+
+def test_all_reduce_unknown_group_refused(fake_mode):
+    with pytest.raises(mkernel.ArgumentError, match=r"^group_name: 'nobody' names neither a registered"):
+        torch.ops.mkernel.fused_matmul_all_reduce(cuda(64, 32), weight_t(16, 32), "sum", "nobody")
+
+
+AR_CASES = [
+    # (A shape, N): torch's test sizes for the fused GEMM ops (BATCH 8, M 64, K 32, N 16), a 2-D
+    # A, M not a multiple of the group's size (nor of 128: 63 and 15 rows), a 3-D and a 4-D A, a
+    # single row, and the size of torch's native-kernel test.
+    ((8, 64, 32), 16),
+    ((64, 32), 16),
+    ((63, 32), 16),
+    ((3, 5, 32), 24),
+    ((4, 8, 8, 32), 24),
+    ((1, 32), 8),
+    ((4096, 1024), 1024),
+]
+
+
+@pytest.mark.parametrize("fake_pg", [1, 2, 4], indirect=True)
+@pytest.mark.parametrize("shape, N", AR_CASES)
+def test_all_reduce_fake_output_matches_all_reduce_of_the_product(fake_pg, fake_mode, shape, N):
+    A, B = cuda(*shape), weight_t(N, shape[-1])
+    ours = torch.ops.mkernel.fused_matmul_all_reduce(A, B, "sum", fake_pg)
+    theirs = torch.ops._c10d_functional.all_reduce(A @ B, "sum", fake_pg)
+    assert (ours.shape, ours.stride(), ours.dtype, ours.device) == (theirs.shape, theirs.stride(), theirs.dtype, theirs.device)
+    assert ours.shape == (*shape[:-1], N) and ours.is_contiguous()
+
+
+def test_all_reduce_output_is_contiguous_for_any_a(fake_pg, fake_mode):
+    # A transposed A (not contiguous: its rows are copied once) still gives torch's contiguous shape.
+    A = cuda(32, 8, 64).transpose(0, 1)
+    y = torch.ops.mkernel.fused_matmul_all_reduce(A, weight_t(24, 64), "sum", fake_pg)
+    assert y.shape == (8, 32, 24) and y.is_contiguous()
+
+
+def test_all_reduce_row_major_b_taken_with_allow_copy_B(fake_pg, fake_mode):
+    C = mkernel.fused_matmul_all_reduce(cuda(64, 32), cuda(32, 16), "sum", fake_pg, allow_copy_B=True)
+    assert C.shape == (64, 16)
+
+
+def test_all_reduce_python_wrapper_takes_the_group_itself(fake_pg, fake_mode):
+    C = mkernel.fused_matmul_all_reduce(cuda(8, 63, 32), weight_t(16, 32), "sum", dist.group.WORLD)
+    assert C.shape == (8, 63, 16) and C.is_contiguous()
+
+
+def test_all_reduce_torch_compile_traces_the_op_without_graph_breaks(fake_pg):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def layer(x, weight):
+        y = mkernel.fused_matmul_all_reduce(torch.relu(x), weight.t(), "sum", fake_pg)
+        return torch.relu(y) + 1
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x, weight = cuda(4, 33, 32), cuda(16, 32)
+        y = torch.compile(layer, backend=backend, fullgraph=True)(x, weight)
+    assert y.shape == (4, 33, 16)
+    assert len(graphs) == 1
+    assert "torch.ops.mkernel.fused_matmul_all_reduce" in graphs[0].code
+
+
+def test_all_reduce_make_fx_records_the_op(fake_pg):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layer(x, weight):
+        return mkernel.fused_matmul_all_reduce(x, weight.t(), "sum", fake_pg)
+
+    with FakeTensorMode():
+        gm = make_fx(layer)(cuda(8, 5, 32), cuda(16, 32))
+    assert "mkernel.fused_matmul_all_reduce.default" in gm.code
+
+
+def test_all_reduce_rows_are_a_view_of_a_contiguous_a_and_the_result_a_view_of_the_output():
+    A, B = torch.zeros(4, 6, 32), torch.zeros(32, 8)
+    rows = _layout.rows_of(A, 0)
+    assert rows.shape == (24, 32) and rows.data_ptr() == A.data_ptr()
+    rows = _layout.rows_of(A.transpose(0, 1), 0)  # not packed: one copy
+    assert rows.shape == (24, 32) and rows.data_ptr() != A.data_ptr()
+    out, result = _layout.all_reduce_output_of(A, B)
+    assert out.shape == (24, 8)
+    r = result(out)
+    assert r.shape == (4, 6, 8) and r.is_contiguous() and r.data_ptr() == out.data_ptr()
+
+
+class _SmallComm:
+    """Stands in for a registered Communicator: only what the ops read before launching."""
+
+    closed = False
+    size, nodes, device, rank = 2, 1, 0, 0
+    workspace_bytes, network_workspace_bytes, fused_flags = 4096, 0, 65536
+
+
+@needs_native
+def test_all_reduce_communicator_too_small_is_named_with_the_size_to_make(fake_pg, fake_mode, monkeypatch):
+    A, B = cuda(3, 100, 64), weight_t(128, 64)  # M = 300 rows
+    need = mkernel.matmul_all_reduce_workspace_bytes(2, 300, 128)
+    monkeypatch.setitem(communicator._registry, fake_pg, _SmallComm())
+    with pytest.raises(mkernel.ArgumentError, match=rf"^A: this call needs an NVLink workspace of {need} bytes "
+                                                    r"\(the partial tiles of the \[300, 128\] sum .* has 4096; make "
+                                                    rf"it with workspace_bytes >= {need} "
+                                                    r"\(mkernel.matmul_all_reduce_workspace_bytes\)"):
+        ops._fused_matmul_all_reduce(A, B, "sum", fake_pg)
+    small = _SmallComm()
+    small.workspace_bytes, small.fused_flags = 1 << 30, 8
+    monkeypatch.setitem(communicator._registry, fake_pg, small)
+    flags = mkernel.matmul_all_reduce_fused_flags(2, 300, 128)
+    with pytest.raises(mkernel.ArgumentError, match=rf"^A: this call needs {flags} fused-op flags; .* has 8; make it "
+                                                    rf"with fused_flags >= {flags} "
+                                                    r"\(mkernel.matmul_all_reduce_fused_flags\)"):
+        ops._fused_matmul_all_reduce(A, B, "sum", fake_pg)
+    # Two nodes of one GPU: no NVLink workspace, but a network one.
+    nodes = _SmallComm()
+    nodes.nodes = 2
+    monkeypatch.setitem(communicator._registry, fake_pg, nodes)
+    network = mkernel.matmul_all_reduce_network_bytes(2, 300, 128)
+    with pytest.raises(mkernel.ArgumentError, match=rf"^A: this call needs a network workspace of {network} bytes "
+                                                    rf"between 2 nodes; .* network_workspace_bytes >= {network} "
+                                                    r"\(mkernel.matmul_all_reduce_network_bytes\)"):
+        ops._fused_matmul_all_reduce(A, B, "sum", fake_pg)
+    elsewhere = _SmallComm()
+    elsewhere.workspace_bytes, elsewhere.device = 1 << 30, 1
+    monkeypatch.setitem(communicator._registry, fake_pg, elsewhere)
+    with pytest.raises(mkernel.ArgumentError, match=r"^A: device cuda:0; expected the communicator's device cuda:1 "
+                                                    rf"\(rank 0 of '{fake_pg}'\)"):
+        ops._fused_matmul_all_reduce(A, B, "sum", fake_pg)

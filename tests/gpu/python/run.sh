@@ -45,8 +45,10 @@ free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1
 peer_port=$(free_port)
 master_port=$(free_port)
 # The peer listener is on TCP so that Communicator.from_env can dial it (MKERNEL_PEER_PORT).
+# The daemon serves exactly the GPUs the ranks use (0 .. ranks - 1).
+gpu_ids=$(seq -s ", " 0 $((ranks - 1)))
 cat > "$dir/mkerneld.yaml" << EOF
-gpus: {select: list, ids: [0, 1]}
+gpus: {select: list, ids: [$gpu_ids]}
 transport: {kind: fabric, provider: "shm"}
 proxy: {poll: {mode: spin}, cpu_affinity: none}
 timeouts: {command_ms: 5000, rendezvous_ms: 30000}

@@ -19,6 +19,15 @@ inputs, with equal strides:
   eager mode, torch.compile, CUDA graph replay and reduce-overhead; AllGather+GEMM feeding
   GEMM+ReduceScatter on one communicator (a tensor-parallel MLP); a communicator the op makes
   itself, for a shape of more tiles than libmkernel's default fused-op flags hold.
+* fused_matmul_all_reduce (cases ar_*): torch.ops.symm_mem has no such op, so the reference is
+  dist.all_reduce of torch's A @ B on the same inputs; within bf16 rounding (torch rounds each
+  rank's product to bf16 and NCCL sums those, mkernel sums in fp32 and rounds once, as for the
+  reduce-scatter), equal shape and strides, mkernel's result the same bits when called again and
+  the same bits on every rank (gathered and compared). torch's test sizes, a 2-D, 3-D and 4-D A,
+  M not a multiple of the group's size or of 128 (a single row too), its native-kernel size with
+  B row-major or transposed, a larger shape, under eager mode, torch.compile and CUDA graph
+  replay; a tensor-parallel MLP (column-parallel GEMM, then GEMM+AllReduce); a communicator the
+  op makes itself; argument errors.
 
 Both ranks run the cases in the same order (every op is collective). After each case the ranks
 compare verdicts; at the first failure anywhere they stop, since a rank that refused a call
@@ -61,13 +70,15 @@ except Exception:
 
 BF16 = torch.bfloat16
 # The largest calls below: AllGather+GEMM m_local 2048 x k 4096 (the 4096 x 1024 x 1024 case needs
-# less); GEMM+ReduceScatter [2048, 2048] per rank. The ops take turns with one workspace.
-# The MoE and ring attention cases (moe_ring_cases.py) add their needs.
+# less); GEMM+ReduceScatter [2048, 2048] per rank; GEMM+AllReduce [4096, 2048] on every rank. The
+# ops take turns with one workspace. The MoE and ring attention cases (moe_ring_cases.py) add
+# their needs.
 _MOE_RING_WORKSPACE, _MOE_RING_FLAGS = moe_ring_cases.workspace_needs(WORLD)
 WORKSPACE = max(mkernel.all_gather_matmul_workspace_bytes(WORLD, 2048, 4096),
-                mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, 2048, 2048), _MOE_RING_WORKSPACE)
+                mkernel.matmul_reduce_scatter_workspace_bytes(WORLD, 2048, 2048),
+                mkernel.matmul_all_reduce_workspace_bytes(WORLD, 4096, 2048), _MOE_RING_WORKSPACE)
 FUSED_FLAGS = max(mkernel.default_fused_flags(), mkernel.matmul_reduce_scatter_fused_flags(WORLD, 2048, 2048),
-                  _MOE_RING_FLAGS)
+                  mkernel.matmul_all_reduce_fused_flags(WORLD, 4096, 2048), _MOE_RING_FLAGS)
 COMM = mkernel.Communicator.from_process_group(GROUP, workspace_bytes=WORKSPACE, fused_flags=FUSED_FLAGS)
 
 
@@ -457,6 +468,207 @@ def rs_ranks_disagreeing_on_a_shape_are_told():
     k = 64 + 8 * RANK
     try:
         mkernel.fused_matmul_reduce_scatter(rand(32 * WORLD, k, seed=230), rand(16, k, seed=231).t(), "sum", 0, GNAME)
+    except mkernel.ArgumentError as e:
+        assert "ranks disagree on k" in str(e), str(e)
+    else:
+        raise AssertionError("a disagreement on k went through")
+
+
+# ---- fused_matmul_all_reduce --------------------------------------------------------------------
+# torch.ops.symm_mem has no GEMM+AllReduce: the reference is dist.all_reduce of torch's product.
+# Every collective of a case (mkernel's calls, the reference, the gather of the results) runs
+# before its first assertion, so a rank whose check fails never leaves the other waiting in one.
+
+
+def ar_reference(A, B):
+    ref = torch.matmul(A, B).contiguous()  # bf16, rounded once per rank
+    dist.all_reduce(ref)
+    return ref
+
+
+def gathered(t):
+    """t of every rank, in rank order."""
+    out = [torch.empty_like(t) for _ in range(WORLD)]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def expect_same_ar(ours, theirs, what: str, everyone=None) -> None:
+    assert ours.shape == theirs.shape and ours.stride() == theirs.stride() and ours.dtype == theirs.dtype, (
+        f"{what}: {tuple(ours.shape)} {ours.stride()} {ours.dtype} vs torch {tuple(theirs.shape)} {theirs.stride()} "
+        f"{theirs.dtype}")
+    assert ours.is_contiguous(), f"{what}: strides {ours.stride()} for shape {tuple(ours.shape)}; expected contiguous"
+    # torch rounds each rank's product to bf16 before the sum; mkernel rounds the fp32 sum once.
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1.6e-2, atol=1e-2, msg=lambda m: f"{what}: {m}")
+    if everyone is not None:  # every rank got the same bits (the owner of a band rounds it once)
+        for r, theirs_r in enumerate(everyone):
+            assert torch.equal(theirs_r, everyone[0]), (
+                f"{what}: rank {r}'s result differs from rank 0's in {(theirs_r != everyone[0]).sum().item()} elements")
+
+
+def ar_call(A, B, what, **kw):
+    """mkernel's op against all_reduce(A @ B), mkernel's again (the same bits: a fixed summation
+    order), and every rank's result against rank 0's."""
+    ours = mkernel.fused_matmul_all_reduce(A, B, "sum", GNAME, **kw)
+    theirs = ar_reference(A, B)
+    again = mkernel.fused_matmul_all_reduce(A, B, "sum", GNAME, **kw)
+    everyone = gathered(ours)
+    expect_same_ar(ours, theirs, what, everyone)
+    assert torch.equal(ours, again), f"{what}: a second call differs in {(ours != again).sum().item()} elements"
+    return ours
+
+
+@case
+def ar_torch_test_sizes_eager():
+    """torch's sizes for the fused GEMM ops (A [8, 64, 32], B [32, 16]); a 2-D, 3-D and 4-D A."""
+    ar_call(rand(8, 64, 32, seed=301), rand(16, 32, seed=302).t(), "[8, 64, 32]")
+    ar_call(rand(64 * WORLD, 32, seed=303), rand(16, 32, seed=304).t(), "2-D A")
+    ar_call(rand(4, 50, 256, seed=305), rand(128, 256, seed=306).t(), "3-D A [4, 50, 256]")
+    ar_call(rand(2, 3, 8, 64, seed=307), rand(24, 64, seed=308).t(), "4-D A [2, 3, 8, 64]")
+
+
+@case
+def ar_rows_not_a_multiple_of_world_or_128():
+    """M any positive number: bands of unequal rows, tiles shared by bands, empty bands (M < world)."""
+    for M in (333, 2 * WORLD + 1, 129, 1):
+        ar_call(rand(M, 512, seed=310 + M), rand(256, 512, seed=309).t(), f"M {M}")
+
+
+@case
+def ar_bad_arguments_refused():
+    A, W = rand(8, 32, 32, seed=320), rand(16, 32, seed=321)
+    checks = [
+        (lambda: mkernel.fused_matmul_all_reduce(A, W.t(), "avg", GNAME), "reduce_op: 'avg'; expected 'sum'"),
+        (lambda: mkernel.fused_matmul_all_reduce(A.half(), W.t(), "sum", GNAME), "A: dtype torch.float16"),
+        (lambda: mkernel.fused_matmul_all_reduce(A, W.t().contiguous(), "sum", GNAME), "B: strides (16, 1)"),
+        (lambda: mkernel.fused_matmul_all_reduce(A.cpu(), W.t(), "sum", GNAME), "A: device cpu"),
+        (lambda: mkernel.fused_matmul_all_reduce(A[:, :, :12], W.t()[:12], "sum", GNAME), "A: K = 12"),
+        (lambda: mkernel.fused_matmul_all_reduce(A, rand(12, 32, seed=322).t(), "sum", GNAME), "B: N = 12 columns"),
+    ]
+    for call, start in checks:
+        try:
+            call()
+        except mkernel.ArgumentError as e:
+            assert str(e).startswith(start), f"message {str(e)!r} does not start with {start!r}"
+        else:
+            raise AssertionError(f"not refused: {start}")
+
+
+@case
+def ar_native_sized_with_b_row_major_or_transposed():
+    """torch's native-kernel size: M 4096, N 1024, K 1024 (each rank's share), B transposed or row-major."""
+    A, W = rand(4096, 1024, seed=330), rand(1024, 1024, seed=331)
+    ar_call(A, W.t(), "B = W.t()")
+    ar_call(A, W.t().contiguous(), "row-major B, allow_copy_B", allow_copy_B=True)
+
+
+@case
+def ar_larger_shape_and_torch_ops_entry():
+    A, W = rand(4096, 1024, seed=332), rand(2048, 1024, seed=333)
+    ours = torch.ops.mkernel.fused_matmul_all_reduce(A, W.t(), "sum", GNAME)
+    theirs = ar_reference(A, W.t())
+    expect_same_ar(ours, theirs, "4096 x 2048 x 1024 per rank", gathered(ours))
+
+
+@case
+def ar_torch_compile_inductor():
+    def layer(x, weight):
+        y = torch.ops.mkernel.fused_matmul_all_reduce(torch.relu(x), weight.t(), "sum", GNAME)
+        return y * 2 + 1
+
+    compiled = torch.compile(layer, fullgraph=True)
+    for step in range(3):  # new data each time, the same graph
+        x, w = rand(8, 33, 256, seed=340 + step), rand(128, 256, seed=350 + step)
+        ours = compiled(x, w)
+        theirs = ar_reference(torch.relu(x), w.t()) * 2 + 1
+        expect_same_ar(ours, theirs, f"torch.compile step {step}", gathered(ours))
+
+
+@case
+def ar_cuda_graph_replay():
+    """Warm-up (plans the shape), capture, replay three times with new data in the inputs."""
+    x, w = rand(500, 1024, seed=360), rand(768, 1024, seed=361)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mkernel.fused_matmul_all_reduce(x, w.t(), "sum", GNAME)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mkernel.fused_matmul_all_reduce(x, w.t(), "sum", GNAME)
+    for replay in range(3):
+        x.copy_(rand(500, 1024, seed=370 + replay))
+        w.copy_(rand(768, 1024, seed=380 + replay))
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        COMM.check()
+        expect_same_ar(y, ar_reference(x, w.t()), f"graph replay {replay}", gathered(y))
+
+
+@case
+def ar_opcheck_schema_and_fake():
+    op = torch.ops.mkernel.fused_matmul_all_reduce.default
+    A, W = rand(4, 15, 64, seed=390), rand(32, 64, seed=391)
+    torch.library.opcheck(op, (A, W.t(), "sum", GNAME), test_utils=("test_schema", "test_faketensor"))
+
+
+@case
+def ar_tensor_parallel_mlp():
+    """Megatron's MLP: a column-parallel GEMM (each rank its ffn shard, no communication), then the
+    row-parallel one with its all-reduce fused, three times; against torch's matmuls and all_reduce."""
+    hidden, ffn_local = 512, 768
+    w1, w2 = rand(ffn_local, hidden, seed=400), rand(hidden, ffn_local, seed=401)
+    for step in range(3):
+        x = rand(3, 100, hidden, seed=410 + step)
+        h = torch.relu(x @ w1.t() - 64)
+        ours = mkernel.fused_matmul_all_reduce(h, w2.t(), "sum", GROUP)
+        theirs = ar_reference(h, w2.t())
+        expect_same_ar(ours, theirs, f"MLP step {step}", gathered(ours))
+
+
+@case
+def ar_communicator_made_by_the_op():
+    """A group with no communicator: the op makes one sized for the call (workspace and fused-op
+    flags), then refuses a larger call naming the workspace to make it with."""
+    group = dist.new_group(list(range(WORLD)))
+    m, n, k = 4096, 4096, 64
+    A, W = rand(m, k, seed=420), rand(n, k, seed=421)
+    ours = mkernel.fused_matmul_all_reduce(A, W.t(), "sum", group)
+    theirs = ar_reference(A, W.t())
+    everyone = gathered(ours)
+    made = mkernel.get_communicator(group.group_name)
+    try:
+        assert made is not None and made is not COMM, "the op made no communicator"
+        needed = mkernel.matmul_all_reduce_workspace_bytes(WORLD, m, n)
+        assert made.workspace_bytes == max(1, needed), (made.workspace_bytes, needed)
+        flags = mkernel.matmul_all_reduce_fused_flags(WORLD, m, n)
+        assert made.fused_flags == max(mkernel.default_fused_flags(), flags), (made.fused_flags, flags)
+        if WORLD > 1:  # one rank needs no workspace at any size
+            try:
+                mkernel.fused_matmul_all_reduce(rand(2 * m, k, seed=422), W.t(), "sum", group)
+            except mkernel.ArgumentError as e:
+                assert "workspace_bytes >=" in str(e), str(e)
+            else:
+                raise AssertionError("a call larger than the made communicator went through")
+        expect_same_ar(ours, theirs, f"[{m}, {n}], k {k}", everyone)
+        torch.cuda.synchronize()
+        made.check()
+        log(made.describe_matmul_all_reduce(m, n, k).replace("\n", " | "))
+    finally:
+        if made is not None:
+            made.close()
+
+
+@case
+def ar_ranks_disagreeing_on_a_shape_are_told():
+    """Each rank calls with another K: planning finds it on every rank, naming both values."""
+    if WORLD < 2:
+        log("ar_ranks_disagreeing_on_a_shape_are_told: one rank cannot disagree; nothing to check")
+        return
+    k = 64 + 8 * RANK
+    try:
+        mkernel.fused_matmul_all_reduce(rand(32, k, seed=430), rand(16, k, seed=431).t(), "sum", GNAME)
     except mkernel.ArgumentError as e:
         assert "ranks disagree on k" in str(e), str(e)
     else:
