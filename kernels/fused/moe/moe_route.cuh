@@ -9,16 +9,21 @@
 //     tokens into one contiguous range per warp: pass 1, each warp counts its range per column
 //     (columns: the experts, then the ranks, then the nodes) into its own shared-memory row;
 //     pass 2, every column's counts become exclusive prefixes over the warps (and the totals);
-//     pass 3, each warp walks its range in token order, lane j on choice j, and hands out
-//     positions from its running counters. Lanes of one token never share a column (experts of
-//     a token are distinct; only the first choice on a rank or node counts the token there), so
-//     no atomics and the same answer every time. Each warp stages its tokens' choices in
-//     shared memory 32 tokens at a time (one coalesced load per lane), and a token's lanes
-//     compare their choices with warp match instructions (__match_any_sync): the loop over a
-//     warp's tokens then holds no global load, whose latency would otherwise be paid a few
-//     times per token, one token after the other (about 1 us each under a busy memory system:
-//     milliseconds at T = 4096). Cost: the warp's share of tokens, a few shared-memory and warp
-//     operations each (T = 16384 on 32 warps: 512 tokens a warp).
+//     pass 3, each warp walks its range in token order and hands out positions from its running
+//     counters. A warp takes several tokens a step: its lanes in groups of the next power of two
+//     >= top_k (4 tokens a step at top-8), lane j of a group on choice j. One match instruction
+//     per key (expert, rank, node) over the warp says both whether a lower choice of the same
+//     token shares the key (within the group: a duplicate expert, or not the token's first
+//     choice on that rank or node) and which earlier tokens of the step share it (lower lanes
+//     are earlier tokens): a lane's position is the counter plus their number, and the last
+//     lane of each set advances the counter past all of them. No atomics, the same answer every
+//     time, bit for bit the host's. Each warp stages its tokens' choices in shared memory 32
+//     tokens at a time (a lane's loads issued together): the loop over a warp's tokens then
+//     holds no global load, whose latency would otherwise be paid a few times per token, one
+//     token after the other (about 1 us each under a busy memory system: milliseconds at
+//     T = 4096). Measured before the steps (one token a step, three match instructions per
+//     token and pass): 0.89 ms for T = 4096 with 12 warps in the fused kernel (one H100), about
+//     1.3 us a token and pass.
 //  2. Shared memory: warps x (columns + 32 x top_k) x 4 bytes (counters, staged choices);
 //     moe_route_warps picks the most warps that fit, moe_route_smem_bytes sizes them.
 //  3. Errors, in token order: the first bad token (an expert outside [-1, E) or chosen twice),
@@ -86,44 +91,88 @@ MK_KERNEL_HD constexpr uint32_t moe_route_smem_bytes(const MoeShape& s, uint32_t
 
 namespace moe_route_detail {
 
-// One token's choices as its lanes hold them (lane j < top_k: choice j, the others none), and
-// what moe_bad_choice / moe_first_on_rank / moe_first_on_node say of them, for every lane at
-// once: lanes with the same key (expert, rank, node) are found with one match instruction, and
-// "first" means no lower lane shares the key. Bit for bit the host functions' answers.
-struct TokenLanes {
-  int32_t e;         // this lane's choice (-1: none)
+// Tokens routed together by a warp (note 1): lanes in groups of the next power of two >= top_k,
+// one token a group, lane j of a group on choice j.
+__device__ __forceinline__ uint32_t group_lanes(uint32_t k) {
+  uint32_t g = 1;
+  while (g < k) g <<= 1;
+  return g;
+}
+
+// The choices of one step's tokens as their lanes hold them, and what moe_bad_choice /
+// moe_first_on_rank / moe_first_on_node say of them, for every lane at once. One match
+// instruction per key (expert, rank, node) over the whole warp gives both answers a lane needs:
+// within its group (restricted to the group's lanes) whether a lower choice of the same token
+// shares the key, and across the groups how many earlier tokens' choices share it (lower lanes
+// are earlier tokens, and a token holds an expert, and counts a rank or node, once). Bit for bit
+// the host functions' answers.
+struct StepLanes {
+  int32_t e;         // this lane's choice (-1: none, or no token in this group)
   bool valid;        // a choice of an expert in [0, experts)
   bool first_rank;   // the token's first choice on that rank
-  bool first_node;   // and on that node
-  uint32_t bad;      // 0, or 1 + the first bad choice of the token (the same in every lane)
+  bool first_node;   // and on that node (another node than this rank's)
+  uint32_t d, n;     // the expert's rank and node (valid lanes)
+  uint32_t bad;      // 0, or 1 + the first bad choice of this lane's token (the same in its group)
+  uint32_t same_e;   // lanes of this step choosing the same expert (0 unless valid)
+  uint32_t same_d;   // first_rank lanes of this step on the same rank (0 unless first_rank)
+  uint32_t same_n;   // lanes counting the same other node (0 unless this lane counts there)
 };
 
-__device__ __forceinline__ TokenLanes token_lanes(const MoeShape& s, const int32_t* staged, uint32_t lane) {
+__device__ __forceinline__ StepLanes step_lanes(const MoeShape& s, const int32_t* staged, uint32_t tokens_left,
+                                                uint32_t own_node, uint32_t lane) {
   constexpr uint32_t kAll = 0xffffffffu;
-  const uint32_t k = s.top_k, lower = (1u << lane) - 1u, none = 0x80000000u | lane;
-  TokenLanes r;
-  r.e = lane < k ? staged[lane] : -1;
-  const bool chosen = lane < k && r.e >= 0;
+  const uint32_t k = s.top_k, gl = group_lanes(k), g = lane / gl, j = lane % gl;
+  const uint32_t gmask = (gl == 32 ? kAll : ((1u << gl) - 1u)) << (g * gl);
+  const uint32_t lower = (1u << lane) - 1u, none = 0x80000000u | lane;
+  const bool active = j < k && g < tokens_left;
+  StepLanes r;
+  r.e = active ? staged[g * k + j] : -1;
+  const bool chosen = active && r.e >= 0;
   r.valid = chosen && r.e < static_cast<int32_t>(s.experts);
-  const uint32_t same_e = __match_any_sync(kAll, chosen ? static_cast<uint32_t>(r.e) : none);
-  const bool bad = lane < k && (r.e < -1 || r.e >= static_cast<int32_t>(s.experts) || (chosen && (same_e & lower)));
-  r.bad = static_cast<uint32_t>(__ffs(static_cast<int>(__ballot_sync(kAll, bad))));
-  const uint32_t d = r.valid ? s.rank_of_expert(static_cast<uint32_t>(r.e)) : none;
-  const uint32_t same_d = __match_any_sync(kAll, d);
-  const uint32_t n = r.valid ? s.layout.node_of(d) : none;
-  const uint32_t same_n = __match_any_sync(kAll, n);
-  // A lower lane with a choice >= experts makes the token bad; no answer below is used then.
-  r.first_rank = r.valid && (same_d & lower) == 0;
-  r.first_node = r.valid && (same_n & lower) == 0;
+  const uint32_t all_e = __match_any_sync(kAll, chosen ? static_cast<uint32_t>(r.e) : none);
+  const bool bad = active && (r.e < -1 || r.e >= static_cast<int32_t>(s.experts) || (chosen && (all_e & gmask & lower)));
+  r.bad = static_cast<uint32_t>(__ffs(static_cast<int>((__ballot_sync(kAll, bad) & gmask) >> (g * gl))));
+  r.d = r.valid ? s.rank_of_expert(static_cast<uint32_t>(r.e)) : none;
+  const uint32_t all_d = __match_any_sync(kAll, r.d);
+  r.n = r.valid ? s.layout.node_of(r.d) : none;
+  const uint32_t all_n = __match_any_sync(kAll, r.n);
+  // A lower lane of the token with a choice >= experts makes the token bad; nothing below is used then.
+  r.first_rank = r.valid && (all_d & gmask & lower) == 0;
+  r.first_node = r.valid && (all_n & gmask & lower) == 0;
+  const bool counts_node = r.first_node && r.n != own_node;
+  const uint32_t rank_lanes = __ballot_sync(kAll, r.first_rank), node_lanes = __ballot_sync(kAll, counts_node);
+  r.same_e = r.valid ? all_e : 0u;
+  r.same_d = r.first_rank ? all_d & rank_lanes : 0u;
+  r.same_n = counts_node ? all_n & node_lanes : 0u;
   return r;
 }
 
-// Stages the choices of tokens [t, t + n) (n <= kMoeRouteStageTokens) into the warp's buffer.
+// Of the lanes in `same` (this lane among them), how many come before this one, and whether this
+// lane is the last (the one that advances the shared counter by all of them).
+__device__ __forceinline__ uint32_t earlier(uint32_t same, uint32_t lane) { return __popc(same & ((1u << lane) - 1u)); }
+__device__ __forceinline__ bool last_of(uint32_t same, uint32_t lane) { return (same >> lane) == 1u; }
+
+// Stages the choices of tokens [t, t + n) (n <= kMoeRouteStageTokens) into the warp's buffer:
+// a lane's loads are issued together, then stored, so a stage costs one memory latency.
 __device__ __forceinline__ void stage_choices(const int32_t* choices, uint32_t k, uint32_t t, uint32_t n,
                                               int32_t* buf, uint32_t lane) {
+  constexpr uint32_t kBatch = 8;
   __syncwarp();
   const int32_t* src = choices + size_t{t} * k;
-  for (uint32_t i = lane; i < n * k; i += 32) buf[i] = __ldg(src + i);
+  const uint32_t words = n * k;
+  for (uint32_t base = 0; base < words; base += 32 * kBatch) {
+    int32_t v[kBatch];
+#pragma unroll
+    for (uint32_t u = 0; u < kBatch; ++u) {
+      const uint32_t i = base + u * 32 + lane;
+      v[u] = i < words ? __ldg(src + i) : 0;
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kBatch; ++u) {
+      const uint32_t i = base + u * 32 + lane;
+      if (i < words) buf[i] = v[u];
+    }
+  }
   __syncwarp();
 }
 
@@ -138,6 +187,7 @@ __device__ inline void moe_route_block(const MoeRouteArgs& a, uint32_t* counts, 
   const uint32_t cols = moe_route_columns(s), col_rank = s.experts, col_node = s.experts + world;
   const uint32_t own_node = s.layout.node_of(a.rank);
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t gl = group_lanes(k), per_step = 32 / gl, my_group = lane / gl, my_choice = lane % gl;
   const uint32_t per = (a.tokens + warps - 1) / warps;
   const uint32_t t0 = min(a.tokens, warp * per), t1 = min(a.tokens, t0 + per);
   __shared__ uint32_t bad_token;
@@ -146,21 +196,19 @@ __device__ inline void moe_route_block(const MoeRouteArgs& a, uint32_t* counts, 
   __syncthreads();
   int32_t* staged = reinterpret_cast<int32_t*>(counts + warps * cols) + warp * kMoeRouteStageTokens * k;
 
-  // Pass 1: counts per warp range, and the first bad token.
+  // Pass 1: counts per warp range, and the first bad token. Each counter is advanced by the last
+  // of the step's lanes that count in it, by their number: no atomics.
   uint32_t* mine = counts + warp * cols;
   if (warp < warps) {
     for (uint32_t c0 = t0; c0 < t1; c0 += kMoeRouteStageTokens) {
       const uint32_t n = min(kMoeRouteStageTokens, t1 - c0);
       stage_choices(a.choices, k, c0, n, staged, lane);
-      for (uint32_t i = 0; i < n; ++i) {
-        const TokenLanes tl = token_lanes(s, staged + i * k, lane);
-        if (lane == 0 && tl.bad != 0) atomicMin(&bad_token, c0 + i);
-        if (tl.valid) {
-          const uint32_t d = s.rank_of_expert(static_cast<uint32_t>(tl.e)), nd = s.layout.node_of(d);
-          mine[tl.e] += 1;  // distinct experts in a good token; a bad one ends the routing anyway
-          if (tl.first_rank) mine[col_rank + d] += 1;
-          if (nd != own_node && tl.first_node) mine[col_node + nd] += 1;
-        }
+      for (uint32_t i = 0; i < n; i += per_step) {
+        const StepLanes sl = step_lanes(s, staged + i * k, n - i, own_node, lane);
+        if (my_choice == 0 && sl.bad != 0) atomicMin(&bad_token, c0 + i + my_group);
+        if (sl.valid && last_of(sl.same_e, lane)) mine[sl.e] += __popc(sl.same_e);
+        if (sl.same_d != 0 && last_of(sl.same_d, lane)) mine[col_rank + sl.d] += __popc(sl.same_d);
+        if (sl.same_n != 0 && last_of(sl.same_n, lane)) mine[col_node + sl.n] += __popc(sl.same_n);
         __syncwarp();
       }
     }
@@ -198,27 +246,31 @@ __device__ inline void moe_route_block(const MoeRouteArgs& a, uint32_t* counts, 
     *a.result = r;
   }
 
-  // Pass 3: positions in token order from each warp's running counters.
+  // Pass 3: positions in token order from each warp's running counters. A step's tokens take
+  // consecutive values in lane order (token order), then the last lane of each set advances the
+  // counter past them.
   if (warp < warps) {
     for (uint32_t c0 = t0; c0 < t1; c0 += kMoeRouteStageTokens) {
       const uint32_t n = min(kMoeRouteStageTokens, t1 - c0);
       stage_choices(a.choices, k, c0, n, staged, lane);
-      for (uint32_t i = 0; i < n; ++i) {
-        const uint32_t t = c0 + i;
-        for (uint32_t d = lane; d < world; d += 32) a.pos[size_t{t} * world + d] = kMoeNoChoice;
-        for (uint32_t nd = lane; nd < nodes; nd += 32) a.npos[size_t{t} * nodes + nd] = kMoeNoChoice;
+      for (uint32_t i = 0; i < n; i += per_step) {
+        const uint32_t step_tokens = min(per_step, n - i), tb = c0 + i;
+        for (uint32_t w = lane; w < step_tokens * world; w += 32) a.pos[size_t{tb} * world + w] = kMoeNoChoice;
+        for (uint32_t w = lane; w < step_tokens * nodes; w += 32) a.npos[size_t{tb} * nodes + w] = kMoeNoChoice;
         __syncwarp();  // the stores above before a lane's own store to the same word below
-        const TokenLanes tl = token_lanes(s, staged + i * k, lane);
-        if (lane < k) {
-          uint32_t slot = kMoeNoChoice;
-          if (tl.e >= 0) {
-            slot = mine[tl.e]++;
-            const uint32_t d = s.rank_of_expert(static_cast<uint32_t>(tl.e)), nd = s.layout.node_of(d);
-            if (tl.first_rank) a.pos[size_t{t} * world + d] = mine[col_rank + d]++;
-            if (nd != own_node && tl.first_node) a.npos[size_t{t} * nodes + nd] = mine[col_node + nd]++;
-          }
-          a.slot[size_t{t} * k + lane] = slot;
-        }
+        const StepLanes sl = step_lanes(s, staged + i * k, n - i, own_node, lane);
+        const uint32_t t = tb + my_group;
+        uint32_t slot = kMoeNoChoice, p = kMoeNoChoice, q = kMoeNoChoice;
+        if (sl.valid) slot = mine[sl.e] + earlier(sl.same_e, lane);
+        if (sl.same_d != 0) p = mine[col_rank + sl.d] + earlier(sl.same_d, lane);
+        if (sl.same_n != 0) q = mine[col_node + sl.n] + earlier(sl.same_n, lane);
+        __syncwarp();  // every lane read its counters before any advances them
+        if (sl.valid && last_of(sl.same_e, lane)) mine[sl.e] = slot + 1;
+        if (sl.same_d != 0 && last_of(sl.same_d, lane)) mine[col_rank + sl.d] = p + 1;
+        if (sl.same_n != 0 && last_of(sl.same_n, lane)) mine[col_node + sl.n] = q + 1;
+        if (p != kMoeNoChoice) a.pos[size_t{t} * world + sl.d] = p;
+        if (q != kMoeNoChoice) a.npos[size_t{t} * nodes + sl.n] = q;
+        if (my_choice < k && my_group < step_tokens) a.slot[size_t{t} * k + my_choice] = slot;
         __syncwarp();
       }
     }

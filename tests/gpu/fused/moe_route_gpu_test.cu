@@ -143,7 +143,8 @@ int main() {
   const Shape shapes[] = {{{1, 1}, 0, 1, 8, 2},      {{1, 2}, 1, 37, 16, 4},     {{1, 2}, 0, 4096, 256, 8},
                           {{1, 8}, 5, 16384, 256, 8}, {{2, 4}, 6, 1000, 64, 6},  {{8, 8}, 63, 777, 512, 8},
                           {{3, 3}, 4, 129, 18, 3},    {{2, 1}, 1, 128, 256, 8},  {{1, 4}, 2, 300, 32, 32},
-                          {{8, 8}, 9, 3000, 1024, 8}};
+                          {{8, 8}, 9, 3000, 1024, 8}, {{1, 2}, 0, 1000, 64, 1},  {{2, 2}, 1, 513, 40, 5},
+                          {{2, 4}, 3, 2000, 128, 16}, {{4, 2}, 5, 4099, 256, 7}};
   uint64_t seed = 11;
   for (const Shape& s : shapes)
     for (mk::MoeRouteKind kind : kinds) run_case(geometry(s.l, s.rank, s.tokens, s.experts, s.k), kind, ++seed);
@@ -160,13 +161,17 @@ int main() {
   {
     auto g = geometry({1, 2}, 0, 3000, 32, 4);
     Device d(g);
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 4; ++variant) {
       auto ch = mk::moe_make_routing(mk::MoeRouteKind::kUniform, g.tokens, g.experts, g.top_k, 2, 0, 99);
       if (variant == 0) ch[2500 * 4 + 2] = 32;                 // out of range
       if (variant == 1) ch[1700 * 4 + 3] = ch[1700 * 4 + 0];   // twice
       if (variant == 2) {
         ch[2900 * 4 + 1] = -7;
         ch[10 * 4 + 3] = ch[10 * 4 + 1];  // the earlier one is named
+      }
+      if (variant == 3) {  // two bad tokens routed in the same warp step: the earlier one is named
+        ch[1001 * 4 + 0] = 40;
+        ch[1000 * 4 + 3] = ch[1000 * 4 + 1];
       }
       RT_CUDA(cudaMemcpy(const_cast<int32_t*>(d.a.choices), ch.data(), ch.size() * 4, cudaMemcpyHostToDevice));
       RT_CUDA(mk::moe_route_launch(d.a, nullptr));
