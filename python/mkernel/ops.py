@@ -824,9 +824,9 @@ def moe_forward(
     to bf16 before they are weighted, as :func:`moe_combine` does. Arguments as for
     :func:`moe_dispatch`. Runs ``torch.ops.mkernel.moe_forward``.
 
-    Measured on one GPU (docs/kernels.md section 14), this fused kernel is correct but 12-100x
-    slower than :func:`moe_dispatch`, a grouped GEMM and :func:`moe_combine`; prefer those three
-    until that is fixed.
+    Measured on one GPU (docs/kernels.md section 14), where it has nothing to overlap, this fused
+    kernel is correct and about as fast as :func:`moe_dispatch`, a grouped GEMM and
+    :func:`moe_combine`, not faster; prefer those three until two GPUs have measured it.
     """
     return torch.ops.mkernel.moe_forward(
         x, topk_ids, topk_weights, w, _name_of(group_name), recv_tokens_per_source=recv_tokens_per_source,

@@ -44,6 +44,13 @@ int moe_default_blocks(const FusedLayout& layout, int sms) {
   return std::max(2, std::min(std::min(want, 96), sms));
 }
 
+int moe_standalone_blocks(const MoeGeometry& g, int sms) {
+  const uint64_t items = uint64_t{g.layout.world()} * g.chunks();
+  const int floor = moe_default_blocks(g.layout, sms);
+  return static_cast<int>(std::min<uint64_t>(std::max<uint64_t>(items, static_cast<uint64_t>(floor)),
+                                             static_cast<uint64_t>(std::max(sms, floor))));
+}
+
 std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out) {
   const MoeGeometry& g = setup.geometry;
   const DeviceComm& c = setup.comm;
@@ -74,7 +81,9 @@ std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out
     return "device: cannot read the current device's SM count";
   std::unique_ptr<MoePlan> plan(new MoePlan());
   plan->geo_ = g;
-  plan->blocks_ = setup.blocks > 0 ? std::min(setup.blocks, sms) : moe_default_blocks(g.layout, sms);
+  plan->blocks_ = setup.blocks > 0  ? std::min(setup.blocks, sms)
+                  : setup.fused     ? moe_default_blocks(g.layout, sms)
+                                    : moe_standalone_blocks(g, sms);
 
   const MoeShape shape = g.shape();
   const uint32_t world = g.layout.world(), nodes = g.layout.nodes, epr = g.experts_per_rank();

@@ -472,6 +472,14 @@ int main() {
   // Ranks that share a GPU run kernels that wait for each other; loading a module on first use
   // (CUDA's lazy loading) can wait for the running ones. Load everything up front.
   ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  // The ranks here are threads of one process, so their streams share the GPU's hardware queues
+  // (8 by default). With copy-engine pushes each rank has a stream per node peer that waits at a
+  // gate; aliased into one queue with another rank's stream, a rank's copies for this launch can
+  // sit behind a wait for the next launch, which opens only once this launch is done everywhere:
+  // both wait until the bound (seen once, 1 x 3 with copy-engine pushes, 12 streams). A rank of
+  // its own process enqueues a launch's work before the next's, so queue order follows launch
+  // order and cannot do that. One queue per stream here (32, the most CUDA allows).
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   mkt::require_gpus_or_skip("ag_gemm_gpu_test", 1);
   const char* env_seed = std::getenv("MKERNEL_TEST_SEED");
   g_seed = env_seed ? std::strtoull(env_seed, nullptr, 10)

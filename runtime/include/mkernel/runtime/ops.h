@@ -221,9 +221,9 @@ struct MoeConfig {
   bool apply_scores = true;             // combine weights the expert outputs by the router scores
   // The fused kernel: dispatch, one GEMM per expert (a weight [out_hidden, hidden] each) and
   // combine in one launch (forward()); dispatch() and combine() are then not available.
-  // Correct (bit-identical to the three launches) but, measured on one GPU, 12-100x slower than
-  // dispatch() + a grouped GEMM + combine() (docs/kernels.md section 14, "Measured on one GPU"):
-  // use the three launches until that is fixed.
+  // Correct (bit-identical to the three launches); on one GPU, where it has nothing to overlap,
+  // about as fast as dispatch() + a grouped GEMM + combine() but not faster (docs/kernels.md
+  // section 14): use the three launches until two GPUs have measured it.
   bool fused = false;
   int block_n = 0;                      // fused: the grouped GEMM's tile width 128 or 256 (0: choose)
   int cluster_m = 0;                    // fused: 1 or 2 (0: choose)
