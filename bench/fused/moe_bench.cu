@@ -8,13 +8,16 @@
 // ../shared/baselines/moe_baseline.py; run_moe_on_gpu_machine.sh runs it in the same call and
 // prints both tables. Shapes: T tokens per rank (--tokens 128,4096,16384), hidden 7168,
 // intermediate 2048, 256 experts, top-8 (--hidden, --inter, --experts, --top-k), routing uniform
-// and Zipf 1.1 (moe_make_routing, the same generator as the tests). Random bf16 inputs and
+// and Zipf 1.1 (moe_make_routing, the same generator as the tests: weighted draws without
+// replacement), and zipf_logits, moe_baseline.py's own Zipf: the top-k of Gaussian logits plus a
+// prior -1.1 log(e + 1), which puts far more of the choices on the first experts (compare with the
+// baseline's Zipf rows only this one; its uniform is our uniform's distribution). Random bf16 inputs and
 // weights. Before timing, one fused launch is checked against the unfused path on every rank
 // (relative Frobenius error < 1e-2). Timing: warm-up, then --iters launches per variant, each
 // timed with CUDA events on rank 0's stream (all ranks launch in step); medians (p10, p90) in a
 // table last and as JSON lines in --jsonl.
 //
-//   moe_bench [--world W] [--tokens 128,4096] [--routing uniform,zipf] [--iters 30]
+//   moe_bench [--world W] [--tokens 128,4096] [--routing uniform,zipf,zipf_logits] [--iters 30]
 //             [--jsonl FILE] [--commit C] [--machine M] [--blocks N] [--gemm-blocks N] [--cluster-m C]
 // --blocks: communication blocks (fused: role blocks); --gemm-blocks, --cluster-m: the fused
 // kernel's GEMM blocks (0: every SM the role blocks leave) and cluster size (0: choose). Without
@@ -48,6 +51,23 @@ namespace {
 
 namespace rt = mkernel::rt;
 namespace mk = mkernel::kernels;
+
+// moe_baseline.py's Zipf routing (header): per token the top-k experts of Gaussian logits plus
+// the prior -1.1 log(e + 1), best first, the same popularity on every rank.
+std::vector<int32_t> logit_routing(uint32_t tokens, uint32_t experts, uint32_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<int32_t> out(size_t{tokens} * k);
+  std::vector<std::pair<float, int32_t>> logits(experts);
+  for (uint32_t t = 0; t < tokens; ++t) {
+    for (uint32_t e = 0; e < experts; ++e)
+      logits[e] = {-1.1f * std::log(static_cast<float>(e + 1)) + n01(rng), static_cast<int32_t>(e)};
+    std::partial_sort(logits.begin(), logits.begin() + k, logits.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (uint32_t j = 0; j < k; ++j) out[size_t{t} * k + j] = logits[j].second;
+  }
+  return out;
+}
 
 struct Args {
   int world = 0;
@@ -161,8 +181,11 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
       B_CUDA(cudaMalloc(&sc, 4ull * T * k));
       B_CUDA(cudaMalloc(&off, 4ull * (epr + 1)));
       gemm_test::fill_random(x, uint64_t{T} * H, 100 + rank, 1.0f, st);
-      const auto choices = mk::moe_make_routing(routing == "zipf" ? mk::MoeRouteKind::kZipf : mk::MoeRouteKind::kUniform,
-                                                T, E, k, R, rank, 4242 + T);
+      const auto choices =
+          routing == "zipf_logits"
+              ? logit_routing(T, E, k, 4242 + T + 7ull * rank)
+              : mk::moe_make_routing(routing == "zipf" ? mk::MoeRouteKind::kZipf : mk::MoeRouteKind::kUniform, T, E,
+                                     k, R, rank, 4242 + T);
       std::vector<float> scores(size_t{T} * k);
       std::mt19937 rng(rank * 31 + T);
       for (float& v : scores) v = std::uniform_real_distribution<float>(0.05f, 0.25f)(rng);
@@ -317,6 +340,11 @@ int main(int argc, char** argv) {
         args.routing.push_back(s.substr(0, c));
         s = c == std::string::npos ? "" : s.substr(c + 1);
       }
+      for (const std::string& r : args.routing)
+        if (r != "uniform" && r != "zipf" && r != "zipf_logits") {
+          std::fprintf(stderr, "moe_bench: --routing %s; expected uniform, zipf or zipf_logits\n", r.c_str());
+          return 2;
+        }
     } else if (a == "--hidden") args.hidden = static_cast<uint32_t>(std::atoi(next()));
     else if (a == "--inter") args.inter = static_cast<uint32_t>(std::atoi(next()));
     else if (a == "--experts") args.experts = static_cast<uint32_t>(std::atoi(next()));
