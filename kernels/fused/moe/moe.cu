@@ -39,18 +39,6 @@ uint64_t align16(uint64_t v) { return (v + 15) / 16 * 16; }
 
 }  // namespace
 
-int moe_default_blocks(const FusedLayout& layout, int sms) {
-  const int want = 16 + 8 * static_cast<int>(layout.gpus - 1) + 4 * static_cast<int>(layout.nodes - 1);
-  return std::max(2, std::min(std::min(want, 96), sms));
-}
-
-int moe_standalone_blocks(const MoeGeometry& g, int sms) {
-  const uint64_t items = uint64_t{g.layout.world()} * g.chunks();
-  const int floor = moe_default_blocks(g.layout, sms);
-  return static_cast<int>(std::min<uint64_t>(std::max<uint64_t>(items, static_cast<uint64_t>(floor)),
-                                             static_cast<uint64_t>(std::max(sms, floor))));
-}
-
 std::string MoePlan::create(const MoeSetup& setup, std::unique_ptr<MoePlan>* out) {
   const MoeGeometry& g = setup.geometry;
   const DeviceComm& c = setup.comm;

@@ -50,20 +50,6 @@ struct MoeSetup {
   bool adaptive_split = false;
 };
 
-// Blocks per launch when the caller leaves it open: one SM moves about 20 GB/s of NVLink stores
-// (docs/kernels.md section 10), so enough to fill NVLink and the copies into the expert rows,
-// and no more than the GPU has. A starting rule until measured.
-int moe_default_blocks(const FusedLayout& layout, int sms);
-
-// Blocks of the dispatch and combine launched on their own (no GEMM beside them): one per work
-// item of a stage (a chunk of one source's tokens: world x chunks), at least moe_default_blocks,
-// at most the GPU's SMs. The copies into the expert rows and the combine's sums are bound by
-// what each SM keeps in flight (about 50 GB/s a block), so they run faster on more SMs; more
-// blocks than items would only wait. Measured (one H100, T = 4096, world 1, 64 items): 16 / 32
-// / 64 blocks took 0.82 / 0.55 / 0.46 ms to dispatch and 0.37 / 0.20 / 0.12 ms to combine
-// (docs/kernels.md section 14).
-int moe_standalone_blocks(const MoeGeometry& g, int sms);
-
 class MoePlan {
  public:
   // "" on success, else what is wrong (field, value, expectation). Nothing is launched.

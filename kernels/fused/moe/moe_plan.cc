@@ -24,6 +24,18 @@ uint32_t moe_default_chunk_tokens(uint32_t capacity) {
 
 uint32_t MoeGeometry::chunk() const { return chunk_tokens ? chunk_tokens : moe_default_chunk_tokens(capacity()); }
 
+int moe_default_blocks(const FusedLayout& layout, int sms) {
+  const int want = 16 + 8 * static_cast<int>(layout.gpus - 1) + 4 * static_cast<int>(layout.nodes - 1);
+  return std::max(2, std::min(std::min(want, 96), sms));
+}
+
+int moe_standalone_blocks(const MoeGeometry& g, int sms) {
+  const uint64_t items = uint64_t{g.layout.world()} * g.chunks();
+  const int floor = moe_default_blocks(g.layout, sms);
+  return static_cast<int>(std::min<uint64_t>(std::max<uint64_t>(items, static_cast<uint64_t>(floor)),
+                                             static_cast<uint64_t>(std::max(sms, floor))));
+}
+
 std::string moe_check_geometry(const MoeGeometry& g) {
   const uint32_t world = g.layout.world();
   if (g.layout.nodes == 0 || g.layout.gpus == 0)

@@ -73,6 +73,30 @@ TEST(MoeGeometry, WorstCaseSizesAreDocumented) {
   EXPECT_GT(two.partial_flag(0, 0, 0), two.token_flag(7, two.chunks() - 1));
 }
 
+TEST(MoeBlocks, StandaloneLaunchesTakeABlockPerItemWithinTheirBounds) {
+  // The fused rule: 16 + 8 per node peer + 4 per other node, at most 96 and the SMs, at least 2.
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 1}, 132), 16);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 2}, 132), 24);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{8, 8}, 132), 96);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 8}, 40), 40);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 1}, 1), 2);
+  // Standalone: world x chunks (64 tokens a chunk at T = 4096), within [the fused rule, SMs].
+  auto one = geometry(FusedLayout{1, 1}, 0, 4096, 256, 8);
+  ASSERT_EQ(one.chunks(), 64u);
+  EXPECT_EQ(moe_standalone_blocks(one, 132), 64);
+  EXPECT_EQ(moe_standalone_blocks(one, 48), 48);  // no more than the SMs
+  auto two = geometry(FusedLayout{1, 2}, 1, 4096, 256, 8);
+  EXPECT_EQ(moe_standalone_blocks(two, 132), 128);
+  EXPECT_EQ(moe_standalone_blocks(geometry(FusedLayout{8, 8}, 9, 4096, 512, 8), 132), 132);
+  // Few tokens: few items, the fused rule's count stays the floor.
+  auto small = geometry(FusedLayout{1, 1}, 0, 128, 256, 8);
+  EXPECT_EQ(small.chunks(), 8u);
+  EXPECT_EQ(moe_standalone_blocks(small, 132), 16);
+  EXPECT_EQ(moe_standalone_blocks(geometry(FusedLayout{1, 2}, 0, 128, 256, 8), 132), 24);
+  // A tiny GPU: the floor is itself bounded by the SMs.
+  EXPECT_EQ(moe_standalone_blocks(one, 1), 2);
+}
+
 TEST(MoeRouting, FirstChoicePerRankAndNodeAndBadChoices) {
   const MoeShape s{FusedLayout{2, 2}, 16, 4};  // 4 experts per rank, 8 per node
   const int32_t c[4] = {1, 3, 9, 14};          // ranks 0, 0, 2, 3; nodes 0, 0, 1, 1
