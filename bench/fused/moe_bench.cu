@@ -4,6 +4,9 @@
 //   dispatch  the dispatch alone: token bytes per GPU per second (every token row this rank sends,
 //             its own included, and the bytes that crossed NVLink)
 //   combine   the combine alone
+//   mlp       (--mlp) the two-matrix MLP (MoeMlp, SwiGLU): dispatch, w1 [2 inter, hidden] per
+//             expert, the activation, w2 [hidden, inter] per expert, combine of hidden-wide rows
+//   act       (--mlp) the activation kernel alone on the dispatched rows (y [rows, 2 inter] -> h)
 // The reference the issue names, NCCL all_to_all + torch._grouped_mm, is
 // ../shared/baselines/moe_baseline.py; run_moe_on_gpu_machine.sh runs it in the same call and
 // prints both tables. Shapes: T tokens per rank (--tokens 128,4096,16384), hidden 7168,
@@ -18,7 +21,7 @@
 // table last and as JSON lines in --jsonl.
 //
 //   moe_bench [--world W] [--tokens 128,4096] [--routing uniform,zipf,zipf_logits] [--iters 30]
-//             [--jsonl FILE] [--commit C] [--machine M] [--blocks N] [--gemm-blocks N] [--cluster-m C]
+//             [--jsonl FILE] [--commit C] [--machine M] [--blocks N] [--gemm-blocks N] [--cluster-m C] [--mlp]
 // --blocks: communication blocks (fused: role blocks); --gemm-blocks, --cluster-m: the fused
 // kernel's GEMM blocks (0: every SM the role blocks leave) and cluster size (0: choose). Without
 // --machine the record names the GPUs this program sees.
@@ -38,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "fused/moe/moe_act.h"
 #include "fused/moe/moe_plan.h"
 #include "fused_harness.h"
 #include "gemm/gemm_test_util.cuh"
@@ -76,6 +80,7 @@ struct Args {
   uint32_t hidden = 7168, inter = 2048, experts = 256, top_k = 8;
   int iters = 30, blocks = 0, gemm_blocks = 0, cluster_m = 0;
   std::string jsonl, commit = "unknown", machine = "unknown";
+  bool mlp = false;  // --mlp: also the two-matrix MLP and its activation alone
 };
 
 struct Stat {
@@ -100,7 +105,7 @@ std::vector<uint32_t> parse_u32(const char* s) {
 struct Row {
   uint32_t tokens;
   std::string routing;
-  Stat fused, unfused, dispatch, combine;
+  Stat fused, unfused, dispatch, combine, mlp, act;
   double err = -1;
   uint64_t sent_rows = 0, nvlink_rows = 0;  // rank 0's dispatched token rows, and those to other GPUs
   std::string plan;
@@ -153,6 +158,14 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
   __nv_bfloat16* w = nullptr;
   B_CUDA(cudaMalloc(&w, 2ull * epr * N * H));
   gemm_test::fill_random(w, uint64_t{epr} * N * H, 900 + rank, 0.05f, st);
+  // --mlp: the MLP's weights, w1 [epr, 2N, H] (gate rows, then up rows) and w2 [epr, H, N].
+  __nv_bfloat16 *w1 = nullptr, *w2 = nullptr;
+  if (args.mlp) {
+    B_CUDA(cudaMalloc(&w1, 4ull * epr * N * H));
+    B_CUDA(cudaMalloc(&w2, 2ull * epr * N * H));
+    gemm_test::fill_random(w1, 2ull * epr * N * H, 1900 + rank, 0.03f, st);
+    gemm_test::fill_random(w2, uint64_t{epr} * N * H, 2900 + rank, 0.03f, st);
+  }
   for (uint32_t T : args.tokens)
     for (const std::string& routing : args.routing) {
       rt::MoeConfig plain, fused;
@@ -285,6 +298,34 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
       }
       B_CUDA(cudaStreamSynchronize(st));
       B_OK(comm.check(), "check after timing");
+      // --mlp: the two-matrix MLP, and its activation alone on this routing's rows.
+      std::vector<float> t_mlp, t_act;
+      if (args.mlp) {
+        auto m = rt::MoeMlp::create(comm, T, H, N, E, k, rt::MoeActivation::kSwiGlu, plain, st);
+        B_OK(m.status(), "create (mlp)");
+        __nv_bfloat16 *out_m, *y1, *hh;
+        B_CUDA(cudaMalloc(&out_m, 2ull * T * H));
+        B_CUDA(cudaMalloc(&y1, 4ull * rows * N));
+        B_CUDA(cudaMalloc(&hh, 2ull * rows * N));
+        gemm_test::fill_random(y1, 2ull * rows * N, 77 + rank, 2.0f, st);
+        t_mlp = time([&] { return m.value()->forward(x, ch, sc, w1, w2, out_m, st); });
+        B_CUDA(cudaStreamSynchronize(st));
+        B_OK(comm.check(), "check after the mlp");
+        std::vector<uint16_t> hm(size_t{T} * H);
+        B_CUDA(cudaMemcpy(hm.data(), out_m, hm.size() * 2, cudaMemcpyDeviceToHost));
+        if (!std::isfinite(rel_err(hm, hm))) B_OK(mkernel::Status(mkernel::StatusCode::kInternal, "non-finite output"), "mlp");
+        int sms = 0;
+        B_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, comm.cuda_device()));
+        t_act = time([&] {
+          const cudaError_t e = mk::moe_activation_launch(mk::MoeAct::kSwiGlu, y1, hh, off, epr, rows, N, sms, st);
+          return e == cudaSuccess ? mkernel::Status::Ok()
+                                  : mkernel::Status(mkernel::StatusCode::kDeviceError, cudaGetErrorString(e));
+        });
+        B_CUDA(cudaStreamSynchronize(st));
+        cudaFree(out_m);
+        cudaFree(y1);
+        cudaFree(hh);
+      }
       if (rank == 0) {
         Row row;
         row.tokens = T;
@@ -293,6 +334,8 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
         row.unfused = stats(t_unfused);
         row.dispatch = stats(t_dispatch);
         row.combine = stats(t_combine);
+        if (!t_mlp.empty()) row.mlp = stats(t_mlp);
+        if (!t_act.empty()) row.act = stats(t_act);
         row.err = err;
         const mk::MoeRouting r = mk::moe_route(mk::moe_geometry(mk::FusedLayout{1, R}, 0, T, H, N, E, k), choices.data());
         for (uint32_t d = 0; d < R; ++d) {
@@ -314,6 +357,8 @@ int run_rank(const Args& args, uint32_t rank, rt::Communicator& comm, cudaStream
       cudaFree(off);
     }
   cudaFree(w);
+  cudaFree(w1);
+  cudaFree(w2);
   return 0;
 }
 
@@ -356,6 +401,7 @@ int main(int argc, char** argv) {
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();
     else if (a == "--machine") args.machine = next();
+    else if (a == "--mlp") args.mlp = true;
     else {
       std::fprintf(stderr, "moe_bench: unknown argument %s (see the header of moe_bench.cu)\n", a.c_str());
       return 2;
@@ -387,6 +433,8 @@ int main(int argc, char** argv) {
   uint32_t flags = 65536;
   for (uint32_t T : args.tokens) {
     nvl = std::max(nvl, rt::moe_nvlink_bytes(1, args.world, T, args.hidden, args.inter, args.experts, args.top_k));
+    if (args.mlp)  // the MLP's combine carries hidden-wide rows
+      nvl = std::max(nvl, rt::moe_nvlink_bytes(1, args.world, T, args.hidden, args.hidden, args.experts, args.top_k));
     flags = std::max(flags, rt::moe_fused_flags(1, args.world, T, args.experts, args.top_k) + 64);
   }
   o.nvlink_bytes = nvl;
@@ -408,15 +456,17 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::printf("moe_bench: world %d, hidden %u, inter %u, %u experts, top-%u, %d iterations (medians, ms)\n",
               args.world, args.hidden, args.inter, args.experts, args.top_k, args.iters);
-  std::printf("%-7s %-8s %10s %10s %10s %10s %12s %12s %9s\n", "T", "routing", "fused", "unfused", "dispatch", "combine",
-              "disp GB/s", "NVLink GB/s", "err");
+  std::printf("%-7s %-8s %10s %10s %10s %10s %12s %12s %9s%s\n", "T", "routing", "fused", "unfused", "dispatch", "combine",
+              "disp GB/s", "NVLink GB/s", "err", args.mlp ? "        mlp        act" : "");
   bool bad = false;
   for (const Row& r : g_rows) {
     const double bytes = double(r.sent_rows) * args.hidden * 2, nvbytes = double(r.nvlink_rows) * args.hidden * 2;
     const double gbs = r.dispatch.med > 0 ? bytes / r.dispatch.med / 1e6 : 0;
     const double nvgbs = r.dispatch.med > 0 ? nvbytes / r.dispatch.med / 1e6 : 0;
-    std::printf("%-7u %-8s %10.3f %10.3f %10.3f %10.3f %12.1f %12.1f %9.1e\n", r.tokens, r.routing.c_str(), r.fused.med,
+    std::printf("%-7u %-8s %10.3f %10.3f %10.3f %10.3f %12.1f %12.1f %9.1e", r.tokens, r.routing.c_str(), r.fused.med,
                 r.unfused.med, r.dispatch.med, r.combine.med, gbs, nvgbs, r.err);
+    if (args.mlp) std::printf(" %10.3f %10.3f", r.mlp.med, r.act.med);
+    std::printf("\n");
     bad = bad || !(r.err < 1e-2);
     if (js) {
       auto rec = [&](const char* impl, const Stat& s, const char* extra) {
@@ -434,6 +484,10 @@ int main(int argc, char** argv) {
       std::snprintf(extra, sizeof(extra), ",\"token_GBps\":%.1f,\"nvlink_GBps\":%.1f", gbs, nvgbs);
       rec("mkernel_dispatch", r.dispatch, extra);
       rec("mkernel_combine", r.combine, "");
+      if (args.mlp) {
+        rec("mkernel_mlp", r.mlp, ",\"activation\":\"swiglu\",\"out_hidden\":\"hidden\"");
+        rec("mkernel_mlp_activation", r.act, ",\"activation\":\"swiglu\"");
+      }
     }
   }
   if (js) std::fclose(js);

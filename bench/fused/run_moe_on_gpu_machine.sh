@@ -4,7 +4,9 @@
 # all_to_all + torch._grouped_mm (moe_baseline.py, which the caller brings along: it lives in
 # ../shared/baselines beside the repository), on the same machine; tables last.
 #   bench/fused/run_moe_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE BASELINE_PY
-# Records: $OUT/moe.jsonl (ours), $OUT/moe.json (the baseline's, as the script writes it).
+# Then the two-matrix MLP: moe_bench --mlp and the same layer in PyTorch (moe_mlp_torch.py).
+# Records: $OUT/moe.jsonl (ours), $OUT/moe.json (the baseline's, as the script writes it),
+# $OUT/moe_mlp_torch.jsonl.
 set -u
 bundle=${1:?usage: run_moe_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE BASELINE_PY}
 commit=${2:?commit}
@@ -22,6 +24,16 @@ echo "exit $?"
 echo "== moe_baseline.py (NCCL all_to_all + torch._grouped_mm, $gpus rank(s))"
 OUT="$OUT" timeout 240 "$py" -m torch.distributed.run --nproc_per_node="$gpus" "$baseline" > "$OUT/baseline.log" 2>&1
 echo "exit $?"
+# The two-matrix MLP (SwiGLU) beside the same layer in PyTorch (moe_mlp_torch.py, beside this script).
+echo "== moe_bench --mlp and moe_mlp_torch.py"
+timeout 240 "$bundle/bin/moe_bench" --world "$gpus" --tokens 128,4096 --routing uniform,zipf_logits --iters 20 --mlp \
+  --jsonl "$OUT/moe.jsonl" --commit "$commit" --machine "$machine" > "$OUT/moe_mlp_bench.log" 2>&1
+echo "exit $?"
+OUT="$OUT" timeout 240 "$py" -m torch.distributed.run --nproc_per_node="$gpus" "$(dirname "${BASH_SOURCE[0]}")/moe_mlp_torch.py" \
+  --tokens 128,4096 --routing uniform,zipf_logits --iters 20 --commit "$commit" --machine "$machine" > "$OUT/moe_mlp_torch.log" 2>&1
+echo "exit $?"
 sed -n '/^moe_bench: world/,$p' "$OUT/moe_bench.log"; grep -E 'failed|FAIL|differs|error' "$OUT/moe_bench.log"
 [ -f "$OUT/moe_rank0.txt" ] && cat "$OUT/moe_rank0.txt"
+sed -n '/^moe_bench: world/,$p' "$OUT/moe_mlp_bench.log"; grep -E 'failed|FAIL|rror' "$OUT/moe_mlp_bench.log"
+tail -8 "$OUT/moe_mlp_torch.log"
 exit 0

@@ -8,6 +8,7 @@
     x_expert, offsets, *_ = mkernel.moe_dispatch(x, topk_ids, topk_weights, num_experts, group_name)
     out = mkernel.moe_combine(experts(x_expert, offsets), group_name, num_tokens=x.shape[0])
     out = mkernel.moe_forward(x, topk_ids, topk_weights, w, group_name)        # fused, one kernel
+    out = mkernel.moe_mlp(x, topk_ids, topk_weights, w1, w2, group_name)       # the expert MLP, SwiGLU
     o, lse = mkernel.ring_attention(q, k, v, group_name, causal=True)
 
 The ops are also ``torch.ops.mkernel.*`` (registered when torch is importable); the GEMM ones
@@ -62,6 +63,7 @@ else:
             moe_combine,
             moe_dispatch,
             moe_forward,
+            moe_mlp,
             ring_attention,
         )
     except ImportError as e:  # a torch that does not import (or predates torch.library's API)
@@ -78,7 +80,7 @@ if torch_unavailable_reason:
         raise NotBuiltError(torch_unavailable_reason)
 
     fused_matmul_all_reduce = fused_matmul_reduce_scatter  # type: ignore[misc]
-    moe_dispatch = moe_combine = moe_forward = ring_attention = fused_matmul_reduce_scatter  # type: ignore[misc]
+    moe_dispatch = moe_combine = moe_forward = moe_mlp = ring_attention = fused_matmul_reduce_scatter  # type: ignore[misc]
     zigzag_permutation = zigzag_reorder = fused_matmul_reduce_scatter  # type: ignore[misc]
 
 
@@ -112,6 +114,7 @@ __all__ = [
     "moe_dispatch",
     "moe_forward",
     "moe_fused_flags",
+    "moe_mlp",
     "moe_network_bytes",
     "moe_workspace_bytes",
     "native_available",

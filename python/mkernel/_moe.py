@@ -1,5 +1,6 @@
-"""How ``moe_dispatch``, ``moe_combine`` and ``moe_forward`` arguments map onto mkernel's MoE
-(libmkernel's ``MoeDispatchCombine``: docs/api.md, "MoE dispatch and combine").
+"""How ``moe_dispatch``, ``moe_combine``, ``moe_forward`` and ``moe_mlp`` arguments map onto
+mkernel's MoE (libmkernel's ``MoeDispatchCombine`` and ``MoeMlp``: docs/api.md, "MoE dispatch and
+combine").
 
 Both the real implementation and the fake one (torch.compile's tracing) go through these
 functions, so they check the same things and make outputs of the same shapes. Everything here
@@ -35,6 +36,11 @@ from ._errors import ArgumentError
 DISPATCH = "moe_dispatch"
 COMBINE = "moe_combine"
 FORWARD = "moe_forward"
+MLP = "moe_mlp"
+# moe_mlp's activations, in libmkernel's MoeActivation order; the gated ones take w1 as the gate
+# rows [0, inter) then the up rows [inter, 2 inter).
+ACTIVATIONS = ("swiglu", "geglu", "silu", "gelu", "relu")
+GATED = ("swiglu", "geglu")
 MAX_TOP_K = 32  # kernels' kMoeMaxTopK
 _INT31 = (1 << 31) - 1
 
@@ -233,12 +239,7 @@ class ForwardPlan:
             )
         if w.shape[1] % 8 != 0:
             raise ArgumentError(f"w: out_hidden = {w.shape[1]}; expected a multiple of 8 (16-byte rows)")
-        if not w.is_contiguous():
-            raise ArgumentError(
-                f"w: strides {tuple(w.stride())} for shape {_shape(w)}; expected packed "
-                f"{tuple(torch.empty(tuple(w.shape), device='meta').stride())} (the kernel reads every expert's "
-                "[out_hidden, hidden] rows; stack the experts' weights once, e.g. torch.stack, and keep that)"
-            )
+        _check_packed("w", w, "the kernel reads every expert's [out_hidden, hidden] rows")
         self.experts_per_rank = w.shape[0]
         self.experts = self.experts_per_rank * world
         self.out_hidden = w.shape[1]
@@ -250,3 +251,71 @@ class ForwardPlan:
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         return x.new_empty((self.tokens, self.out_hidden))
+
+
+def _check_packed(name: str, t: torch.Tensor, what: str) -> None:
+    if not t.is_contiguous():
+        raise ArgumentError(
+            f"{name}: strides {tuple(t.stride())} for shape {_shape(t)}; expected packed "
+            f"{tuple(torch.empty(tuple(t.shape), device='meta').stride())} ({what}; stack the experts' weights once, "
+            "e.g. torch.stack, and keep that)"
+        )
+
+
+class MlpPlan:
+    """What one moe_mlp call is: w1 [experts_per_rank, w1_rows, hidden] (gated activations: the gate
+    rows, then the up rows, w1_rows = 2 inter; plain ones: w1_rows = inter) and w2
+    [experts_per_rank, hidden, inter], each expert's nn.Linear weights, packed; out [num_tokens,
+    hidden]."""
+
+    def __init__(
+        self,
+        x: Any,
+        topk_ids: Any,
+        topk_weights: Any,
+        w1: Any,
+        w2: Any,
+        world: int,
+        activation: Any,
+        recv_tokens_per_source: Any,
+        expert_rows_capacity: Any,
+        apply_scores: Any,
+    ) -> None:
+        self.tokens, self.hidden, self.top_k = check_routing(x, topk_ids, topk_weights)
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
+            raise ArgumentError(f"activation: {activation!r}; expected one of {', '.join(map(repr, ACTIVATIONS))}")
+        self.activation = activation
+        self.gated = activation in GATED
+        _check_tensor("w2", w2, (torch.bfloat16,), "torch.bfloat16")
+        _check_same_device("w2", w2, x)
+        if w2.dim() != 3 or w2.shape[1] != self.hidden or w2.shape[0] == 0 or w2.shape[2] == 0:
+            raise ArgumentError(
+                f"w2: shape {_shape(w2)}; expected [experts_per_rank, hidden, inter] = [E / world, {self.hidden}, "
+                "inter]: each local expert's second nn.Linear weight, hidden from x"
+            )
+        self.inter = w2.shape[2]
+        if self.inter % 8 != 0:
+            raise ArgumentError(f"w2: inter = {self.inter} (last dimension); expected a multiple of 8 (16-byte rows)")
+        rows = 2 * self.inter if self.gated else self.inter
+        _check_tensor("w1", w1, (torch.bfloat16,), "torch.bfloat16")
+        _check_same_device("w1", w1, x)
+        if tuple(w1.shape) != (w2.shape[0], rows, self.hidden):
+            kind = f"2 x inter = {rows} rows (gate, then up) for {activation!r}" if self.gated else \
+                f"inter = {rows} rows for {activation!r}"
+            raise ArgumentError(
+                f"w1: shape {_shape(w1)}; expected [experts_per_rank, w1_rows, hidden] = [{w2.shape[0]}, {rows}, "
+                f"{self.hidden}] ({kind}; experts_per_rank from w2, hidden from x)"
+            )
+        _check_packed("w1", w1, "the kernel reads every expert's rows")
+        _check_packed("w2", w2, "the kernel reads every expert's rows")
+        self.experts_per_rank = w2.shape[0]
+        self.experts = self.experts_per_rank * world
+        self.out_hidden = self.hidden
+        check_experts(self.experts, self.top_k, world)
+        self.recv, self.rows_cap = check_capacities(
+            self.tokens, self.top_k, self.experts_per_rank, world, recv_tokens_per_source, expert_rows_capacity
+        )
+        self.apply_scores = check_bool("apply_scores", apply_scores)
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((self.tokens, self.hidden))

@@ -41,6 +41,11 @@ expert_rows_capacity=None, apply_scores=True) -> out``
     Dispatch, one GEMM per local expert (w [experts_per_rank, out_hidden, hidden]) and combine in
     one kernel.
 
+``moe_mlp(x, topk_ids, topk_weights, w1, w2, group_name, *, activation="swiglu",
+recv_tokens_per_source=None, expert_rows_capacity=None, apply_scores=True) -> out``
+    The whole expert layer: dispatch, each expert's w1 (gate and up), the activation, its w2,
+    combine; out [num_tokens, hidden] (libmkernel's MoeMlp, five launches).
+
 ``ring_attention(q, k, v, group_name, *, causal=False, layout="bhsd", placement="zigzag",
 scale=None) -> (out, lse)``
     Attention of this rank's queries over every rank's keys and values (sequence parallelism),
@@ -117,6 +122,11 @@ _MOE_COMBINE_SCHEMA = "moe_combine(Tensor y_expert, str group_name, *, int num_t
 _MOE_FORWARD_SCHEMA = (
     "moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w, str group_name, *, "
     "int? recv_tokens_per_source=None, int? expert_rows_capacity=None, bool apply_scores=True) -> Tensor"
+)
+_MOE_MLP_SCHEMA = (
+    "moe_mlp(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2, str group_name, *, "
+    "str activation=\"swiglu\", int? recv_tokens_per_source=None, int? expert_rows_capacity=None, "
+    "bool apply_scores=True) -> Tensor"
 )
 _RING_SCHEMA = (
     "ring_attention(Tensor q, Tensor k, Tensor v, str group_name, *, bool causal=False, str layout=\"bhsd\", "
@@ -603,6 +613,55 @@ def _moe_forward_fake(
     return plan.output(x)
 
 
+def _moe_mlp(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    group_name: str,
+    *,
+    activation: str = "swiglu",
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
+    world = _world_size(group_name)
+    plan = _moe.MlpPlan(x, topk_ids, topk_weights, w1, w2, world, activation, recv_tokens_per_source,
+                        expert_rows_capacity, apply_scores)
+    comm = _communicator_for_moe(group_name, x, plan, world)
+    out = plan.output(x)
+    with torch.cuda.device(x.device):
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        ids, weights = _routing_of(topk_ids, topk_weights)
+        comm.native.moe_mlp(
+            _dlpack(_packed(x)), _dlpack(ids), _dlpack(weights), _dlpack(w1), _dlpack(w2), _dlpack(out), stream,
+            activation=plan.activation, recv_tokens_per_source=plan.recv, expert_rows_capacity=plan.rows_cap,
+            apply_scores=plan.apply_scores,
+        )
+    return out
+
+
+def _moe_mlp_fake(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    group_name: str,
+    *,
+    activation: str = "swiglu",
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    _moe.check_routing(x, topk_ids, topk_weights)
+    plan = _moe.MlpPlan(x, topk_ids, topk_weights, w1, w2, _world_size(group_name), activation,
+                        recv_tokens_per_source, expert_rows_capacity, apply_scores)
+    return plan.output(x)
+
+
 # ---- ring attention -----------------------------------------------------------------------------
 
 
@@ -665,6 +724,7 @@ for _schema, _name, _real, _fake in (
     (_MOE_DISPATCH_SCHEMA, _moe.DISPATCH, _moe_dispatch, _moe_dispatch_fake),
     (_MOE_COMBINE_SCHEMA, _moe.COMBINE, _moe_combine, _moe_combine_fake),
     (_MOE_FORWARD_SCHEMA, _moe.FORWARD, _moe_forward, _moe_forward_fake),
+    (_MOE_MLP_SCHEMA, _moe.MLP, _moe_mlp, _moe_mlp_fake),
     (_RING_SCHEMA, _ring.OP_NAME, _ring_attention, _ring_attention_fake),
 ):
     _lib.define(_schema, tags=_stride_tag())
@@ -831,6 +891,39 @@ def moe_forward(
     return torch.ops.mkernel.moe_forward(
         x, topk_ids, topk_weights, w, _name_of(group_name), recv_tokens_per_source=recv_tokens_per_source,
         expert_rows_capacity=expert_rows_capacity, apply_scores=apply_scores,
+    )
+
+
+def moe_mlp(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    group_name: Any,
+    *,
+    activation: str = "swiglu",
+    recv_tokens_per_source: int | None = None,
+    expert_rows_capacity: int | None = None,
+    apply_scores: bool = True,
+) -> torch.Tensor:
+    """An expert-parallel MoE MLP layer (mkernel's MoeMlp): dispatch, each expert's first linear
+    layer, the activation, its second, combine. out [num_tokens, hidden] = for each token the sum
+    over its choices (e, s) of s x (act(x_token @ w1[e].T) @ w2[e].T).
+
+    w1 [experts_per_rank, w1_rows, hidden] and w2 [experts_per_rank, hidden, inter], bf16, packed:
+    this rank's experts' nn.Linear weights (num_experts = experts_per_rank x world). ``activation``:
+    "swiglu" (silu(gate) x up) or "geglu" (gelu(gate) x up), with w1's rows the gate's [0, inter)
+    then the up projection's [inter, 2 inter); or "silu", "gelu" (erf form), "relu" with w1_rows =
+    inter. Each linear layer's output and the activation are rounded to bf16 once; the combine's
+    sums are fp32 in a fixed order (bit-identical from run to run). Other arguments as for
+    :func:`moe_dispatch`. A CUDA graph capture needs the shape planned first: run the call once
+    before capturing. Runs ``torch.ops.mkernel.moe_mlp``.
+    """
+    return torch.ops.mkernel.moe_mlp(
+        x, topk_ids, topk_weights, w1, w2, _name_of(group_name), activation=activation,
+        recv_tokens_per_source=recv_tokens_per_source, expert_rows_capacity=expert_rows_capacity,
+        apply_scores=apply_scores,
     )
 
 

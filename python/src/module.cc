@@ -94,6 +94,14 @@ MoeShape moe_shape(uint64_t tokens, uint64_t hidden, uint64_t out_hidden, uint32
   return m;
 }
 
+// "swiglu", "geglu", "silu", "gelu" or "relu" (rt::MoeActivation).
+rt::MoeActivation moe_activation(const std::string& name) {
+  static const char* const names[] = {"swiglu", "geglu", "silu", "gelu", "relu"};
+  for (int i = 0; i < 5; ++i)
+    if (name == names[i]) return static_cast<rt::MoeActivation>(i);
+  throw ArgumentError{"activation: '" + name + "'; expected 'swiglu', 'geglu', 'silu', 'gelu' or 'relu'"};
+}
+
 rt::MoeConfig moe_config(uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity) {
   rt::MoeConfig c;
   c.recv_tokens_per_source = recv_tokens_per_source;
@@ -267,6 +275,16 @@ NB_MODULE(_C, m) {
       },
       "x"_a, "topk_ids"_a, "topk_weights"_a, "w"_a, "out"_a,
       "Refuses (ArgumentError) arrays a fused MoE forward would not take; needs no GPU.");
+  m.def(
+      "check_moe_mlp",
+      [](const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+         const nb::ndarray<>& w1, const nb::ndarray<>& w2, const nb::ndarray<>& out, const std::string& activation) {
+        const rt::MoeActivation a = moe_activation(activation);
+        (void)check_moe_mlp(x, topk_ids, topk_weights, w1, w2, out,
+                            a == rt::MoeActivation::kSwiGlu || a == rt::MoeActivation::kGeGlu);
+      },
+      "x"_a, "topk_ids"_a, "topk_weights"_a, "w1"_a, "w2"_a, "out"_a, "activation"_a = "swiglu",
+      "Refuses (ArgumentError) arrays or an activation an MoE MLP would not take; needs no GPU.");
   m.def(
       "check_ring_attention",
       [](const nb::ndarray<>& q, const nb::ndarray<>& k, const nb::ndarray<>& v, const nb::ndarray<>& out,
@@ -457,6 +475,28 @@ NB_MODULE(_C, m) {
           "x"_a, "topk_ids"_a, "topk_weights"_a, "w"_a, "out"_a, "stream"_a, nb::kw_only(),
           "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0, "apply_scores"_a = true,
           "Dispatch, one GEMM per local expert (w [experts_per_rank, out_hidden, hidden]) and combine in one launch.")
+      .def(
+          "moe_mlp",
+          [](PyCommunicator& c, const nb::ndarray<>& x, const nb::ndarray<>& topk_ids, const nb::ndarray<>& topk_weights,
+             const nb::ndarray<>& w1, const nb::ndarray<>& w2, const nb::ndarray<>& out, uintptr_t stream,
+             const std::string& activation, uint32_t recv_tokens_per_source, uint64_t expert_rows_capacity,
+             bool apply_scores) {
+            const rt::MoeActivation act = moe_activation(activation);
+            const MoeMlpArgs args = check_moe_mlp(x, topk_ids, topk_weights, w1, w2, out,
+                                                  act == rt::MoeActivation::kSwiGlu || act == rt::MoeActivation::kGeGlu);
+            const uint64_t experts = args.w2.shape[0] * uint64_t{c.size()};
+            if (experts > 0xFFFFFFFFu)
+              throw ArgumentError{"w2: " + std::to_string(args.w2.shape[0]) + " experts per rank; expected fewer"};
+            const MoeShape s = moe_shape(args.x.shape[0], args.x.shape[1], args.x.shape[1],
+                                         static_cast<uint32_t>(experts), static_cast<uint32_t>(args.choices.shape[1]),
+                                         recv_tokens_per_source, expert_rows_capacity, apply_scores, false);
+            nb::gil_scoped_release unlocked;
+            c.moe_mlp(args, s, act, stream);
+          },
+          "x"_a, "topk_ids"_a, "topk_weights"_a, "w1"_a, "w2"_a, "out"_a, "stream"_a, nb::kw_only(),
+          "activation"_a = "swiglu", "recv_tokens_per_source"_a = 0, "expert_rows_capacity"_a = 0,
+          "apply_scores"_a = true,
+          "The expert MLP layer: dispatch, w1 (gate and up), the activation, w2, combine (five launches).")
       .def(
           "plan_ring_attention",
           [](PyCommunicator& c, uint64_t batch, uint64_t heads_q, uint64_t heads_kv, uint64_t s_local,

@@ -429,6 +429,34 @@ void PyCommunicator::moe_forward(const MoeForwardArgs& args, const MoeShape& sha
                             as_stream(stream)));
 }
 
+void PyCommunicator::moe_mlp(const MoeMlpArgs& args, const MoeShape& shape, rt::MoeActivation activation,
+                             uintptr_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rt::Communicator& comm = live("moe_mlp");
+  if (args.x.device != comm.cuda_device()) throw ArgumentError{on_device_text("x", args.x.device, comm)};
+  DeviceScope scope(comm.cuda_device());
+  throw_if_error(comm.check());
+  const uint64_t inter = args.w2.shape[2];
+  const auto key = std::make_tuple(shape.key(), inter, static_cast<int>(activation));
+  auto it = mlp_plans_.find(key);
+  if (it == mlp_plans_.end()) {
+    refuse_if_capturing(stream, "moe_mlp", shape.text() + " inter=" + std::to_string(inter),
+                        "moe_mlp with it before capturing");
+    auto op = rt::MoeMlp::create(comm, shape.tokens, shape.hidden, inter, shape.experts, shape.top_k, activation,
+                                 shape.config(), as_stream(stream));
+    if (!op.ok()) throw_status(op.status());
+    it = mlp_plans_.emplace(key, std::move(op.value())).first;
+  }
+  rt::MoeMlp& op = *it->second;
+  if (args.w2.shape[0] != op.experts_per_rank())
+    throw ArgumentError{"w2: " + std::to_string(args.w2.shape[0]) + " experts; expected experts_per_rank = " +
+                        std::to_string(op.experts_per_rank()) + " of " + shape.text()};
+  moe_dispatched_ = nullptr;  // the MLP's own dispatch and combine run on the communicator
+  throw_if_error(op.forward(args.x.data, static_cast<const int32_t*>(args.choices.data),
+                            static_cast<const float*>(args.scores.data), args.w1.data, args.w2.data, args.out.data,
+                            as_stream(stream)));
+}
+
 // ---- ring attention -----------------------------------------------------------------------------
 
 PyCommunicator::RingKey PyCommunicator::ring_key(const rt::RingAttentionShape& s) {

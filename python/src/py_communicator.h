@@ -129,6 +129,8 @@ class PyCommunicator {
   void moe_dispatch(const MoeDispatchArgs& args, const MoeShape& shape, uintptr_t stream);
   void moe_combine(const MoeCombineArgs& args, uintptr_t stream);
   void moe_forward(const MoeForwardArgs& args, const MoeShape& shape, uintptr_t stream);
+  // The two-matrix MLP (rt::MoeMlp), planned per shape, intermediate size and activation.
+  void moe_mlp(const MoeMlpArgs& args, const MoeShape& shape, rt::MoeActivation activation, uintptr_t stream);
   // Ring attention, one plan per shape (rt::RingAttentionShape, every field).
   void plan_ring_attention(const rt::RingAttentionShape& shape, uintptr_t stream);
   bool has_ring_attention_plan(const rt::RingAttentionShape& shape);
@@ -173,6 +175,7 @@ class PyCommunicator {
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmReduceScatter>> rs_plans_;
   std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::unique_ptr<rt::GemmAllReduce>> ar_plans_;
   std::map<MoeKey, std::unique_ptr<rt::MoeDispatchCombine>> moe_plans_;
+  std::map<std::tuple<MoeKey, uint64_t, int>, std::unique_ptr<rt::MoeMlp>> mlp_plans_;
   std::map<RingKey, std::unique_ptr<rt::RingAttention>> ring_plans_;
   // The plan whose dispatch was the last MoE launch, and its shape (note 6); null: none pending.
   rt::MoeDispatchCombine* moe_dispatched_ = nullptr;

@@ -202,6 +202,14 @@ Args gemm_sum_args(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::nda
   return r;
 }
 
+// topk_ids [tokens, top_k] and topk_weights of the same shape.
+void expect_routing(const Array& choices, const Array& scores, uint64_t tokens) {
+  if (choices.shape[0] != tokens)
+    refuse("topk_ids: shape " + dims_text(choices.shape) + "; expected (" + std::to_string(tokens) +
+           ", top_k): a row of choices per token of x");
+  expect_dims(scores, "topk_weights", choices.shape, "= topk_ids' shape (a score per choice)");
+}
+
 }  // namespace
 
 AllGatherGemmArgs check_all_gather_gemm(const nb::ndarray<>& a, const nb::ndarray<>& w, const nb::ndarray<>& c,
@@ -255,10 +263,7 @@ MoeDispatchArgs check_moe_dispatch(const nb::ndarray<>& x, const nb::ndarray<>& 
   if (row_token) r.row_token = array(*row_token, "row_token", Elem::kInt32, 1);
   if (row_score) r.row_score = array(*row_score, "row_score", Elem::kFp32, 1);
   const uint64_t tokens = r.x.shape[0], hidden = r.x.shape[1], rows = r.x_expert.shape[0];
-  if (r.choices.shape[0] != tokens)
-    refuse("topk_ids: shape " + dims_text(r.choices.shape) + "; expected (" + std::to_string(tokens) +
-           ", top_k): a row of choices per token of x");
-  expect_dims(r.scores, "topk_weights", r.choices.shape, "= topk_ids' shape (a score per choice)");
+  expect_routing(r.choices, r.scores, tokens);
   expect_dims(r.x_expert, "x_expert", {rows, hidden}, "= (rows, hidden): rows of x's width");
   if (r.row_source) expect_dims(*r.row_source, "row_source", {rows}, "= (rows,) of x_expert");
   if (r.row_token) expect_dims(*r.row_token, "row_token", {rows}, "= (rows,) of x_expert");
@@ -291,16 +296,37 @@ MoeForwardArgs check_moe_forward(const nb::ndarray<>& x, const nb::ndarray<>& ch
   r.w = array(w, "w", Elem::kBf16, 3);
   r.out = array(out, "out", Elem::kBf16, 2);
   const uint64_t tokens = r.x.shape[0], hidden = r.x.shape[1];
-  if (r.choices.shape[0] != tokens)
-    refuse("topk_ids: shape " + dims_text(r.choices.shape) + "; expected (" + std::to_string(tokens) +
-           ", top_k): a row of choices per token of x");
-  expect_dims(r.scores, "topk_weights", r.choices.shape, "= topk_ids' shape (a score per choice)");
+  expect_routing(r.choices, r.scores, tokens);
   if (r.w.shape[2] != hidden)
     refuse("w: shape " + dims_text(r.w.shape) + "; expected (experts_per_rank, out_hidden, " + std::to_string(hidden) +
            "): each expert's nn.Linear weight [out_hidden, hidden], hidden from x");
   expect_dims(r.out, "out", {tokens, r.w.shape[1]}, "= (tokens, out_hidden)");
   expect_same_device(r.x, "x",
                      {{"topk_ids", &r.choices}, {"topk_weights", &r.scores}, {"w", &r.w}, {"out", &r.out}});
+  return r;
+}
+
+MoeMlpArgs check_moe_mlp(const nb::ndarray<>& x, const nb::ndarray<>& choices, const nb::ndarray<>& scores,
+                         const nb::ndarray<>& w1, const nb::ndarray<>& w2, const nb::ndarray<>& out, bool gated) {
+  MoeMlpArgs r;
+  r.x = array(x, "x", Elem::kBf16, 2);
+  r.choices = array(choices, "topk_ids", Elem::kInt32, 2);
+  r.scores = array(scores, "topk_weights", Elem::kFp32, 2);
+  r.w1 = array(w1, "w1", Elem::kBf16, 3);
+  r.w2 = array(w2, "w2", Elem::kBf16, 3);
+  r.out = array(out, "out", Elem::kBf16, 2);
+  const uint64_t tokens = r.x.shape[0], hidden = r.x.shape[1];
+  expect_routing(r.choices, r.scores, tokens);
+  if (r.w2.shape[1] != hidden || r.w2.shape[2] % 8 != 0)
+    refuse("w2: shape " + dims_text(r.w2.shape) + "; expected (experts_per_rank, " + std::to_string(hidden) +
+           ", inter), inter a multiple of 8: each expert's second nn.Linear weight, hidden from x");
+  const uint64_t inter = r.w2.shape[2];
+  expect_dims(r.w1, "w1", {r.w2.shape[0], gated ? 2 * inter : inter, hidden},
+              gated ? "= (experts_per_rank, 2 x inter, hidden): the gate's rows, then the up projection's"
+                    : "= (experts_per_rank, inter, hidden)");
+  expect_dims(r.out, "out", {tokens, hidden}, "= (tokens, hidden)");
+  expect_same_device(r.x, "x",
+                     {{"topk_ids", &r.choices}, {"topk_weights", &r.scores}, {"w1", &r.w1}, {"w2", &r.w2}, {"out", &r.out}});
   return r;
 }
 

@@ -86,6 +86,12 @@ struct MoeForwardArgs {
   Array x, choices, scores, w, out;
 };
 
+// The arguments of one MoE MLP: x, choices, scores as for dispatch; w1 [experts_per_rank, w1_rows,
+// hidden], w2 [experts_per_rank, hidden, inter] bf16; out [tokens, hidden] bf16.
+struct MoeMlpArgs {
+  Array x, choices, scores, w1, w2, out;
+};
+
 // The arguments of one ring attention launch: q, o [B, Hq, S, D] and k, v [B, Hkv, S, D] (layout
 // "bhsd") or [B, S, H, D] ("bshd"), bf16; lse [B, Hq, S] fp32.
 struct RingAttentionArgs {
@@ -113,6 +119,10 @@ MoeCombineArgs check_moe_combine(const nanobind::ndarray<>& y_expert, const nano
 MoeForwardArgs check_moe_forward(const nanobind::ndarray<>& x, const nanobind::ndarray<>& choices,
                                  const nanobind::ndarray<>& scores, const nanobind::ndarray<>& w,
                                  const nanobind::ndarray<>& out);
+// gated: w1_rows = 2 x inter (the gate's rows, then the up projection's), else inter.
+MoeMlpArgs check_moe_mlp(const nanobind::ndarray<>& x, const nanobind::ndarray<>& choices,
+                         const nanobind::ndarray<>& scores, const nanobind::ndarray<>& w1,
+                         const nanobind::ndarray<>& w2, const nanobind::ndarray<>& out, bool gated);
 // layout: "bhsd" or "bshd".
 RingAttentionArgs check_ring_attention(const nanobind::ndarray<>& q, const nanobind::ndarray<>& k,
                                        const nanobind::ndarray<>& v, const nanobind::ndarray<>& o,

@@ -3,11 +3,13 @@
 // experts (experts / world per rank). dispatch hands each rank the rows of its experts; the
 // "experts" here scale their rows (expert e by 1 + (e mod 7) / 8, standing in for an MLP or a
 // grouped GEMM); combine returns every token's score-weighted sum over its experts to its home.
+// Then the same routing through a real expert layer, MoeMlp: dispatch, each expert's w1 (gate and
+// up), SwiGLU, its w2, combine, with one token's output checked against the host.
 //
 // Launched by torchrun (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT) with MKERNEL_TOKEN set to the same secret on every rank:
-//   MKERNEL_TOKEN=$(openssl rand -hex 16) torchrun --nproc-per-node 2 ./mkernel-moe 4096 7168 256 8
-// (arguments: tokens per rank, hidden, experts, top_k).
+//   MKERNEL_TOKEN=$(openssl rand -hex 16) torchrun --nproc-per-node 2 ./mkernel-moe 4096 7168 256 8 2048
+// (arguments: tokens per rank, hidden, experts, top_k, the MLP's intermediate size; 0 skips the MLP).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,9 +31,12 @@ __device__ __host__ inline uint32_t mix(uint64_t i, uint32_t seed) {
   x *= 0x2C1B3C6Du;
   return x ^ (x >> 12);
 }
-__global__ void fill(__nv_bfloat16* p, uint64_t n, uint32_t seed) {
+__device__ __host__ inline float value(uint64_t i, uint32_t seed, float scale) {
+  return (static_cast<float>(mix(i, seed) % 2001) / 1000.0f - 1.0f) * scale;
+}
+__global__ void fill(__nv_bfloat16* p, uint64_t n, uint32_t seed, float scale = 1.0f) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x)
-    p[i] = __float2bfloat16(static_cast<float>(mix(i, seed) % 2001) / 1000.0f - 1.0f);
+    p[i] = __float2bfloat16(value(i, seed, scale));
 }
 // The stand-in experts: y = x * (1 + (e mod 7) / 8) for the rows of each local expert.
 __global__ void experts(const __nv_bfloat16* x, __nv_bfloat16* y, const uint32_t* offsets, uint32_t epr,
@@ -49,6 +54,7 @@ int main(int argc, char** argv) {
   const uint64_t hidden = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 7168;
   const uint32_t experts_n = argc > 3 ? static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)) : 256;
   const uint32_t top_k = argc > 4 ? static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10)) : 8;
+  const uint64_t inter = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : 2048;
   const char* world_env = std::getenv("WORLD_SIZE");
   const uint32_t world = world_env != nullptr ? static_cast<uint32_t>(std::atoi(world_env)) : 1;
 
@@ -135,5 +141,72 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("rank %u: %d of 6 checked elements wrong\n", c.rank(), wrong);
-  return wrong == 0 ? 0 : 1;
+  if (wrong != 0 || inter == 0) return wrong == 0 ? 0 : 1;
+  cudaFree(xe);
+  cudaFree(ye);
+
+  // The expert layer: w1[e] [2 inter, hidden] (gate rows, then up rows) and w2[e] [hidden, inter],
+  // every expert's values from its own seed (so any rank can recompute any expert on the host).
+  auto mlp_made = rt::MoeMlp::create(c, tokens, hidden, inter, experts_n, top_k, rt::MoeActivation::kSwiGlu, {}, stream);
+  if (!mlp_made.ok()) return std::fprintf(stderr, "rank %u: %s\n", c.rank(), mlp_made.status().to_string().c_str()), 1;
+  rt::MoeMlp& mlp = *mlp_made.value();
+  std::printf("rank %u: %s, workspace %.2f GB\n", c.rank(), mlp.describe().c_str(), mlp.workspace_bytes() / 1e9);
+  const float s1 = 2.0f / std::sqrt(static_cast<float>(hidden)), s2 = 2.0f / std::sqrt(static_cast<float>(inter));
+  const uint64_t w1_elems = 2 * inter * hidden, w2_elems = hidden * inter;
+  __nv_bfloat16 *w1, *w2;
+  if (cudaMalloc(&w1, epr * w1_elems * 2) != cudaSuccess || cudaMalloc(&w2, epr * w2_elems * 2) != cudaSuccess)
+    return std::fprintf(stderr, "rank %u: cudaMalloc failed (the experts' weights, %.2f GB)\n", c.rank(),
+                        epr * (w1_elems + w2_elems) * 2 / 1e9), 1;
+  for (uint32_t e = 0; e < epr; ++e) {
+    const uint32_t global = c.rank() * epr + e;
+    fill<<<256, 256, 0, stream>>>(w1 + e * w1_elems, w1_elems, 5000 + global, s1);
+    fill<<<256, 256, 0, stream>>>(w2 + e * w2_elems, w2_elems, 9000 + global, s2);
+  }
+  for (int step = 0; step < 3; ++step)
+    if (auto s = mlp.forward(x, dchoice, dscore, w1, w2, out, stream); !s.ok())
+      return std::fprintf(stderr, "rank %u: mlp forward: %s\n", c.rank(), s.to_string().c_str()), 1;
+  cudaStreamSynchronize(stream);
+  if (const mkernel::Status s = c.check(); !s.ok()) return std::fprintf(stderr, "rank %u: %s\n", c.rank(), s.to_string().c_str()), 1;
+
+  // Host check of token `tokens / 2`: every choice's expert recomputed from its seeds, rounding
+  // where the op rounds (w1's output, the activation, w2's output).
+  const uint64_t t = tokens / 2;
+  cudaMemcpy(xr.data(), x + t * hidden, hidden * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(orow.data(), out + t * hidden, hidden * 2, cudaMemcpyDeviceToHost);
+  auto rb = [](double v) { return static_cast<double>(__bfloat162float(__float2bfloat16(static_cast<float>(v)))); };
+  auto wv = [](uint64_t i, uint32_t seed, float scale) { return static_cast<double>(__bfloat162float(__float2bfloat16(value(i, seed, scale)))); };
+  std::vector<double> ref(hidden, 0.0), mag(hidden, 0.0), h(inter);
+  for (uint32_t j = 0; j < top_k; ++j) {
+    const uint32_t e = static_cast<uint32_t>(choice[t * top_k + j]);
+    std::vector<double> y1(2 * inter);
+    for (uint64_t n = 0; n < 2 * inter; ++n) {
+      double acc = 0;
+      for (uint64_t k = 0; k < hidden; ++k) acc += double(__bfloat162float(xr[k])) * wv(n * hidden + k, 5000 + e, s1);
+      y1[n] = rb(acc);
+    }
+    for (uint64_t i = 0; i < inter; ++i) h[i] = rb(y1[i] / (1.0 + std::exp(-y1[i])) * y1[inter + i]);
+    for (uint64_t col = 0; col < hidden; ++col) {
+      double acc = 0, m = 0;
+      for (uint64_t i = 0; i < inter; ++i) {
+        const double w = wv(col * inter + i, 9000 + e, s2);
+        acc += w * h[i];
+        m += std::fabs(w * h[i]);
+      }
+      ref[col] += score[t * top_k + j] * rb(acc);
+      mag[col] += score[t * top_k + j] * (m + std::fabs(acc));
+    }
+  }
+  int mlp_wrong = 0;
+  double worst = 0;
+  for (uint64_t col = 0; col < hidden; ++col) {
+    const double g = __bfloat162float(orow[col]), d = std::fabs(g - ref[col]);
+    const double bound = std::ldexp(mag[col], -6) + std::ldexp(std::fabs(ref[col]), -8) + 1e-4;
+    worst = std::max(worst, d / bound);
+    if (!(d <= bound) && mlp_wrong++ < 3)
+      std::printf("rank %u: mlp out[%llu][%llu] = %.5f (host: %.5f) WRONG\n", c.rank(), static_cast<unsigned long long>(t),
+                  static_cast<unsigned long long>(col), g, ref[col]);
+  }
+  std::printf("rank %u: mlp: token %llu, %d of %llu elements outside the bound (worst %.2f of it)\n", c.rank(),
+              static_cast<unsigned long long>(t), mlp_wrong, static_cast<unsigned long long>(hidden), worst);
+  return mlp_wrong == 0 ? 0 : 1;
 }

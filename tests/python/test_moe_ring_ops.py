@@ -1,4 +1,4 @@
-"""torch.ops.mkernel's MoE (moe_dispatch, moe_combine, moe_forward) and ring_attention without a
+"""torch.ops.mkernel's MoE (moe_dispatch, moe_combine, moe_forward, moe_mlp) and ring_attention without a
 GPU: registration, the arguments refused (naming them), the fake implementations' shapes and
 dtypes, tracing by torch.compile and make_fx, communicator sizes, the zigzag placement.
 
@@ -70,12 +70,18 @@ def test_moe_and_ring_ops_are_registered_with_their_schemas():
     assert schema_args(torch.ops.mkernel.moe_forward)[:5] == [
         ("x", "Tensor", False), ("topk_ids", "Tensor", False), ("topk_weights", "Tensor", False),
         ("w", "Tensor", False), ("group_name", "str", False)]
+    assert schema_args(torch.ops.mkernel.moe_mlp) == [
+        ("x", "Tensor", False), ("topk_ids", "Tensor", False), ("topk_weights", "Tensor", False),
+        ("w1", "Tensor", False), ("w2", "Tensor", False), ("group_name", "str", False), ("activation", "str", True),
+        ("recv_tokens_per_source", "Optional[int]", True), ("expert_rows_capacity", "Optional[int]", True),
+        ("apply_scores", "bool", True),
+    ]
     assert schema_args(torch.ops.mkernel.ring_attention) == [
         ("q", "Tensor", False), ("k", "Tensor", False), ("v", "Tensor", False), ("group_name", "str", False),
         ("causal", "bool", True), ("layout", "str", True), ("placement", "str", True), ("scale", "Optional[float]", True),
     ]
     assert len(torch.ops.mkernel.ring_attention.default._schema.returns) == 2
-    for name in ("moe_dispatch", "moe_combine", "moe_forward", "ring_attention"):
+    for name in ("moe_dispatch", "moe_combine", "moe_forward", "moe_mlp", "ring_attention"):
         assert getattr(mkernel, name).__module__ == "mkernel.ops"
 
 
@@ -88,6 +94,8 @@ def test_cpu_tensors_refused_naming_the_device():
         torch.ops.mkernel.moe_combine(x, "0", num_tokens=4)
     with pytest.raises(mkernel.ArgumentError, match=r"^x: device cpu"):
         torch.ops.mkernel.moe_forward(x, ids, weights, torch.zeros(2, 8, 16, dtype=BF16), "0")
+    with pytest.raises(mkernel.ArgumentError, match=r"^x: device cpu"):
+        torch.ops.mkernel.moe_mlp(x, ids, weights, torch.zeros(2, 16, 16, dtype=BF16), torch.zeros(2, 16, 8, dtype=BF16), "0")
     q = torch.zeros(1, 2, 8, 64, dtype=BF16)
     with pytest.raises(mkernel.ArgumentError, match=r"^q: device cpu; expected a CUDA tensor"):
         torch.ops.mkernel.ring_attention(q, q, q, "0")
@@ -233,6 +241,59 @@ def test_forward_fake_output(fake_pg, fake_mode, ids_dtype):
     x, w = cuda(48, 256), cuda(3, 512, 256)
     out = torch.ops.mkernel.moe_forward(x, *routing(48, 4, ids_dtype), w, fake_pg, recv_tokens_per_source=16)
     assert (tuple(out.shape), out.dtype, out.device, out.is_contiguous()) == ((48, 512), BF16, x.device, True)
+
+
+# ---- moe_mlp ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32, dtype=torch.float16), cuda(2, 32, 16), {}),
+         r"^w1: dtype torch.float16; expected torch.bfloat16"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32), cuda(2, 32, 16, dtype=F32), {}),
+         r"^w2: dtype torch.float32; expected torch.bfloat16"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32), cuda(2, 64, 16), {}),
+         r"^w2: shape \(2, 64, 16\); expected \[experts_per_rank, hidden, inter\] = \[E / world, 32, inter\]"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 24, 32), cuda(2, 32, 12), {}),
+         r"^w2: inter = 12 \(last dimension\); expected a multiple of 8"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 16, 32), cuda(2, 32, 16), {}),
+         r"^w1: shape \(2, 16, 32\); expected \[experts_per_rank, w1_rows, hidden\] = \[2, 32, 32\] \(2 x inter = 32 rows "
+         r"\(gate, then up\) for 'swiglu'"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32), cuda(2, 32, 16), dict(activation="relu")),
+         r"^w1: shape \(2, 32, 32\); expected \[experts_per_rank, w1_rows, hidden\] = \[2, 16, 32\] \(inter = 16 rows for 'relu'"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32), cuda(2, 32, 16), dict(activation="tanh")),
+         r"^activation: 'tanh'; expected one of 'swiglu', 'geglu', 'silu', 'gelu', 'relu'"),
+        (lambda: (cuda(64, 32), *routing(), cuda(2, 32, 32), cuda(2, 16, 32).transpose(1, 2), {}),
+         r"^w2: strides \(512, 1, 32\) for shape \(2, 32, 16\); expected packed \(512, 16, 1\)"),
+        (lambda: (cuda(64, 32), *routing(top_k=5), cuda(2, 32, 32), cuda(2, 32, 16), {}),
+         r"^topk_ids: top_k = 5 choices per token; expected 1 \.\. 4"),
+    ],
+)
+def test_mlp_bad_arguments_refused_naming_the_argument(fake_pg, fake_mode, make, message):
+    x, ids, weights, w1, w2, kwargs = make()
+    with pytest.raises(mkernel.ArgumentError, match=message):
+        torch.ops.mkernel.moe_mlp(x, ids, weights, w1, w2, fake_pg, **kwargs)
+
+
+@pytest.mark.parametrize("fake_pg", [2, 4], indirect=True)
+@pytest.mark.parametrize("activation, rows", [("swiglu", 512), ("geglu", 512), ("silu", 256), ("gelu", 256), ("relu", 256)])
+def test_mlp_fake_output(fake_pg, fake_mode, activation, rows):
+    x = cuda(48, 128)
+    out = mkernel.moe_mlp(x, *routing(48, 4, I64), cuda(3, rows, 128), cuda(3, 128, 256), fake_pg, activation=activation,
+                          recv_tokens_per_source=16)
+    assert (tuple(out.shape), out.dtype, out.device, out.is_contiguous()) == ((48, 128), BF16, x.device, True)
+
+
+def test_mlp_traces_under_make_fx(fake_pg):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def layer(x, ids, weights, w1, w2):
+        return mkernel.moe_mlp(x, ids, weights, w1, w2, fake_pg) * 2
+
+    with FakeTensorMode():
+        graph = make_fx(layer)(cuda(16, 64), *routing(16, 2), cuda(1, 64, 64), cuda(1, 64, 32))
+    assert any(n.target is torch.ops.mkernel.moe_mlp.default for n in graph.graph.nodes)
 
 
 # ---- ring_attention -----------------------------------------------------------------------------

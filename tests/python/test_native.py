@@ -325,6 +325,28 @@ def test_moe_combine_and_forward_arrays_refused_name_the_argument(native):
         native.check_moe_forward(*routing(), dl_array([2, 32, 128]), dl_array([64, 16]))
 
 
+def test_moe_mlp_arrays_checked_naming_the_argument(native):
+    def routing():  # a capsule is consumed by the call it is given to
+        return dl_array([64, 128]), dl_array([64, 2], dtype=I32), dl_array([64, 2], dtype=F32)
+
+    native.check_moe_mlp(*routing(), dl_array([2, 64, 128]), dl_array([2, 128, 32]), dl_array([64, 128]))
+    native.check_moe_mlp(*routing(), dl_array([2, 32, 128]), dl_array([2, 128, 32]), dl_array([64, 128]), "relu")
+    with pytest.raises(mkernel.ArgumentError, match=r"^w1: shape \(2, 32, 128\); expected \(2, 64, 128\) = \(experts_per_rank, 2 x inter"):
+        native.check_moe_mlp(*routing(), dl_array([2, 32, 128]), dl_array([2, 128, 32]), dl_array([64, 128]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^w1: shape \(2, 64, 128\); expected \(2, 32, 128\) = \(experts_per_rank, inter, hidden\)"):
+        native.check_moe_mlp(*routing(), dl_array([2, 64, 128]), dl_array([2, 128, 32]), dl_array([64, 128]), "gelu")
+    with pytest.raises(mkernel.ArgumentError, match=r"^w2: shape \(2, 64, 32\); expected \(experts_per_rank, 128, inter\)"):
+        native.check_moe_mlp(*routing(), dl_array([2, 64, 128]), dl_array([2, 64, 32]), dl_array([64, 128]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^w2: shape \(2, 128, 12\); expected .*inter a multiple of 8"):
+        native.check_moe_mlp(*routing(), dl_array([2, 24, 128]), dl_array([2, 128, 12]), dl_array([64, 128]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^out: shape \(64, 32\); expected \(64, 128\) = \(tokens, hidden\)"):
+        native.check_moe_mlp(*routing(), dl_array([2, 64, 128]), dl_array([2, 128, 32]), dl_array([64, 32]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^w1: dtype float32; expected bfloat16"):
+        native.check_moe_mlp(*routing(), dl_array([2, 64, 128], dtype=F32), dl_array([2, 128, 32]), dl_array([64, 128]))
+    with pytest.raises(mkernel.ArgumentError, match=r"^activation: 'tanh'; expected 'swiglu', 'geglu', 'silu', 'gelu' or 'relu'"):
+        native.check_moe_mlp(*routing(), dl_array([2, 64, 128]), dl_array([2, 128, 32]), dl_array([64, 128]), "tanh")
+
+
 def _ring_args(B=2, Hq=8, Hkv=2, S=64, D=128, layout="bhsd"):
     def t(H, dtype=BF16):
         return dl_array([B, H, S, D] if layout == "bhsd" else [B, S, H, D], dtype=dtype)

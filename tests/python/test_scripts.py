@@ -13,7 +13,8 @@ import pytest
 from conftest import HAVE_TORCH, _repo
 
 
-@pytest.mark.parametrize("path", ["python/examples/all_gather_matmul.py", "tests/gpu/python/test_fused_ops.py"])
+@pytest.mark.parametrize("path", ["python/examples/all_gather_matmul.py", "tests/gpu/python/test_fused_ops.py",
+                                  "tests/gpu/python/moe_ring_cases.py", "bench/fused/moe_mlp_torch.py"])
 def test_compiles(path, tmp_path):
     py_compile.compile(os.path.join(_repo, path), cfile=str(tmp_path / "out.pyc"), doraise=True)
 

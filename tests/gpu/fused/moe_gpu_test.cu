@@ -14,8 +14,11 @@
 //  - bit-identical results for the same inputs; three launches in a row with new routing each
 //    (uniform, Zipf, all tokens to rank 0, masked choices); a CUDA graph of dispatch + experts +
 //    combine replayed with routing changed between replays;
+//  - the two-matrix MLP (MoeMlp: dispatch, w1, activation, w2, combine) for every activation,
+//    against an fp64 reference rounding where the op rounds (run_mlp_rank), repeats, graphs;
 //  - errors: a bad expert and routing over recv_tokens_per_source end the launch on every rank,
-//    and check() names the cause; a combine without its dispatch is refused.
+//    and check() names the cause; a combine without its dispatch is refused; the MLP's bad
+//    arguments are refused naming the field.
 // Exit 0 = pass, 1 = failure, 77 = no Hopper GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "fused/moe/moe_act.h"
 #include "fused/moe/moe_plan.h"
 #include "fused_harness.h"
 #include "random_cases.h"
@@ -53,6 +57,8 @@ struct Case {
   uint32_t chunk_tokens = 0;
   uint32_t fused_n = 0;  // > 0: the fused kernel with expert weights [out_hidden = fused_n, hidden]
   bool adaptive = false; // fused: MoeConfig::adaptive_split, the bits checked at several splits
+  uint32_t mlp_inter = 0;  // > 0: the two-matrix MLP (MoeMlp) with this intermediate size
+  rt::MoeActivation act = rt::MoeActivation::kSwiGlu;
 };
 
 float expert_weight(uint32_t e) { return 1.0f + static_cast<float>(e % 7) / 8.0f; }
@@ -298,6 +304,77 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   return fails;
 }
 
+// One launch's inputs on this rank (x, routing, scores for a launch seed), drawn, kept on the host
+// for the reference and uploaded; the output poisoned.
+struct LaunchInputs {
+  std::vector<uint16_t> x;
+  std::vector<int32_t> choices;
+  std::vector<float> scores;
+};
+struct LaunchBuffers {
+  __nv_bfloat16 *x, *scratch, *out;
+  int32_t* choices;
+  float* scores;
+  uint64_t out_elems;
+};
+LaunchInputs upload_inputs(uint64_t seed, mk::MoeRouteKind kind, uint32_t rank, uint32_t R, uint32_t T, uint32_t H,
+                           uint32_t E, uint32_t k, const LaunchBuffers& b, cudaStream_t stream) {
+  LaunchInputs in;
+  in.x.resize(size_t{T} * H);
+  fill_random(b.scratch, uint64_t{T} * H, x_seed(seed, rank), 1.0f, stream);
+  GT_CUDA(cudaStreamSynchronize(stream));
+  GT_CUDA(cudaMemcpy(in.x.data(), b.scratch, in.x.size() * 2, cudaMemcpyDeviceToHost));
+  GT_CUDA(cudaMemcpy(b.x, b.scratch, in.x.size() * 2, cudaMemcpyDeviceToDevice));
+  in.choices = mk::moe_make_routing(kind, T, E, k, R, rank, route_seed(seed));
+  in.scores = make_scores(T, k, route_seed(seed) + rank);
+  GT_CUDA(cudaMemcpy(b.choices, in.choices.data(), in.choices.size() * 4, cudaMemcpyHostToDevice));
+  GT_CUDA(cudaMemcpy(b.scores, in.scores.data(), in.scores.size() * 4, cudaMemcpyHostToDevice));
+  gemm_test::poison(b.out, b.out_elems, stream);
+  GT_CUDA(cudaStreamSynchronize(stream));
+  return in;
+}
+
+// One launch (the graph `exec` replayed, or `enqueue`), waited for, and the communicator's status.
+template <class Enqueue>
+void launch_and_check(uint32_t rank, int& fails, const char* what, uint64_t seed, cudaGraphExec_t exec,
+                      Enqueue&& enqueue, rt::Communicator& comm, cudaStream_t stream) {
+  if (exec != nullptr) {
+    GT_CUDA(cudaGraphLaunch(exec, stream));
+  } else {
+    const mkernel::Status s = enqueue();
+    RANK_CHECK(s.ok(), "%s: %s", what, s.to_string().c_str());
+  }
+  GT_CUDA(cudaStreamSynchronize(stream));
+  const mkernel::Status st = comm.check();
+  RANK_CHECK(st.ok(), "%s seed %llu: check(): %s", what, static_cast<unsigned long long>(seed), st.to_string().c_str());
+}
+
+// The launch sequence every forward-style op runs here: `launches` launches with new routing each
+// (seeds base, base + 1, ...), the first inputs again (the same output bits), then `enqueue`
+// captured in a CUDA graph and replayed twice with new routing. check(seed, kind, exec, bits)
+// runs one launch (exec: replay that graph instead) and checks it. Returns the first output bits.
+template <class Check, class Enqueue>
+std::vector<uint16_t> repeat_and_replay(uint32_t rank, int& fails, const char* what, uint64_t base, int launches,
+                                        Check&& check, Enqueue&& enqueue, cudaStream_t stream,
+                                        const fused_test::RankSync& sync) {
+  std::vector<uint16_t> first, again;
+  for (int l = 0; l < launches; ++l) check(base + l, kind_of(l), nullptr, l == 0 ? &first : nullptr);
+  check(base, kind_of(0), nullptr, &again);
+  RANK_CHECK(first == again, "%s: the same inputs gave different output bits", what);
+  sync();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const mkernel::Status s = enqueue();
+  GT_CUDA(cudaStreamEndCapture(stream, &graph));
+  RANK_CHECK(s.ok(), "%s capture: %s", what, s.to_string().c_str());
+  GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int l = 0; l < 2; ++l) check(base + 100 + l, kind_of(l + 1), exec, nullptr);
+  GT_CUDA(cudaGraphExecDestroy(exec));
+  GT_CUDA(cudaGraphDestroy(graph));
+  return first;
+}
+
 // The fused kernel: out[t] = sum over t's choices of score x bf16(x_t @ W_e^T), W_e drawn from a
 // seed per expert (every rank can rebuild every expert's weight), against the fp64 reference
 // within bf16 roundings of each expert output and each partial (2^-6 of the sum of magnitudes),
@@ -353,29 +430,14 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
   };
   GT_CUDA(cudaStreamSynchronize(stream));
   sync();
-  auto run_and_check = [&](uint64_t seed, mk::MoeRouteKind kind, bool graph, std::vector<uint16_t>* bits,
-                           cudaGraphExec_t exec) {
-    std::vector<uint16_t> xh(size_t{T} * H);
-    fill_random(scratch, uint64_t{T} * H, x_seed(seed, rank), 1.0f, stream);
-    GT_CUDA(cudaStreamSynchronize(stream));
-    GT_CUDA(cudaMemcpy(xh.data(), scratch, xh.size() * 2, cudaMemcpyDeviceToHost));
-    GT_CUDA(cudaMemcpy(x, scratch, xh.size() * 2, cudaMemcpyDeviceToDevice));
-    const auto ch = mk::moe_make_routing(kind, T, E, k, R, rank, route_seed(seed));
-    const auto sc = make_scores(T, k, route_seed(seed) + rank);
-    GT_CUDA(cudaMemcpy(choices, ch.data(), ch.size() * 4, cudaMemcpyHostToDevice));
-    GT_CUDA(cudaMemcpy(scores, sc.data(), sc.size() * 4, cudaMemcpyHostToDevice));
-    gemm_test::poison(out, uint64_t{T} * N, stream);
-    GT_CUDA(cudaStreamSynchronize(stream));
+  const LaunchBuffers bufs{x, scratch, out, choices, scores, uint64_t{T} * N};
+  auto run_and_check = [&](uint64_t seed, mk::MoeRouteKind kind, cudaGraphExec_t exec, std::vector<uint16_t>* bits) {
+    const LaunchInputs in = upload_inputs(seed, kind, rank, R, T, H, E, k, bufs, stream);
+    const std::vector<uint16_t>& xh = in.x;
+    const std::vector<int32_t>& ch = in.choices;
+    const std::vector<float>& sc = in.scores;
     sync();
-    if (graph) {
-      GT_CUDA(cudaGraphLaunch(exec, stream));
-    } else {
-      const mkernel::Status s = op.forward(x, choices, scores, w, out, stream);
-      RANK_CHECK(s.ok(), "forward: %s", s.to_string().c_str());
-    }
-    GT_CUDA(cudaStreamSynchronize(stream));
-    const mkernel::Status st = comm.check();
-    RANK_CHECK(st.ok(), "fused seed %llu: check(): %s", static_cast<unsigned long long>(seed), st.to_string().c_str());
+    launch_and_check(rank, fails, "fused", seed, exec, [&] { return op.forward(x, choices, scores, w, out, stream); }, comm, stream);
     std::vector<uint16_t> o(size_t{T} * N);
     GT_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
     size_t bad = 0;
@@ -407,23 +469,9 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
                static_cast<unsigned long long>(seed), static_cast<int>(kind), bad, rel);
     if (bits) *bits = o;
   };
-  std::vector<uint16_t> first, again;
-  for (int l = 0; l < 3; ++l) run_and_check(g_seed + 200 + l, kind_of(l), false, l == 0 ? &first : nullptr, nullptr);
-  run_and_check(g_seed + 200, kind_of(0), false, &again, nullptr);
-  RANK_CHECK(first == again, "fused: the same inputs gave different output bits");
-  {
-    sync();
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    GT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    const mkernel::Status s = op.forward(x, choices, scores, w, out, stream);
-    GT_CUDA(cudaStreamEndCapture(stream, &graph));
-    RANK_CHECK(s.ok(), "fused capture: %s", s.to_string().c_str());
-    GT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    for (int l = 0; l < 2; ++l) run_and_check(g_seed + 300 + l, kind_of(l + 1), true, nullptr, exec);
-    GT_CUDA(cudaGraphExecDestroy(exec));
-    GT_CUDA(cudaGraphDestroy(graph));
-  }
+  const std::vector<uint16_t> first = repeat_and_replay(
+      rank, fails, "fused", g_seed + 200, 3, run_and_check,
+      [&] { return op.forward(x, choices, scores, w, out, stream); }, stream, sync);
   if (cs.adaptive) {
     // The adaptive split: the first inputs again at pinned splits and over launches of the
     // policy's choosing, the same bits as the first launch each time.
@@ -435,7 +483,7 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
     uint32_t runs = 0;
     auto same_bits = [&](const std::string& what) {
       std::vector<uint16_t> now;
-      run_and_check(g_seed + 200, kind_of(0), false, &now, nullptr);
+      run_and_check(g_seed + 200, kind_of(0), nullptr, &now);
       ++runs;
       RANK_CHECK(now == first, "%s: the output bits differ from the first launch's", what.c_str());
     };
@@ -471,6 +519,174 @@ int run_fused_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaSt
   return fails;
 }
 
+// The two-matrix MLP (MoeMlp): out[t] = sum over t's choices of score x bf16(bf16(act(bf16(x_t
+// W1_e^T))) W2_e^T), weights drawn from a seed per expert, against an fp64 reference that rounds
+// where the op rounds (each GEMM output, the activation); the bound allows a bf16 rounding of
+// every intermediate value times what it multiplies (2^-7 of the sum of magnitudes through W2,
+// counting the activation's slope), of each expert output (2^-6) and of the output (2^-8), and
+// the relative Frobenius error must stay under 1e-2. Repeats bit-identical; a graph replayed with
+// new routing.
+int run_mlp_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t stream, bool shared_gpu,
+                 const fused_test::RankSync& sync) {
+  int fails = 0;
+  const uint32_t R = cs.topo.world(), T = cs.tokens, H = cs.hidden, I = cs.mlp_inter, k = cs.top_k, E = cs.experts;
+  rt::MoeConfig cfg;
+  cfg.chunk_tokens = cs.chunk_tokens;
+  if (shared_gpu) {  // the ranks' dispatch kernels wait for each other: leave them room beside the GEMMs
+    cfg.blocks = std::max(2, 120 / static_cast<int>(R) / 2);
+    cfg.gemm_blocks = std::max(2, 120 / static_cast<int>(R));
+  }
+  {  // refusals before anything collective: the field, the value, what was expected
+    rt::MoeConfig fused = cfg;
+    fused.fused = true;
+    auto r1 = rt::MoeMlp::create(comm, T, H, 12, E, k, cs.act, cfg, stream);
+    RANK_CHECK(!r1.ok() && r1.status().message().find("inter = 12; expected a positive multiple of 8") != std::string::npos,
+               "inter 12: %s", r1.ok() ? "accepted" : r1.status().to_string().c_str());
+    auto r2 = rt::MoeMlp::create(comm, T, H, I, E, k, cs.act, fused, stream);
+    RANK_CHECK(!r2.ok() && r2.status().message().find("config.fused = true") != std::string::npos, "fused: %s",
+               r2.ok() ? "accepted" : r2.status().to_string().c_str());
+    auto r3 = rt::MoeMlp::create(comm, T, H, I, E, k, static_cast<rt::MoeActivation>(9), cfg, stream);
+    RANK_CHECK(!r3.ok() && r3.status().message().find("activation = 9") != std::string::npos, "activation 9: %s",
+               r3.ok() ? "accepted" : r3.status().to_string().c_str());
+  }
+  auto made = rt::MoeMlp::create(comm, T, H, I, E, k, cs.act, cfg, stream);
+  RANK_CHECK(made.ok(), "create (mlp): %s", made.status().to_string().c_str());
+  if (!made.ok()) return fails;
+  rt::MoeMlp& op = *made.value();
+  const uint32_t epr = op.experts_per_rank();
+  const mk::MoeAct act = static_cast<mk::MoeAct>(static_cast<int>(cs.act));
+  const bool gated = mk::moe_act_gated(act);
+  const uint32_t N1 = static_cast<uint32_t>(op.w1_rows());
+  RANK_CHECK(N1 == (gated ? 2 * I : I), "w1_rows() = %u, expected %u", N1, gated ? 2 * I : I);
+  if (rank == 0) {
+    std::lock_guard<std::mutex> lock(fused_test::g_print);
+    std::printf("      mlp plan: %s (%s, workspace %llu bytes)\n", op.describe().c_str(), mk::moe_act_name(act),
+                static_cast<unsigned long long>(op.workspace_bytes()));
+  }
+  __nv_bfloat16 *x = nullptr, *w1 = nullptr, *w2 = nullptr, *out = nullptr, *scratch = nullptr;
+  int32_t* choices = nullptr;
+  float* scores = nullptr;
+  const uint64_t scratch_elems = std::max({uint64_t{T} * H, uint64_t{N1} * H, uint64_t{H} * I});
+  GT_CUDA(cudaMalloc(&x, 2ull * T * H));
+  GT_CUDA(cudaMalloc(&w1, 2ull * epr * N1 * H));
+  GT_CUDA(cudaMalloc(&w2, 2ull * epr * H * I));
+  GT_CUDA(cudaMalloc(&scratch, 2ull * scratch_elems));
+  GT_CUDA(cudaMalloc(&out, 2ull * T * H));
+  GT_CUDA(cudaMalloc(&choices, 4ull * T * k));
+  GT_CUDA(cudaMalloc(&scores, 4ull * T * k));
+  auto bf = [](uint16_t b) {
+    uint32_t u = uint32_t{b} << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  auto round_bf = [](double v) { return __bfloat162float(__float2bfloat16(static_cast<float>(v))); };
+  // Every expert's weights on the host as floats; this rank's into w1 / w2. Scaled by 2 / sqrt(k)
+  // so the intermediate values are of order one (the activation's curved part is exercised).
+  std::vector<std::vector<float>> W1(E), W2(E);
+  auto draw = [&](std::vector<float>* host, __nv_bfloat16* dst, uint64_t n, uint64_t seed, float scale) {
+    fill_random(scratch, n, seed, scale, stream);
+    GT_CUDA(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> bits(n);
+    GT_CUDA(cudaMemcpy(bits.data(), scratch, n * 2, cudaMemcpyDeviceToHost));
+    host->resize(n);
+    for (uint64_t i = 0; i < n; ++i) (*host)[i] = bf(bits[i]);
+    if (dst != nullptr) GT_CUDA(cudaMemcpy(dst, scratch, n * 2, cudaMemcpyDeviceToDevice));
+  };
+  for (uint32_t e = 0; e < E; ++e) {
+    const bool mine = e / epr == rank;
+    draw(&W1[e], mine ? w1 + size_t{e % epr} * N1 * H : nullptr, uint64_t{N1} * H, 9100 + e, 2.0f / std::sqrt(float(H)));
+    draw(&W2[e], mine ? w2 + size_t{e % epr} * H * I : nullptr, uint64_t{H} * I, 9900 + e, 2.0f / std::sqrt(float(I)));
+  }
+  GT_CUDA(cudaStreamSynchronize(stream));
+  sync();
+  // The expert's output for one token: y2 (rounded as the op rounds) and the bound's magnitude.
+  auto expert_ref = [&](const float* xt, uint32_t e, std::vector<double>* y2, std::vector<double>* y2mag) {
+    std::vector<double> hv(I), hmag(I);
+    std::vector<float> y1(N1);
+    for (uint32_t n = 0; n < N1; ++n) {
+      double acc = 0;
+      const float* wr = &W1[e][size_t{n} * H];
+      for (uint32_t c = 0; c < H; ++c) acc += double(xt[c]) * wr[c];
+      y1[n] = round_bf(acc);
+    }
+    for (uint32_t j = 0; j < I; ++j) {
+      const float g = y1[j];
+      const float a = mk::moe_act_value(act, g);
+      const float u = gated ? y1[I + j] : 1.0f;
+      hv[j] = round_bf(double(a) * u);
+      // The slope of silu and gelu stays under 1.13: a rounding of g moves act(g) by at most 1.13 |g| u.
+      hmag[j] = (std::fabs(a) + 1.13 * std::fabs(g)) * std::fabs(u);
+    }
+    for (uint32_t c = 0; c < H; ++c) {
+      double acc = 0, mag = 0;
+      const float* wr = &W2[e][size_t{c} * I];
+      for (uint32_t j = 0; j < I; ++j) {
+        acc += double(wr[j]) * hv[j];
+        mag += std::fabs(double(wr[j])) * hmag[j];
+      }
+      (*y2)[c] = round_bf(acc);
+      (*y2mag)[c] = mag;
+    }
+  };
+  const LaunchBuffers bufs{x, scratch, out, choices, scores, uint64_t{T} * H};
+  auto run_and_check = [&](uint64_t seed, mk::MoeRouteKind kind, cudaGraphExec_t exec, std::vector<uint16_t>* bits) {
+    const LaunchInputs in = upload_inputs(seed, kind, rank, R, T, H, E, k, bufs, stream);
+    const std::vector<uint16_t>& xh = in.x;
+    const std::vector<int32_t>& ch = in.choices;
+    const std::vector<float>& sc = in.scores;
+    sync();
+    launch_and_check(rank, fails, "mlp", seed, exec, [&] { return op.forward(x, choices, scores, w1, w2, out, stream); }, comm, stream);
+    std::vector<uint16_t> o(size_t{T} * H);
+    GT_CUDA(cudaMemcpy(o.data(), out, o.size() * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    double num = 0, den = 0;
+    std::vector<float> xt(H);
+    std::vector<double> y2(H), y2mag(H);
+    for (uint32_t t = 0; t < T; ++t) {
+      for (uint32_t c = 0; c < H; ++c) xt[c] = bf(xh[size_t{t} * H + c]);
+      std::vector<double> ref(H, 0), mag(H, 0), through(H, 0);
+      for (uint32_t j = 0; j < k; ++j) {
+        const int32_t e = ch[size_t{t} * k + j];
+        if (e < 0) continue;
+        expert_ref(xt.data(), static_cast<uint32_t>(e), &y2, &y2mag);
+        const double s = sc[size_t{t} * k + j];
+        for (uint32_t c = 0; c < H; ++c) {
+          ref[c] += s * y2[c];
+          mag[c] += std::fabs(s * y2[c]);
+          through[c] += s * y2mag[c];
+        }
+      }
+      for (uint32_t c = 0; c < H; ++c) {
+        const double got = bf(o[size_t{t} * H + c]);
+        const double tol =
+            std::ldexp(through[c], -7) + std::ldexp(mag[c], -6) + std::ldexp(std::fabs(ref[c]), -8) + 1e-5;
+        if (!(std::fabs(got - ref[c]) <= tol) && bad++ < 3)
+          RANK_CHECK(false, "mlp: out[%u][%u] = %g, expected %g (bound %g)", t, c, got, ref[c], tol);
+        num += (got - ref[c]) * (got - ref[c]);
+        den += ref[c] * ref[c];
+      }
+    }
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    RANK_CHECK(bad == 0 && (den == 0 || rel < 1e-2),
+               "mlp seed %llu routing %d: %zu elements outside the bound, rel err %.2e",
+               static_cast<unsigned long long>(seed), static_cast<int>(kind), bad, rel);
+    if (bits) *bits = o;
+  };
+  (void)repeat_and_replay(
+      rank, fails, "mlp", g_seed + 400, 4, run_and_check,
+      [&] { return op.forward(x, choices, scores, w1, w2, out, stream); }, stream, sync);
+  sync();
+  cudaFree(x);
+  cudaFree(w1);
+  cudaFree(w2);
+  cudaFree(scratch);
+  cudaFree(out);
+  cudaFree(choices);
+  cudaFree(scores);
+  return fails;
+}
+
 rt::Options options_for(const Case& cs, const rt::MoeConfig& cfg = {}) {
   rt::Options o;
   const uint64_t out_hidden = cs.fused_n > 0 ? cs.fused_n : cs.hidden;
@@ -487,8 +703,9 @@ rt::Options options_for(const Case& cs, const rt::MoeConfig& cfg = {}) {
 int run_case(const Case& cs) {
   fused_test::Cluster cluster(cs.topo, "moe");
   if (!cluster.start()) return 1;
-  std::printf("case %s: T %u H %u E %u top-%u chunk %u%s\n", cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts,
-              cs.top_k, cs.chunk_tokens, cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
+  std::printf("case %s: T %u H %u E %u top-%u chunk %u%s%s\n", cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts,
+              cs.top_k, cs.chunk_tokens, cs.mlp_inter > 0 ? (" mlp inter " + std::to_string(cs.mlp_inter)).c_str() : "",
+              cluster.shared_gpu() ? " (ranks share GPU 0)" : "");
   // The buffers sized for the chunk the ranks' ops will use (the chunk changes the network slots).
   rt::MoeConfig sizing;
   sizing.chunk_tokens = cs.chunk_tokens;
@@ -496,8 +713,9 @@ int run_case(const Case& cs) {
   const int failed = fused_test::run_ranks_in_threads(
       cluster, options_for(cs, sizing), {4096},
       [&](uint32_t rank, rt::Communicator& comm, cudaStream_t stream, const fused_test::RankSync& sync) {
-        return cs.fused_n > 0 ? run_fused_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync)
-                              : run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
+        return cs.mlp_inter > 0 ? run_mlp_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync)
+               : cs.fused_n > 0 ? run_fused_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync)
+                                : run_rank(cs, rank, comm, stream, cluster.shared_gpu(), sync);
       });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s  %s T %u: %d rank(s) failed (%.1f s)\n", failed == 0 ? "ok  " : "FAIL", cs.topo.name().c_str(),
@@ -592,6 +810,12 @@ int main() {
       {{2, 1, "shm"}, 129, 256, 8, 4, 16, 128},
       // ... with the adaptive split: the same bits at every split.
       {{1, 2, "shm"}, 333, 512, 16, 4, 0, 256, true},
+      // The two-matrix MLP (dispatch, w1, activation, w2, combine), every activation.
+      {{1, 1, "shm"}, 200, 256, 8, 2, 0, 0, false, 128, rt::MoeActivation::kSwiGlu},
+      {{1, 2, "shm"}, 150, 128, 16, 4, 32, 0, false, 64, rt::MoeActivation::kGeGlu},
+      {{2, 1, "shm"}, 129, 128, 8, 3, 0, 0, false, 96, rt::MoeActivation::kGelu},
+      {{1, 2, "shm"}, 77, 64, 4, 1, 0, 0, false, 40, rt::MoeActivation::kRelu},
+      {{1, 1, "shm"}, 1, 64, 2, 2, 0, 0, false, 8, rt::MoeActivation::kSilu},
   };
   for (const Case& cs : cases) failed += run_case(cs);
   // The random family (random_cases.h): 4 cases by default drawn from the printed seed: any token
@@ -610,9 +834,16 @@ int main() {
     cs.chunk_tokens = draw.coin() ? 0 : draw.log_uniform(1, cs.tokens);
     cs.fused_n = i % 2 == 1 ? draw.log_uniform_multiple(8, 1024, 8) : 0;
     cs.adaptive = cs.fused_n > 0 && draw.coin();
-    std::printf("random case %u: %s tokens %u hidden %u experts %u top_k %u chunk_tokens %u fused_n %u%s\n", i,
-                cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts, cs.top_k, cs.chunk_tokens, cs.fused_n,
-                cs.adaptive ? " adaptive split" : "");
+    if (i % 4 == 2) {  // the two-matrix MLP, a random activation and intermediate size
+      cs.mlp_inter = draw.log_uniform_multiple(8, 256, 8);
+      cs.act = static_cast<rt::MoeActivation>(draw.below(5));
+      cs.hidden = std::min<uint32_t>(cs.hidden, 256);  // the host reference's two products per choice
+      cs.tokens = std::min<uint32_t>(cs.tokens, 200);
+      cs.chunk_tokens = std::min(cs.chunk_tokens, cs.tokens);
+    }
+    std::printf("random case %u: %s tokens %u hidden %u experts %u top_k %u chunk_tokens %u fused_n %u mlp_inter %u%s\n",
+                i, cs.topo.name().c_str(), cs.tokens, cs.hidden, cs.experts, cs.top_k, cs.chunk_tokens, cs.fused_n,
+                cs.mlp_inter, cs.adaptive ? " adaptive split" : "");
     failed += run_case(cs);
   }
   failed += run_error_case({1, 2, "shm"}, "capacity", 40, false, "recv_tokens_per_source");

@@ -1,4 +1,4 @@
-"""The GPU cases of torch.ops.mkernel's MoE (moe_dispatch, moe_combine, moe_forward) and
+"""The GPU cases of torch.ops.mkernel's MoE (moe_dispatch, moe_combine, moe_forward, moe_mlp) and
 ring_attention, run by test_fused_ops.py (its harness: every rank runs the cases in the same
 order, the verdicts are compared after each).
 
@@ -11,7 +11,8 @@ References are computed with torch on the same inputs, gathered from every rank:
   outputs (every expert a linear layer here), within bf16 rounding (partials travel as bf16;
   sums are fp32); a token with no choice gets a zero row; the same bits when called again.
   int64 topk_ids give the same result as int32. moe_forward (the fused kernel): the same
-  reference. Eager, torch.compile (inductor) and CUDA graph replay with new routing.
+  reference. moe_mlp: every activation against torch's two products per choice, rounded where
+  the op rounds. Eager, torch.compile (inductor) and CUDA graph replay with new routing.
 * ring_attention: attention of the rank's queries over the whole sequence in fp32 (causal on
   the original positions, grouped-query heads), out within bf16 rounding and lse within 1e-2;
   placements zigzag and contiguous, layouts bhsd and bshd, head_dim 64 and 128, an S that is
@@ -232,6 +233,92 @@ def make_cases(h: Any) -> None:
             torch.cuda.synchronize()
             h.COMM.check()
             expect_close(out, moe_reference(x, ids, weights, W), f"graph replay {replay}")
+
+    # ---- moe_mlp: the two-matrix expert layer ---------------------------------------------------
+
+    MLP_I = 64
+
+    def mlp_weights(seed: int, activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert's w1 [E, w1_rows, hidden] and w2 [E, hidden, inter], the same on every rank,
+        signed and scaled so the activation's curved part is used."""
+        rows = 2 * MLP_I if activation in ("swiglu", "geglu") else MLP_I
+        w1 = ((torch.rand(E, rows, MOE_H, generator=gen(seed), device=DEV) - 0.5) * (4 / math.sqrt(MOE_H))).to(BF16)
+        w2 = ((torch.rand(E, MOE_H, MLP_I, generator=gen(seed + 1), device=DEV) - 0.5) * (4 / math.sqrt(MLP_I))).to(BF16)
+        return w1, w2
+
+    def mlp_reference(x, ids, weights, W1, W2, activation: str) -> torch.Tensor:
+        """out[t] = sum over t's choices of score x bf16(bf16(act(bf16(x[t] W1[e]^T))) W2[e]^T), fp32 sums."""
+        act = {"swiglu": torch.nn.functional.silu, "silu": torch.nn.functional.silu,
+               "geglu": torch.nn.functional.gelu, "gelu": torch.nn.functional.gelu,
+               "relu": torch.nn.functional.relu}[activation]
+        out = torch.zeros(x.shape[0], MOE_H, device=DEV, dtype=torch.float32)
+        for j in range(MOE_K):
+            chosen = ids[:, j] >= 0
+            e = ids[:, j].clamp(min=0).long()
+            y1 = torch.bmm(x.unsqueeze(1), W1[e].transpose(1, 2)).squeeze(1).to(BF16).float()
+            if activation in ("swiglu", "geglu"):
+                hh = (act(y1[:, :MLP_I]) * y1[:, MLP_I:]).to(BF16)
+            else:
+                hh = act(y1).to(BF16)
+            y2 = torch.bmm(hh.unsqueeze(1), W2[e].transpose(1, 2)).squeeze(1).to(BF16).float()
+            out += torch.where(chosen.unsqueeze(1), weights[:, j:j + 1] * y2, torch.zeros_like(y2))
+        return out.to(BF16)
+
+    @case
+    def moe_mlp_every_activation_eager():
+        for i, activation in enumerate(("swiglu", "geglu", "silu", "gelu", "relu")):
+            W1, W2 = mlp_weights(400 + 10 * i, activation)
+            local = slice(RANK * MOE_EPR, (RANK + 1) * MOE_EPR)
+            w1, w2 = W1[local].contiguous(), W2[local].contiguous()
+            x = h.rand(MOE_T, MOE_H, seed=401 + 10 * i)
+            ids, weights = routing(402 + 10 * i)
+            out = mkernel.moe_mlp(x, ids, weights, w1, w2, GNAME, activation=activation)
+            expect_close(out, mlp_reference(x, ids, weights, W1, W2, activation), f"moe_mlp {activation}",
+                         rtol=2e-2, atol=2e-2)
+            assert torch.equal(out[0], torch.zeros_like(out[0])), "a token with no choice got a non-zero row"
+            assert torch.equal(torch.ops.mkernel.moe_mlp(x, ids.long(), weights, w1, w2, GNAME, activation=activation),
+                               out), f"moe_mlp {activation}: not deterministic"
+
+    @case
+    def moe_mlp_torch_compile_and_graph_replay():
+        W1, W2 = mlp_weights(460, "swiglu")
+        local = slice(RANK * MOE_EPR, (RANK + 1) * MOE_EPR)
+        w1, w2 = W1[local].contiguous(), W2[local].contiguous()
+
+        def layer(x, router):
+            scores = torch.softmax(x.float() @ router, dim=-1)
+            topk_weights, topk_ids = scores.topk(MOE_K, dim=-1)
+            return mkernel.moe_mlp(x, topk_ids, topk_weights, w1, w2, GNAME), topk_ids, topk_weights
+
+        compiled = torch.compile(layer, fullgraph=True)
+        for step in range(2):
+            x = h.rand(MOE_T, MOE_H, seed=461 + step)
+            router = torch.randn(MOE_H, E, generator=gen(470 + step), device=DEV)
+            out, ids, weights = compiled(x, router)
+            expect_close(out, mlp_reference(x, ids.to(torch.int32), weights, W1, W2, "swiglu"),
+                         f"compiled moe_mlp step {step}", rtol=2e-2, atol=2e-2)
+        # A graph of the layer, replayed with new inputs and routing (the warm-up call plans it).
+        x = h.rand(MOE_T, MOE_H, seed=480)
+        ids, weights = routing(481)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            mkernel.moe_mlp(x, ids, weights, w1, w2, GNAME)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mkernel.moe_mlp(x, ids, weights, w1, w2, GNAME)
+        for replay in range(3):
+            x.copy_(h.rand(MOE_T, MOE_H, seed=482 + replay))
+            new_ids, new_weights = routing(490 + replay)
+            ids.copy_(new_ids)
+            weights.copy_(new_weights)
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            h.COMM.check()
+            expect_close(out, mlp_reference(x, ids, weights, W1, W2, "swiglu"), f"moe_mlp graph replay {replay}",
+                         rtol=2e-2, atol=2e-2)
 
     @case
     def moe_combine_misuse_refused():

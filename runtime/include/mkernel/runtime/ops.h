@@ -19,6 +19,8 @@
 //     device), each token sent once per rank and once per node; combine takes the experts'
 //     outputs in the same rows and gives every token's home rank the score-weighted sum over its
 //     choices [T, out_hidden], in a fixed order (docs/kernels.md, MoE).
+//   MoE MLP (MoeMlp): dispatch, every local expert's two matrices with the activation between
+//     (SwiGLU by default), combine: the expert layer of a model, five launches, no host sync.
 //   Ring attention (sequence parallelism over R ranks): rank r holds Q_r, K_r, V_r, its s_local
 //     positions of the sequence in the chosen placement; it gets O_r = attention of its queries
 //     over every rank's keys and values, and the log-sum-exp, in one persistent kernel that passes
@@ -289,6 +291,51 @@ class MoeDispatchCombine {
   const void* checked_[10] = {};  // the pointers the last launches checked (dispatch's 8, combine's 2)
   const void* checked_fused_[5] = {};
   bool fused_ = false;
+};
+
+// The activation between an MoE MLP's two matrices (docs/kernels.md, MoE, "The two-matrix MLP").
+//   kSwiGlu  silu(gate) * up      kGeGlu  gelu(gate) * up      (gated: w1 holds 2 x inter rows,
+//   kSilu    silu                 kGelu   gelu (erf form)       the gate rows first, then up)
+//   kRelu    max(v, 0)
+enum class MoeActivation { kSwiGlu, kGeGlu, kSilu, kGelu, kRelu };
+
+// An expert-parallel MoE MLP layer: dispatch, the experts' first matrix (a grouped GEMM), the
+// activation, the second matrix (a grouped GEMM), combine, enqueued as five launches on the
+// caller's stream with no host synchronisation (the expert counts stay on the GPU; capturable in a
+// CUDA graph, replays may route differently). For every token t on its home rank:
+//   out[t] = sum over t's choices (e, s) of s x (act(x_t w1[e]^T) w2[e]^T)
+// with each GEMM output and the activation rounded to bf16 once, the combine's sums in fp32 in a
+// fixed order: bit-identical from run to run. The op owns its expert rows and intermediates
+// (workspace_bytes()). MoeConfig applies as for MoeDispatchCombine, except `fused` (refused: the
+// fused kernel takes one matrix) and block_n / cluster_m / gemm_blocks, which here set both grouped
+// GEMMs' tile width, cluster size and blocks (0: choose).
+class MoeMlp {
+ public:
+  // Collective (note 1), like MoeDispatchCombine::create with out_hidden = hidden; `inter` (a
+  // positive multiple of 8) and `activation` are this rank's (ranks may differ).
+  static StatusOr<std::unique_ptr<MoeMlp>> create(Communicator& comm, uint64_t tokens, uint64_t hidden, uint64_t inter,
+                                                  uint32_t experts, uint32_t top_k,
+                                                  MoeActivation activation = MoeActivation::kSwiGlu,
+                                                  const MoeConfig& config = {}, cudaStream_t stream = nullptr);
+  ~MoeMlp();
+
+  // x [tokens, hidden] bf16, choices [tokens, top_k] int32 (expert or -1), scores [tokens, top_k]
+  // fp32; w1 [experts_per_rank, w1_rows(), hidden] bf16 (gated: gate rows then up rows);
+  // w2 [experts_per_rank, hidden, inter] bf16; out [tokens, hidden] bf16. Routing errors end the
+  // launch on every rank as for dispatch (Communicator::check()).
+  Status forward(const void* x, const int32_t* choices, const float* scores, const void* w1, const void* w2, void* out,
+                 cudaStream_t stream);
+
+  uint64_t rows_capacity() const;
+  uint32_t experts_per_rank() const;
+  uint64_t w1_rows() const;          // 2 x inter (gated) or inter
+  uint64_t workspace_bytes() const;  // device memory the op holds besides the communicator's
+  std::string describe() const;
+
+ private:
+  MoeMlp();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 
