@@ -105,6 +105,33 @@ std::string on_device_text(const char* name, int device, const rt::Communicator&
          std::to_string(comm.cuda_device()) + " (rank " + std::to_string(comm.rank()) + ")";
 }
 
+// The plan of `key` in `plans`, made by make() on first use. Planning is collective and
+// synchronises its stream (the ranks' agreement), so a first use while the stream is being
+// captured is refused, naming `plan_call` as the way to plan before the capture.
+template <class Map, class Make>
+auto& cached_plan(Map& plans, const typename Map::key_type& key, uintptr_t stream, const char* op,
+                  const std::string& shape, const char* plan_call, Make&& make) {
+  auto it = plans.find(key);
+  if (it != plans.end()) return *it->second;
+  refuse_if_capturing(stream, op, shape, plan_call);
+  auto made = make();
+  if (!made.ok()) throw_status(made.status());
+  auto& slot = plans[key];
+  slot = std::move(made.value());
+  return *slot;
+}
+
+// describe() of an existing plan, or kNotFound naming the shape.
+template <class Map>
+std::string describe_plan(const Map& plans, const typename Map::key_type& key, const char* what,
+                          const std::string& shape) {
+  auto it = plans.find(key);
+  if (it == plans.end())
+    throw_status(Status(StatusCode::kNotFound, std::string(what) + ": no plan for " + shape +
+                                                   "; plan it or run the op with that shape first"));
+  return it->second->describe();
+}
+
 }  // namespace
 
 void throw_status(const Status& s) {
@@ -175,16 +202,12 @@ rt::Communicator& PyCommunicator::live(const char* what) {
 
 rt::AllGatherGemm& PyCommunicator::plan_locked(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream) {
   rt::Communicator& comm = live("all_gather_gemm");
-  auto it = plans_.find({m_local, n_local, k});
-  if (it != plans_.end()) return *it->second;
-  refuse_if_capturing(stream, "all_gather_gemm", shape_key(m_local, n_local, k), "Communicator.plan()");
-  rt::AllGatherGemmConfig config;
-  config.adaptive_split = adaptive_split_;
-  auto op = rt::AllGatherGemm::create(comm, m_local, n_local, k, config, as_stream(stream));
-  if (!op.ok()) throw_status(op.status());
-  auto& slot = plans_[{m_local, n_local, k}];
-  slot = std::move(op.value());
-  return *slot;
+  return cached_plan(plans_, {m_local, n_local, k}, stream, "all_gather_gemm", shape_key(m_local, n_local, k),
+                     "Communicator.plan()", [&] {
+                       rt::AllGatherGemmConfig config;
+                       config.adaptive_split = adaptive_split_;
+                       return rt::AllGatherGemm::create(comm, m_local, n_local, k, config, as_stream(stream));
+                     });
 }
 
 void PyCommunicator::plan(uint64_t m_local, uint64_t n_local, uint64_t k, uintptr_t stream) {
@@ -200,19 +223,13 @@ bool PyCommunicator::has_plan(uint64_t m_local, uint64_t n_local, uint64_t k) {
 
 std::string PyCommunicator::describe(uint64_t m_local, uint64_t n_local, uint64_t k) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = plans_.find({m_local, n_local, k});
-  if (it == plans_.end())
-    throw_status(Status(StatusCode::kNotFound, "describe: no plan for " + shape_key(m_local, n_local, k) +
-                                                   "; plan() it or run the op with that shape first"));
-  return it->second->describe();
+  return describe_plan(plans_, {m_local, n_local, k}, "describe", shape_key(m_local, n_local, k));
 }
 
 void PyCommunicator::all_gather_gemm(const AllGatherGemmArgs& args, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   rt::Communicator& comm = live("all_gather_gemm");
-  if (args.a.device != comm.cuda_device())
-    throw ArgumentError{"a: on CUDA device " + std::to_string(args.a.device) + "; expected the communicator's device " +
-                        std::to_string(comm.cuda_device()) + " (rank " + std::to_string(comm.rank()) + ")"};
+  if (args.a.device != comm.cuda_device()) throw ArgumentError{on_device_text("a", args.a.device, comm)};
   const uint64_t world = comm.size();
   if (args.c.rows != world * args.a.rows)
     throw ArgumentError{"out: " + std::to_string(args.c.rows) + " rows; expected world * m_local = " +
@@ -227,15 +244,11 @@ void PyCommunicator::all_gather_gemm(const AllGatherGemmArgs& args, uintptr_t st
 
 rt::GemmReduceScatter& PyCommunicator::rs_plan_locked(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream) {
   rt::Communicator& comm = live("gemm_reduce_scatter");
-  auto it = rs_plans_.find({m_local, n, k});
-  if (it != rs_plans_.end()) return *it->second;
-  refuse_if_capturing(stream, "gemm_reduce_scatter", shape_key(m_local, n, k, "n"),
-                      "Communicator.plan_matmul_reduce_scatter()");
-  auto op = rt::GemmReduceScatter::create(comm, m_local, n, k, rt::GemmReduceScatterConfig{}, as_stream(stream));
-  if (!op.ok()) throw_status(op.status());
-  auto& slot = rs_plans_[{m_local, n, k}];
-  slot = std::move(op.value());
-  return *slot;
+  return cached_plan(rs_plans_, {m_local, n, k}, stream, "gemm_reduce_scatter", shape_key(m_local, n, k, "n"),
+                     "Communicator.plan_matmul_reduce_scatter()", [&] {
+                       return rt::GemmReduceScatter::create(comm, m_local, n, k, rt::GemmReduceScatterConfig{},
+                                                            as_stream(stream));
+                     });
 }
 
 void PyCommunicator::plan_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k, uintptr_t stream) {
@@ -251,19 +264,13 @@ bool PyCommunicator::has_reduce_scatter_plan(uint64_t m_local, uint64_t n, uint6
 
 std::string PyCommunicator::describe_reduce_scatter(uint64_t m_local, uint64_t n, uint64_t k) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = rs_plans_.find({m_local, n, k});
-  if (it == rs_plans_.end())
-    throw_status(Status(StatusCode::kNotFound, "describe_reduce_scatter: no plan for " + shape_key(m_local, n, k, "n") +
-                                                   "; plan it or run the op with that shape first"));
-  return it->second->describe();
+  return describe_plan(rs_plans_, {m_local, n, k}, "describe_reduce_scatter", shape_key(m_local, n, k, "n"));
 }
 
 void PyCommunicator::gemm_reduce_scatter(const GemmReduceScatterArgs& args, uintptr_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   rt::Communicator& comm = live("gemm_reduce_scatter");
-  if (args.a.device != comm.cuda_device())
-    throw ArgumentError{"a: on CUDA device " + std::to_string(args.a.device) + "; expected the communicator's device " +
-                        std::to_string(comm.cuda_device()) + " (rank " + std::to_string(comm.rank()) + ")"};
+  if (args.a.device != comm.cuda_device()) throw ArgumentError{on_device_text("a", args.a.device, comm)};
   const uint64_t world = comm.size();
   if (args.a.rows % world != 0 || args.c.rows * world != args.a.rows)
     throw ArgumentError{"out: " + std::to_string(args.c.rows) + " rows; expected M / world = " +
@@ -278,14 +285,11 @@ void PyCommunicator::gemm_reduce_scatter(const GemmReduceScatterArgs& args, uint
 
 rt::GemmAllReduce& PyCommunicator::ar_plan_locked(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream) {
   rt::Communicator& comm = live("gemm_all_reduce");
-  auto it = ar_plans_.find({m, n, k});
-  if (it != ar_plans_.end()) return *it->second;
-  refuse_if_capturing(stream, "gemm_all_reduce", shape_key(m, n, k, "n", "m"), "Communicator.plan_matmul_all_reduce()");
-  auto op = rt::GemmAllReduce::create(comm, m, n, k, rt::GemmReduceScatterConfig{}, as_stream(stream));
-  if (!op.ok()) throw_status(op.status());
-  auto& slot = ar_plans_[{m, n, k}];
-  slot = std::move(op.value());
-  return *slot;
+  return cached_plan(ar_plans_, {m, n, k}, stream, "gemm_all_reduce", shape_key(m, n, k, "n", "m"),
+                     "Communicator.plan_matmul_all_reduce()", [&] {
+                       return rt::GemmAllReduce::create(comm, m, n, k, rt::GemmReduceScatterConfig{},
+                                                        as_stream(stream));
+                     });
 }
 
 void PyCommunicator::plan_all_reduce(uint64_t m, uint64_t n, uint64_t k, uintptr_t stream) {
@@ -301,11 +305,7 @@ bool PyCommunicator::has_all_reduce_plan(uint64_t m, uint64_t n, uint64_t k) {
 
 std::string PyCommunicator::describe_all_reduce(uint64_t m, uint64_t n, uint64_t k) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = ar_plans_.find({m, n, k});
-  if (it == ar_plans_.end())
-    throw_status(Status(StatusCode::kNotFound, "describe_all_reduce: no plan for " + shape_key(m, n, k, "n", "m") +
-                                                   "; plan it or run the op with that shape first"));
-  return it->second->describe();
+  return describe_plan(ar_plans_, {m, n, k}, "describe_all_reduce", shape_key(m, n, k, "n", "m"));
 }
 
 void PyCommunicator::gemm_all_reduce(const GemmAllReduceArgs& args, uintptr_t stream) {
@@ -322,18 +322,13 @@ void PyCommunicator::gemm_all_reduce(const GemmAllReduceArgs& args, uintptr_t st
 
 rt::MoeDispatchCombine& PyCommunicator::moe_plan_locked(const MoeShape& shape, uintptr_t stream) {
   rt::Communicator& comm = live("moe");
-  auto it = moe_plans_.find(shape.key());
-  if (it != moe_plans_.end()) return *it->second;
-  refuse_if_capturing(stream, shape.fused ? "moe_forward" : "moe_dispatch", shape.text(),
-                      "Communicator.plan_moe()");
-  rt::MoeConfig config = shape.config();
-  config.adaptive_split = adaptive_split_ && shape.fused;  // only the fused kernel has a split
-  auto op = rt::MoeDispatchCombine::create(comm, shape.tokens, shape.hidden, shape.out_hidden, shape.experts,
-                                           shape.top_k, config, as_stream(stream));
-  if (!op.ok()) throw_status(op.status());
-  auto& slot = moe_plans_[shape.key()];
-  slot = std::move(op.value());
-  return *slot;
+  return cached_plan(moe_plans_, shape.key(), stream, shape.fused ? "moe_forward" : "moe_dispatch", shape.text(),
+                     "Communicator.plan_moe()", [&] {
+                       rt::MoeConfig config = shape.config();
+                       config.adaptive_split = adaptive_split_ && shape.fused;  // only the fused kernel has a split
+                       return rt::MoeDispatchCombine::create(comm, shape.tokens, shape.hidden, shape.out_hidden,
+                                                             shape.experts, shape.top_k, config, as_stream(stream));
+                     });
 }
 
 void PyCommunicator::plan_moe(const MoeShape& shape, uintptr_t stream) {
@@ -349,11 +344,7 @@ bool PyCommunicator::has_moe_plan(const MoeShape& shape) {
 
 std::string PyCommunicator::describe_moe(const MoeShape& shape) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = moe_plans_.find(shape.key());
-  if (it == moe_plans_.end())
-    throw_status(Status(StatusCode::kNotFound,
-                        "describe_moe: no plan for " + shape.text() + "; plan it or run the op with that shape first"));
-  return it->second->describe();
+  return describe_plan(moe_plans_, shape.key(), "describe_moe", shape.text());
 }
 
 void PyCommunicator::moe_dispatch(const MoeDispatchArgs& args, const MoeShape& shape, uintptr_t stream) {
@@ -437,17 +428,12 @@ void PyCommunicator::moe_mlp(const MoeMlpArgs& args, const MoeShape& shape, rt::
   DeviceScope scope(comm.cuda_device());
   throw_if_error(comm.check());
   const uint64_t inter = args.w2.shape[2];
-  const auto key = std::make_tuple(shape.key(), inter, static_cast<int>(activation));
-  auto it = mlp_plans_.find(key);
-  if (it == mlp_plans_.end()) {
-    refuse_if_capturing(stream, "moe_mlp", shape.text() + " inter=" + std::to_string(inter),
-                        "moe_mlp with it before capturing");
-    auto op = rt::MoeMlp::create(comm, shape.tokens, shape.hidden, inter, shape.experts, shape.top_k, activation,
-                                 shape.config(), as_stream(stream));
-    if (!op.ok()) throw_status(op.status());
-    it = mlp_plans_.emplace(key, std::move(op.value())).first;
-  }
-  rt::MoeMlp& op = *it->second;
+  rt::MoeMlp& op = cached_plan(
+      mlp_plans_, std::make_tuple(shape.key(), inter, static_cast<int>(activation)), stream, "moe_mlp",
+      shape.text() + " inter=" + std::to_string(inter), "moe_mlp with it before capturing", [&] {
+        return rt::MoeMlp::create(comm, shape.tokens, shape.hidden, inter, shape.experts, shape.top_k, activation,
+                                  shape.config(), as_stream(stream));
+      });
   if (args.w2.shape[0] != op.experts_per_rank())
     throw ArgumentError{"w2: " + std::to_string(args.w2.shape[0]) + " experts; expected experts_per_rank = " +
                         std::to_string(op.experts_per_rank()) + " of " + shape.text()};
@@ -468,17 +454,12 @@ PyCommunicator::RingKey PyCommunicator::ring_key(const rt::RingAttentionShape& s
 
 rt::RingAttention& PyCommunicator::ring_plan_locked(const rt::RingAttentionShape& shape, uintptr_t stream) {
   rt::Communicator& comm = live("ring_attention");
-  const RingKey key = ring_key(shape);
-  auto it = ring_plans_.find(key);
-  if (it != ring_plans_.end()) return *it->second;
-  refuse_if_capturing(stream, "ring_attention", ring_text(shape), "Communicator.plan_ring_attention()");
-  rt::RingAttentionConfig config;
-  config.adaptive_split = adaptive_split_ && comm.size() > 1;  // one rank has no communication blocks
-  auto op = rt::RingAttention::create(comm, shape, config, as_stream(stream));
-  if (!op.ok()) throw_status(op.status());
-  auto& slot = ring_plans_[key];
-  slot = std::move(op.value());
-  return *slot;
+  return cached_plan(ring_plans_, ring_key(shape), stream, "ring_attention", ring_text(shape),
+                     "Communicator.plan_ring_attention()", [&] {
+                       rt::RingAttentionConfig config;
+                       config.adaptive_split = adaptive_split_ && comm.size() > 1;  // one rank: no comm blocks
+                       return rt::RingAttention::create(comm, shape, config, as_stream(stream));
+                     });
 }
 
 void PyCommunicator::plan_ring_attention(const rt::RingAttentionShape& shape, uintptr_t stream) {
@@ -494,11 +475,7 @@ bool PyCommunicator::has_ring_attention_plan(const rt::RingAttentionShape& shape
 
 std::string PyCommunicator::describe_ring_attention(const rt::RingAttentionShape& shape) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = ring_plans_.find(ring_key(shape));
-  if (it == ring_plans_.end())
-    throw_status(Status(StatusCode::kNotFound, "describe_ring_attention: no plan for " + ring_text(shape) +
-                                                   "; plan it or run the op with that shape first"));
-  return it->second->describe();
+  return describe_plan(ring_plans_, ring_key(shape), "describe_ring_attention", ring_text(shape));
 }
 
 void PyCommunicator::ring_attention(const RingAttentionArgs& args, const rt::RingAttentionShape& shape,
