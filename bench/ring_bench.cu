@@ -105,7 +105,7 @@ __global__ void latency_kernel(mp::RingProducerView ring, bool flag_only, uint32
 }
 
 struct Args {
-  std::string jsonl, commit = "unknown", machine = "1xH200", date = "unknown";
+  std::string jsonl, commit = "unknown", machine, date = "unknown";
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -246,6 +246,10 @@ int main(int argc, char** argv) {
     }
   }
   mkt::require_hopper_or_skip("ring_bench");
+  if (g_args.machine.empty()) {  // the GPU that ran the records
+    cudaDeviceProp prop{};
+    g_args.machine = cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? std::string("1x") + prop.name : "unknown";
+  }
   if (!g_args.jsonl.empty()) g_jsonl = std::fopen(g_args.jsonl.c_str(), "a");
 
   struct Row {

@@ -24,7 +24,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--lib", required=True)
 p.add_argument("--jsonl", default="")
 p.add_argument("--commit", default="unknown")
-p.add_argument("--machine", default="1xH200")
+p.add_argument("--machine", default=None)
 p.add_argument("--seqs", default="8192,16384,32768")
 p.add_argument("--heads", type=int, default=32)
 p.add_argument("--head-dims", default="128", help="head dims to time, e.g. 64,128")
@@ -35,6 +35,8 @@ p.add_argument("--promo", action="store_true",
 p.add_argument("--check-only", action="store_true")
 p.add_argument("--rounds", type=int, default=3)
 a = p.parse_args()
+if a.machine is None:  # the GPU that ran the records
+    a.machine = "1x" + torch.cuda.get_device_name(0).replace(" ", "_") if torch.cuda.is_available() else "unknown"
 
 lib = ctypes.CDLL(a.lib)
 lib.mk_attention_fwd.restype = ctypes.c_int

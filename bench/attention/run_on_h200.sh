@@ -35,6 +35,6 @@ fi
 echo "== attention_bench $*"
 PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-300}" /opt/torch/.venv/bin/python3 "$BUNDLE/attention_bench.py" \
   --lib "$BUNDLE/bin/libmkernel_attention_capi.so" --jsonl "$OUT/ring_attention.jsonl" --commit "$COMMIT" \
-  --machine 1xH200 "$@" > "$OUT/bench.log" 2>&1
+  "$@" > "$OUT/bench.log" 2>&1
 echo "bench exit: $?"
 cut -c1-200 "$OUT/bench.log" | tail -45

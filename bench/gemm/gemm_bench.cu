@@ -103,7 +103,7 @@ struct Options {
   bool quick = false;
   std::string json;
   std::string commit = "unknown";
-  std::string machine = "1xH200";
+  std::string machine;  // empty: "1x" and the device's name (the GPU that ran the records)
   std::string shapes = "all";
   uint64_t random_seed = 0;  // 0: the fixed list
   int random_count = 64;
@@ -692,6 +692,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   GT_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("gemm_bench: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  if (o.machine.empty()) o.machine = std::string("1x") + prop.name;
 
   std::vector<Shape> shapes;
   if (o.random_seed != 0) {

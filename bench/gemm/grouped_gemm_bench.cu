@@ -50,7 +50,7 @@ struct Options {
   std::string json;
   std::string cases_out;
   std::string commit = "unknown";
-  std::string machine = "1xH200";
+  std::string machine;  // empty: "1x" and the device's name
   bool quick = false;
   bool aligned = false;
   std::string only;  // --case NAME: run that case alone (profiling)  // also the "aligned" routing (a diagnostic beside the issue's cases)
@@ -436,6 +436,7 @@ int main(int argc, char** argv) {
   require_hopper_or_skip("grouped_gemm_bench");
   cudaDeviceProp prop{};
   GT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  if (o.machine.empty()) o.machine = std::string("1x") + prop.name;
   std::printf("grouped_gemm_bench: %s, %d SMs, seed %llu, %zu cases, %d iterations each\n", prop.name,
               prop.multiProcessorCount, static_cast<unsigned long long>(o.seed), cases.size(), o.iters);
   cublasHandle_t cublas;

@@ -38,6 +38,8 @@ def time_cases(args):
         print(f"SKIPPED grouped_gemm_torch: no torch in {sys.executable} (the GPU machine has it at "
               "/opt/torch/.venv/bin/python3)")
         return 77
+    if args.machine is None:  # the GPU that ran the records
+        args.machine = "1x" + torch.cuda.get_device_name(0).replace(" ", "_") if torch.cuda.is_available() else "unknown"
     if not torch.cuda.is_available():
         print("SKIPPED grouped_gemm_torch: no CUDA device")
         return 77
@@ -156,7 +158,7 @@ def main():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--commit", default="")
-    p.add_argument("--machine", default="1xH200")
+    p.add_argument("--machine", default=None)
     args = p.parse_args()
     if args.report:
         return report(args)

@@ -25,7 +25,7 @@ uint32_t moe_default_chunk_tokens(uint32_t capacity) {
 uint32_t MoeGeometry::chunk() const { return chunk_tokens ? chunk_tokens : moe_default_chunk_tokens(capacity()); }
 
 int moe_default_blocks(const FusedLayout& layout, int sms) {
-  const int want = 16 + 8 * static_cast<int>(layout.gpus - 1) + 4 * static_cast<int>(layout.nodes - 1);
+  const int want = 32 + 8 * static_cast<int>(layout.gpus - 1) + 4 * static_cast<int>(layout.nodes - 1);
   return std::max(2, std::min(std::min(want, 96), sms));
 }
 

@@ -232,9 +232,11 @@ uint32_t moe_default_chunk_tokens(uint32_t capacity);
 // "" when the geometry is usable, else what is wrong (field, value, expectation).
 std::string moe_check_geometry(const MoeGeometry& g);
 
-// Blocks per launch when the caller leaves it open: one SM moves about 20 GB/s of NVLink stores
-// (docs/kernels.md section 10), so enough to fill NVLink and the copies into the expert rows,
-// and no more than the GPU has. A starting rule until measured.
+// The fused kernel's role blocks when the caller leaves it open: 32 + 8 per node peer + 4 per
+// other node, at most 96 and the SMs. On one rank (one H100, T = 128 / 4096 / 16384) 32 ran
+// 1.0 / 1.18 / 1.21x faster than 16 and 48 or 64 slower at T = 4096 (docs/kernels.md section 14);
+// the per-peer terms follow the NVLink store rate of one SM (about 20 GB/s, section 10), not yet
+// measured with more than one GPU.
 int moe_default_blocks(const FusedLayout& layout, int sms);
 
 // Blocks of the dispatch and combine launched on their own (no GEMM beside them): one per work

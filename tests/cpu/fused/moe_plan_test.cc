@@ -74,9 +74,10 @@ TEST(MoeGeometry, WorstCaseSizesAreDocumented) {
 }
 
 TEST(MoeBlocks, StandaloneLaunchesTakeABlockPerItemWithinTheirBounds) {
-  // The fused rule: 16 + 8 per node peer + 4 per other node, at most 96 and the SMs, at least 2.
-  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 1}, 132), 16);
-  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 2}, 132), 24);
+  // The fused rule: 32 + 8 per node peer + 4 per other node, at most 96 and the SMs, at least 2.
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 1}, 132), 32);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{1, 2}, 132), 40);
+  EXPECT_EQ(moe_default_blocks(FusedLayout{2, 1}, 132), 36);
   EXPECT_EQ(moe_default_blocks(FusedLayout{8, 8}, 132), 96);
   EXPECT_EQ(moe_default_blocks(FusedLayout{1, 8}, 40), 40);
   EXPECT_EQ(moe_default_blocks(FusedLayout{1, 1}, 1), 2);
@@ -91,8 +92,8 @@ TEST(MoeBlocks, StandaloneLaunchesTakeABlockPerItemWithinTheirBounds) {
   // Few tokens: few items, the fused rule's count stays the floor.
   auto small = geometry(FusedLayout{1, 1}, 0, 128, 256, 8);
   EXPECT_EQ(small.chunks(), 8u);
-  EXPECT_EQ(moe_standalone_blocks(small, 132), 16);
-  EXPECT_EQ(moe_standalone_blocks(geometry(FusedLayout{1, 2}, 0, 128, 256, 8), 132), 24);
+  EXPECT_EQ(moe_standalone_blocks(small, 132), 32);
+  EXPECT_EQ(moe_standalone_blocks(geometry(FusedLayout{1, 2}, 0, 128, 256, 8), 132), 40);
   // A tiny GPU: the floor is itself bounded by the SMs.
   EXPECT_EQ(moe_standalone_blocks(one, 1), 2);
 }
