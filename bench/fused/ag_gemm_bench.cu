@@ -1,6 +1,7 @@
 // ag_gemm_bench: the fused AllGather+GEMM (ops.h) beside, in the same run and on the same
 // inputs: our GEMM alone on the per-rank problem (`mkernel_gemm`, the gathered A already in
-// place), cuBLAS alone (`cublas`), and with more than one rank NCCL all-gather then cuBLAS in
+// place), the fused op without the gathered output (`mkernel_c_only`) and with its kernel launched
+// only after begin_launch's kernel ended (`mkernel_no_pdl`), cuBLAS alone (`cublas`), and with more than one rank NCCL all-gather then cuBLAS in
 // sequence (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with
 // NCCL_P2P_DISABLE=1 so both sides go through host memory).
 //
@@ -11,11 +12,16 @@
 // implementation's output is checked against cuBLAS on the same gathered inputs before timing.
 // Timing: warm-up, then --rounds rounds that take turns between the implementations, --iters
 // launches per implementation in all, each timed with CUDA events on rank 0's stream; medians
-// (p10, p90) printed as a table with ratios last and appended as JSON lines to --jsonl.
+// (p10, p90) printed as a table with ratios last and appended as JSON lines to --jsonl. Each timed
+// call starts on an idle GPU (the host waits for the previous one), so its time includes what the
+// host spends before the GPU has work: the latency of one call. --graph N times, instead, replays
+// of a CUDA graph holding N calls of each implementation (captured once per shape after the
+// warm-up) and reports a replay's time / N: the GPU's time per call with no host in between.
+// Records carry "timing": "graph N" or "eager".
 //
 //   ag_gemm_bench [--world W] [--nodes] [--provider shm] [--shapes 8192x8192x8192,...]
 //                 [--small-m] [--iters 50] [--rounds 5] [--jsonl FILE] [--commit C] [--machine M]
-//                 [--comm-blocks N] [--chunk-rows R] [--lsu] [--copy-engine]
+//                 [--comm-blocks N] [--chunk-rows R] [--lsu] [--copy-engine] [--graph N]
 // --copy-engine: the own rows go to the node peers by copy engines (copy_engine_pushes); the
 // records' config says "ce".
 // --trace DIR: the fused op records where its time goes (AllGatherGemmConfig::trace); after the
@@ -28,6 +34,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -54,11 +61,13 @@ struct Shape {
 constexpr int kMaxShapes = 32;
 // mkernel writes the gathered A too (as the all-gather of the baseline does, and as a training
 // step needs it for the backward pass); mkernel_c_only computes C alone.
-constexpr int kImpls = 5;
-const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_c_only"};
+constexpr int kImpls = 6;
+const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_c_only",
+                                  "mkernel_no_pdl"};
 
 struct Result {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double host_us = 0;  // median host time inside one eager call (enqueue only); 0 with --graph
   double err = -1;  // rel. error vs cuBLAS on the gathered inputs (-1: not run)
   bool ran = false;
 };
@@ -76,6 +85,7 @@ struct Args {
   std::string provider = "shm";
   std::vector<Shape> shapes;
   int iters = 50, rounds = 5;
+  int graph = 0;  // > 0: time replays of a CUDA graph of this many calls (header)
   rt::AllGatherGemmConfig config;  // --comm-blocks, --lsu, --chunk-rows, --copy-engine, --trace
   std::string jsonl, commit = "unknown", machine = "unknown";
   std::string trace_dir;            // --trace
@@ -168,6 +178,16 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       return 1;
     }
     if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op.value()->describe().c_str());
+    // The same op with its kernel launched only after begin_launch's kernel ended
+    // (`mkernel_no_pdl`, with the gathered output: what the programmatic launch saves).
+    rt::AllGatherGemmConfig cfg_no_pdl = args.config;
+    cfg_no_pdl.programmatic_launch = false;
+    auto op_no_pdl = rt::AllGatherGemm::create(comm, m_local, n_local, k, cfg_no_pdl, st);
+    if (!op_no_pdl.ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld (no programmatic launch): %s", rank, s.m,
+                    s.n, s.k, op_no_pdl.status().to_string().c_str());
+      return 1;
+    }
     // The gathered A for the baselines: the fused op's own output, checked against NCCL's.
     auto fused = [&](void* gathered_out) { return op.value()->launch(a, w, c, gathered_out, st); };
     mk::GemmArgs ga;
@@ -194,6 +214,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       switch (impl) {
         case 0: return fused(g2).ok();
         case 4: return fused(nullptr).ok();
+        case 5: return op_no_pdl.value()->launch(a, w, c, g2, st).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
         case 2: blas_gemm(c); return true;
         case 3:
@@ -239,23 +260,56 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     }
     // Timing: rounds take turns between implementations.
     std::vector<float> times[kImpls];
+    std::vector<float> host_us[kImpls];
     for (int warm = 0; warm < 5; ++warm)
       for (int impl = 0; impl < kImpls; ++impl) run_impl(impl);
     cudaStreamSynchronize(st);
+    // --graph: one graph of args.graph calls per implementation, captured after the warm-up.
+    cudaGraphExec_t graphs[kImpls] = {};
+    if (args.graph > 0) {
+      for (int impl = 0; impl < kImpls; ++impl) {
+        if (impl == 3 && nc == nullptr) continue;
+        cudaGraph_t gr = nullptr;
+        if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+          std::snprintf(sh->error, sizeof(sh->error), "rank %u: cudaStreamBeginCapture failed", rank);
+          return 1;
+        }
+        bool ok = true;
+        for (int i = 0; i < args.graph && ok; ++i) ok = run_impl(impl);
+        const cudaError_t ce = cudaStreamEndCapture(st, &gr);
+        if (!ok || ce != cudaSuccess || cudaGraphInstantiate(&graphs[impl], gr, 0) != cudaSuccess) {
+          std::snprintf(sh->error, sizeof(sh->error), "rank %u: capturing %d calls of %s in a CUDA graph on %ldx%ldx%ld "
+                        "failed (%s; a call returned %s); %s", rank, args.graph, kImplNames[impl], s.m, s.n, s.k,
+                        cudaGetErrorString(ce), ok ? "ok" : "an error", comm.check().to_string().c_str());
+          return 1;
+        }
+        cudaGraphDestroy(gr);
+        cudaGraphLaunch(graphs[impl], st);  // warm-up replay
+      }
+      cudaStreamSynchronize(st);
+    }
     const int per_round = std::max(1, args.iters / args.rounds);
     for (int round = 0; round < args.rounds; ++round)
       for (int impl = 0; impl < kImpls; ++impl) {
         if (impl == 3 && nc == nullptr) continue;
         for (int i = 0; i < per_round; ++i) {
           cudaEventRecord(e0, st);
-          run_impl(impl);
+          if (graphs[impl] != nullptr) {
+            cudaGraphLaunch(graphs[impl], st);
+          } else {
+            const auto h0 = std::chrono::steady_clock::now();
+            run_impl(impl);
+            host_us[impl].push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - h0).count());
+          }
           cudaEventRecord(e1, st);
           cudaEventSynchronize(e1);
           float ms = 0;
           cudaEventElapsedTime(&ms, e0, e1);
-          times[impl].push_back(ms);
+          times[impl].push_back(graphs[impl] != nullptr ? ms / static_cast<float>(args.graph) : ms);
         }
       }
+    for (cudaGraphExec_t& ge : graphs)
+      if (ge != nullptr) cudaGraphExecDestroy(ge);
     if (!comm.check().ok()) {
       std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s", rank, comm.check().to_string().c_str());
       return 1;
@@ -277,7 +331,13 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     }
     if (rank == 0)
       for (int impl = 0; impl < kImpls; ++impl)
-        if (!times[impl].empty()) stats(times[impl], &sh->res[si][impl]);
+        if (!times[impl].empty()) {
+          stats(times[impl], &sh->res[si][impl]);
+          if (!host_us[impl].empty()) {
+            std::sort(host_us[impl].begin(), host_us[impl].end());
+            sh->res[si][impl].host_us = host_us[impl][host_us[impl].size() / 2];
+          }
+        }
   }
   if (nc != nullptr) ncclCommDestroy(nc);
   return 0;
@@ -310,6 +370,7 @@ int main(int argc, char** argv) {
       args.config.trace = true;
     }
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
+    else if (a == "--graph") args.graph = std::atoi(next().c_str());
     else if (a == "--jsonl") args.jsonl = next();
     else if (a == "--commit") args.commit = next();
     else if (a == "--machine") args.machine = next();
@@ -317,6 +378,10 @@ int main(int argc, char** argv) {
       std::printf("ag_gemm_bench: unknown argument \"%s\" (see the header of bench/fused/ag_gemm_bench.cu)\n", a.c_str());
       return 2;
     }
+  }
+  if (args.graph < 0 || args.graph > 1000) {
+    std::printf("ag_gemm_bench: --graph %d; expected 0 (eager calls) to 1000 calls per graph\n", args.graph);
+    return 2;
   }
   ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // no module load while a rank's kernel waits for another
   const int gpus = mkt::driver_gpu_count();
@@ -376,32 +441,41 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   FILE* jl = args.jsonl.empty() ? nullptr : std::fopen(args.jsonl.c_str(), "a");
   const char* nccl_name = args.nodes ? "nccl_shm+cublas" : "nccl+cublas";
-  std::printf("\nag_gemm_bench: world %d, nodes %d%s, %s, commit %s\n", args.world, args.nodes ? args.world : 1,
-              args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "", args.machine.c_str(),
-              args.commit.c_str());
-  std::printf("%-20s %10s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "C only", "our gemm", "cublas",
-              nccl_name, "vs seq", "vs gemm", "vs cublas");
+  const std::string timing = args.graph > 0 ? "graph " + std::to_string(args.graph) : "eager";
+  std::printf("\nag_gemm_bench: world %d, nodes %d%s, %s, commit %s, timing %s\n", args.world,
+              args.nodes ? args.world : 1, args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "",
+              args.machine.c_str(), args.commit.c_str(),
+              args.graph > 0 ? (timing + " (a replay / " + std::to_string(args.graph) + ")").c_str()
+                             : "eager (each call from an idle GPU)");
+  std::printf("%-20s %10s %10s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "no pdl", "C only",
+              "our gemm", "cublas", nccl_name, "vs seq", "vs gemm", "vs cublas");
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];
     const Result* r = sh->res[si];
     char shape[32];
     std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", s.m, s.n, s.k);
     const double seq = r[3].ran ? r[3].median_ms : 0;
-    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %10.4f %9.3f %9.3f %9.3f\n", shape, r[0].median_ms, r[4].median_ms,
-                r[1].median_ms, r[2].median_ms, seq, seq > 0 ? seq / r[0].median_ms : 0.0,
+    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %9.3f %9.3f %9.3f\n", shape, r[0].median_ms,
+                r[5].median_ms, r[4].median_ms, r[1].median_ms, r[2].median_ms, seq, seq > 0 ? seq / r[0].median_ms : 0.0,
                 r[0].median_ms / r[1].median_ms, r[2].median_ms / r[0].median_ms);
+    if (args.graph == 0) {
+      std::printf("%-20s host us per call (enqueue):", "");
+      for (int impl = 0; impl < kImpls; ++impl)
+        if (r[impl].ran) std::printf(" %s %.1f", kImplNames[impl], r[impl].host_us);
+      std::printf("\n");
+    }
     for (int impl = 0; impl < kImpls && jl; ++impl) {
       if (!r[impl].ran) continue;
       std::fprintf(jl,
                    "{\"benchmark\": \"ag_gemm\", \"shape\": {\"M\": %ld, \"N\": %ld, \"K\": %ld}, \"split\": \"A rows and W "
                    "rows over world\", \"world\": %d, \"nodes\": %d, \"impl\": \"%s\", \"median_ms\": %.4f, \"p10_ms\": "
                    "%.4f, \"p90_ms\": %.4f, \"iters\": %d, \"rel_err_vs_cublas\": %.2e, \"config\": \"%s\", "
-                   "\"provider\": \"%s\", \"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
+                   "\"provider\": \"%s\", \"timing\": \"%s\", \"host_us\": %.1f, \"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
                    s.m, s.n, s.k, args.world, args.nodes ? args.world : 1, impl == 3 ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
-                   impl == 0 || impl == 4 ? sh->config[si] : "",
-                   args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"), args.machine.c_str(),
-                   args.commit.c_str(), date);
+                   impl == 0 || impl == 4 || impl == 5 ? sh->config[si] : "",
+                   args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"), timing.c_str(), r[impl].host_us,
+                   args.machine.c_str(), args.commit.c_str(), date);
     }
   }
   if (jl) std::fclose(jl);

@@ -1,6 +1,9 @@
 // gemm_rs_bench: the fused GEMM+ReduceScatter (ops.h) beside, in the same run and on the same
 // inputs: our GEMM alone on the per-rank problem (`mkernel_gemm`: the partial [M, N] of this
-// rank's share of K, nothing reduced), cuBLAS alone on the same problem (`cublas`), and with more
+// rank's share of K, nothing reduced), the same in the configuration the fused op's engine runs
+// (`mkernel_gemm_as_fused`: widths 128 and 256, no swapped operands, no stream-K, at most two
+// splits, no programmatic launch; what fusion costs beyond its configuration), the fused op with
+// its kernel launched only after begin_launch's kernel ended (`mkernel_no_pdl`), cuBLAS alone on the same problem (`cublas`), and with more
 // than one rank cuBLAS then NCCL's reduce-scatter of the bf16 partials on the same stream
 // (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with NCCL_P2P_DISABLE=1 so
 // both sides go through host memory). With one rank the fused op has nothing to move: the run
@@ -21,12 +24,17 @@
 // 5 warm-up calls each, then --rounds rounds that take turns between the implementations, --iters
 // launches per implementation in all, each timed with CUDA events on rank 0's stream; medians
 // (p10, p90) printed as a table with ratios last and appended as JSON lines to --jsonl (or
-// --json).
+// --json). Each timed call starts on an idle GPU (the host waits for the previous one), so its
+// time includes what the host spends before the GPU has work: the latency of one call.
+// --graph N times, instead, replays of a CUDA graph holding N calls of each implementation
+// (captured once per shape after the warm-up; the fused op's launches are graph-capturable), and
+// reports a replay's time / N: the GPU's time per call with no host in between, as a model
+// captured in a graph sees it. Records then carry "timing": "graph N" (else "eager").
 //
 //   gemm_rs_bench [--all-reduce] [--world W] [--nodes] [--provider shm]
 //                 [--shapes 8192x8192x8192,...] [--small-m] [--odd] [--iters 50] [--rounds 5]
 //                 [--jsonl FILE] [--commit C] [--machine M] [--gemm-blocks N] [--block-n 128|256]
-//                 [--cluster-m 1|2]
+//                 [--cluster-m 1|2] [--graph N]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -34,6 +42,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -60,12 +69,16 @@ struct Shape {
 };
 
 constexpr int kMaxShapes = 32;
-constexpr int kImpls = 4;
+constexpr int kImpls = 6;
 constexpr int kNccl = 3;
-const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas"};
+constexpr int kGemmAsFused = 4;
+constexpr int kNoPdl = 5;
+const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_gemm_as_fused",
+                                  "mkernel_no_pdl"};
 
 struct Result {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double host_us = 0;  // median host time inside one eager call (enqueue only); 0 with --graph
   double err = -1;  // rel. Frobenius error vs the unfused result (-1: not run)
   bool ran = false;
 };
@@ -84,6 +97,7 @@ struct Args {
   std::string provider = "shm";
   std::vector<Shape> shapes;
   int iters = 50, rounds = 5;
+  int graph = 0;  // > 0: time replays of a CUDA graph of this many calls (header)
   rt::GemmReduceScatterConfig config;  // --gemm-blocks, --block-n, --cluster-m
   std::string jsonl, commit = "unknown", machine = "unknown";
 };
@@ -239,21 +253,28 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     gemm_test::fill_random(a, s.m * k, 1000 + si * 64 + rank, 1.0f, st);
     gemm_test::fill_random(w, n * k, 2000 + si * 64 + rank, 1.0f, st);
     // GemmAllReduce is a GemmReduceScatter (the same launch, c [M, N]).
-    std::unique_ptr<rt::GemmReduceScatter> op;
-    mkernel::Status made_op;
-    if (args.all_reduce) {
-      auto r = rt::GemmAllReduce::create(comm, s.m, n, k, args.config, st);
-      if (r.ok()) op = std::move(r.value());
-      else made_op = r.status();
-    } else {
-      auto r = rt::GemmReduceScatter::create(comm, m_local, n, k, args.config, st);
-      if (r.ok()) op = std::move(r.value());
-      else made_op = r.status();
-    }
-    if (!op) {
-      std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld: %s", rank, s.m, s.n, s.k,
-                    made_op.to_string().c_str());
-      return 1;
+    // The fused op as configured, and the same with the kernel launched after begin_launch's
+    // kernel ends (`mkernel_no_pdl`: what the programmatic launch saves).
+    std::unique_ptr<rt::GemmReduceScatter> op, op_no_pdl;
+    for (int variant = 0; variant < 2; ++variant) {
+      rt::GemmReduceScatterConfig cfg = args.config;
+      if (variant == 1) cfg.programmatic_launch = false;
+      std::unique_ptr<rt::GemmReduceScatter>& dst = variant == 0 ? op : op_no_pdl;
+      mkernel::Status made_op;
+      if (args.all_reduce) {
+        auto r = rt::GemmAllReduce::create(comm, s.m, n, k, cfg, st);
+        if (r.ok()) dst = std::move(r.value());
+        else made_op = r.status();
+      } else {
+        auto r = rt::GemmReduceScatter::create(comm, m_local, n, k, cfg, st);
+        if (r.ok()) dst = std::move(r.value());
+        else made_op = r.status();
+      }
+      if (!dst) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld%s: %s", rank, s.m, s.n, s.k,
+                      variant == 1 ? " (no programmatic launch)" : "", made_op.to_string().c_str());
+        return 1;
+      }
     }
     if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op->describe().c_str());
     mk::GemmArgs ga;
@@ -271,6 +292,31 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
                     r.message.c_str());
       return 1;
     }
+    // Our GEMM alone in the configuration the fused op's engine runs (the choices it leaves the
+    // rule: widths 128 and 256, no swapped operands or split-K inside clusters, no stream-K, at
+    // most two splits; launched without programmatic dependence, as the fused kernel is): the
+    // difference to `mkernel` is then what the fusion itself costs, not the configuration.
+    mk::GemmArgs gf = ga;
+    gf.config.widths_128_256 = true;
+    gf.config.stream_k = 0;
+    gf.config.swap_ab = 0;
+    gf.config.cluster_k = 1;
+    gf.config.programmatic_launch = false;
+    mk::GemmPlan gpf;
+    if (mk::GemmResult r = mk::gemm_plan(gf, &gpf); !r.ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: gemm plan as fused %ldx%ldx%ld: %s", rank, s.m, n, k,
+                    r.message.c_str());
+      return 1;
+    }
+    if (gpf.config.num_splits > 2) {
+      gf.config = gpf.config;
+      gf.config.num_splits = 2;
+      if (mk::GemmResult r = mk::gemm_plan(gf, &gpf); !r.ok()) {
+        std::snprintf(sh->error, sizeof(sh->error), "rank %u: gemm plan as fused (2 splits) %ldx%ldx%ld: %s", rank, s.m,
+                      n, k, r.message.c_str());
+        return 1;
+      }
+    }
     const float alpha = 1.f, beta = 0.f;
     auto blas_gemm = [&]() {
       return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(s.m),
@@ -282,6 +328,8 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       switch (impl) {
         case 0: return op->launch(a, w, c, st).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
+        case kGemmAsFused: return mk::gemm_launch(gpf, st).ok();
+        case kNoPdl: return op_no_pdl->launch(a, w, c, st).ok();
         case 2: return blas_gemm();
         case kNccl:
           if (nc == nullptr || !blas_gemm()) return false;
@@ -327,19 +375,71 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
                     comm.check().to_string().c_str());
       return 1;
     }
+    gemm_test::poison(p2, s.m * n, st);
+    if (!run_impl(kGemmAsFused) || cudaStreamSynchronize(st) != cudaSuccess) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: mkernel_gemm_as_fused failed on %ldx%ldx%ld", rank, s.m,
+                    s.n, s.k);
+      return 1;
+    }
+    if (const double e = rel_err(p2, p, s.m * n, sums, st); !(e < 1e-2)) {
+      std::snprintf(sh->error, sizeof(sh->error),
+                    "rank %u: wrong on %ldx%ldx%ld: mkernel_gemm_as_fused rel err %.3e vs cublas (bound 1e-2)", rank,
+                    s.m, s.n, s.k, e);
+      return 1;
+    } else if (rank == 0) {
+      sh->res[si][kGemmAsFused].err = e;
+    }
+    gemm_test::poison(c, out_elems, st);
+    if (!run_impl(kNoPdl) || cudaStreamSynchronize(st) != cudaSuccess) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: mkernel_no_pdl failed on %ldx%ldx%ld: %s", rank, s.m, s.n,
+                    s.k, comm.check().to_string().c_str());
+      return 1;
+    }
+    if (const double e = rel_err(c, ref, out_elems, sums, st); !(e < 1e-2) || !comm.check().ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: wrong on %ldx%ldx%ld: mkernel_no_pdl rel err %.3e (bound "
+                    "1e-2); %s", rank, s.m, s.n, s.k, e, comm.check().to_string().c_str());
+      return 1;
+    } else if (rank == 0) {
+      sh->res[si][kNoPdl].err = e;
+    }
     // Timing: rounds take turns between implementations.
     std::vector<float> times[kImpls];
+    std::vector<float> host_us[kImpls];
     for (int warm = 0; warm < 5; ++warm)
       for (int impl = 0; impl < kImpls; ++impl)
         if (impl != kNccl || nc != nullptr) run_impl(impl);
     RANK_CUDA(cudaStreamSynchronize(st));
+    // --graph: one graph of args.graph calls per implementation, captured after the warm-up.
+    cudaGraphExec_t graphs[kImpls] = {};
+    if (args.graph > 0) {
+      for (int impl = 0; impl < kImpls; ++impl) {
+        if (impl == kNccl && nc == nullptr) continue;
+        cudaGraph_t g = nullptr;
+        RANK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        bool ok = true;
+        for (int i = 0; i < args.graph && ok; ++i) ok = run_impl(impl);
+        const cudaError_t ce = cudaStreamEndCapture(st, &g);
+        if (!ok || ce != cudaSuccess || cudaGraphInstantiate(&graphs[impl], g, 0) != cudaSuccess) {
+          std::snprintf(sh->error, sizeof(sh->error), "rank %u: capturing %d calls of %s in a CUDA graph on %ldx%ldx%ld "
+                        "failed (%s; a call returned %s); %s", rank, args.graph, kImplNames[impl], s.m, s.n, s.k,
+                        cudaGetErrorString(ce), ok ? "ok" : "an error", comm.check().to_string().c_str());
+          return 1;
+        }
+        cudaGraphDestroy(g);
+        RANK_CUDA(cudaGraphLaunch(graphs[impl], st));  // warm-up replay
+      }
+      RANK_CUDA(cudaStreamSynchronize(st));
+    }
     const int per_round = std::max(1, args.iters / args.rounds);
     for (int round = 0; round < args.rounds; ++round)
       for (int impl = 0; impl < kImpls; ++impl) {
         if (impl == kNccl && nc == nullptr) continue;
         for (int i = 0; i < per_round; ++i) {
           cudaEventRecord(e0, st);
-          const bool ok = run_impl(impl);
+          const auto h0 = std::chrono::steady_clock::now();
+          const bool ok = graphs[impl] != nullptr ? cudaGraphLaunch(graphs[impl], st) == cudaSuccess : run_impl(impl);
+          if (graphs[impl] == nullptr)
+            host_us[impl].push_back(std::chrono::duration<float, std::micro>(std::chrono::steady_clock::now() - h0).count());
           cudaEventRecord(e1, st);
           const cudaError_t te = cudaEventSynchronize(e1);
           if (!ok || te != cudaSuccess) {
@@ -349,16 +449,24 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
           }
           float ms = 0;
           cudaEventElapsedTime(&ms, e0, e1);
-          times[impl].push_back(ms);
+          times[impl].push_back(graphs[impl] != nullptr ? ms / static_cast<float>(args.graph) : ms);
         }
       }
+    for (cudaGraphExec_t& g : graphs)
+      if (g != nullptr) cudaGraphExecDestroy(g);
     if (!comm.check().ok()) {
       std::snprintf(sh->error, sizeof(sh->error), "rank %u: %s", rank, comm.check().to_string().c_str());
       return 1;
     }
     if (rank == 0)
       for (int impl = 0; impl < kImpls; ++impl)
-        if (!times[impl].empty()) stats(times[impl], &sh->res[si][impl]);
+        if (!times[impl].empty()) {
+          stats(times[impl], &sh->res[si][impl]);
+          if (!host_us[impl].empty()) {
+            std::sort(host_us[impl].begin(), host_us[impl].end());
+            sh->res[si][impl].host_us = host_us[impl][host_us[impl].size() / 2];
+          }
+        }
   }
   if (nc != nullptr) ncclCommDestroy(nc);
   cublasDestroy(blas);
@@ -388,6 +496,7 @@ int main(int argc, char** argv) {
         args.shapes.push_back(s);
     else if (a == "--iters") args.iters = std::atoi(next().c_str());
     else if (a == "--rounds") args.rounds = std::atoi(next().c_str());
+    else if (a == "--graph") args.graph = std::atoi(next().c_str());
     else if (a == "--gemm-blocks") args.config.gemm_blocks = std::atoi(next().c_str());
     else if (a == "--block-n") args.config.block_n = std::atoi(next().c_str());
     else if (a == "--cluster-m") args.config.cluster_m = std::atoi(next().c_str());
@@ -401,6 +510,10 @@ int main(int argc, char** argv) {
   }
   if (args.iters < 1 || args.rounds < 1) {
     std::printf("gemm_rs_bench: --iters %d, --rounds %d; expected both at least 1\n", args.iters, args.rounds);
+    return 2;
+  }
+  if (args.graph < 0 || args.graph > 1000) {
+    std::printf("gemm_rs_bench: --graph %d; expected 0 (eager calls) to 1000 calls per graph\n", args.graph);
     return 2;
   }
   ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // no module load while a rank's kernel waits for another
@@ -478,45 +591,55 @@ int main(int argc, char** argv) {
     return 1;
   }
   const char* nccl_name = args.nodes ? "nccl_shm+cublas" : "nccl+cublas";
+  const std::string timing = args.graph > 0 ? "graph " + std::to_string(args.graph) : "eager";
   const bool seq_ran = args.world > 1;
-  std::printf("\ngemm_rs_bench%s: world %d, nodes %d%s, %s, commit %s\n", args.all_reduce ? " --all-reduce" : "",
-              args.world, args.nodes ? args.world : 1,
+  std::printf("\ngemm_rs_bench%s: world %d, nodes %d%s, %s, commit %s, timing %s\n",
+              args.all_reduce ? " --all-reduce" : "", args.world, args.nodes ? args.world : 1,
               args.nodes ? (" over " + args.provider + ", host-staged").c_str() : "", args.machine.c_str(),
-              args.commit.c_str());
+              args.commit.c_str(),
+              args.graph > 0 ? (timing + " (a replay / " + std::to_string(args.graph) + ")").c_str()
+                             : "eager (each call from an idle GPU)");
   std::printf("checked before timing: one launch of mkernel vs %s, mkernel_gemm vs cublas (rel. Frobenius error < "
               "1e-2): all passed\n",
               seq_ran ? nccl_name : "cublas (one rank: the partial is the result)");
-  std::printf("%-20s %10s %10s %10s %15s %9s %9s %9s %9s\n", "M x N x K", "mkernel", "our gemm", "cublas", nccl_name,
-              "rel err", "vs gemm", "vs seq", "vs cublas");
+  std::printf("%-20s %10s %10s %10s %10s %10s %15s %9s %9s %9s %9s %9s\n", "M x N x K", "mkernel", "no pdl", "our gemm",
+              "as fused", "cublas", nccl_name, "rel err", "vs gemm", "vs as f.", "vs seq", "vs cublas");
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];
     const Result* r = sh->res[si];
     char shape[32];
     std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", s.m, s.n, s.k);
     const double seq = r[kNccl].ran ? r[kNccl].median_ms : 0;
-    std::printf("%-20s %10.4f %10.4f %10.4f %15.4f %9.1e %9.3f %9.3f %9.3f\n", shape, r[0].median_ms, r[1].median_ms,
-                r[2].median_ms, seq, r[0].err, r[0].median_ms / r[1].median_ms, seq > 0 ? seq / r[0].median_ms : 0.0,
+    std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %10.4f %15.4f %9.1e %9.3f %9.3f %9.3f %9.3f\n", shape,
+                r[0].median_ms, r[kNoPdl].median_ms, r[1].median_ms, r[kGemmAsFused].median_ms, r[2].median_ms, seq, r[0].err, r[0].median_ms / r[1].median_ms,
+                r[0].median_ms / r[kGemmAsFused].median_ms, seq > 0 ? seq / r[0].median_ms : 0.0,
                 r[2].median_ms / r[0].median_ms);
+    if (args.graph == 0) {
+      std::printf("%-20s host us per call (enqueue):", "");
+      for (int impl = 0; impl < kImpls; ++impl)
+        if (r[impl].ran) std::printf(" %s %.1f", kImplNames[impl], r[impl].host_us);
+      std::printf("\n");
+    }
     for (int impl = 0; impl < kImpls && jl; ++impl) {
       if (!r[impl].ran) continue;
       std::fprintf(jl,
                    "{\"benchmark\": \"%s\", \"shape\": {\"M\": %ld, \"N\": %ld, \"K\": %ld}, \"split\": \"K over "
                    "world (A columns and W columns); %s\", \"world\": %d, \"nodes\": %d, \"impl\": "
                    "\"%s\", \"median_ms\": %.4f, \"p10_ms\": %.4f, \"p90_ms\": %.4f, \"iters\": %d, "
-                   "\"rel_err_vs_unfused\": %.2e, \"config\": \"%s\", \"provider\": \"%s\", \"machine\": \"%s\", "
-                   "\"commit\": \"%s\", \"date\": \"%s\"}\n",
+                   "\"rel_err_vs_unfused\": %.2e, \"config\": \"%s\", \"provider\": \"%s\", \"timing\": \"%s\", \"host_us\": %.1f, "
+                   "\"machine\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\"}\n",
                    args.all_reduce ? "gemm_ar" : "gemm_rs", s.m, s.n, s.k,
                    args.all_reduce ? "the whole result on every rank" : "result rows over world", args.world,
                    args.nodes ? args.world : 1, impl == kNccl ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
-                   impl == 0 ? sh->config[si] : "",
+                   impl == 0 || impl == kNoPdl ? sh->config[si] : "",
                    args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"),
-                   args.machine.c_str(), args.commit.c_str(), date);
+                   timing.c_str(), r[impl].host_us, args.machine.c_str(), args.commit.c_str(), date);
     }
   }
   if (jl) std::fclose(jl);
   std::printf("(rel err: mkernel vs the unfused result; vs gemm: fused / our GEMM alone on the per-rank problem; vs "
-              "seq: %s / fused%s; vs cublas: cuBLAS alone / fused%s)\n",
+              "as f.: fused / our GEMM alone in the fused op's configuration; vs seq: %s / fused%s; vs cublas: cuBLAS alone / fused%s)\n",
               nccl_name, seq_ran ? "" : " (not run with one rank)",
               args.all_reduce ? "" : "; torch_fused / fused: gemm_rs_torch.py");
   return 0;

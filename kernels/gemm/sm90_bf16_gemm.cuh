@@ -76,6 +76,11 @@ namespace mkernel::kernels {
 // this launch's split from it (gridDim.x less its communication blocks run GEMM tiles), the GEMM
 // producers time their readiness waits, every block stamps its end, and the role's block_exit
 // calls split_launch_end on the launch's last block. The decomposition stays the plan's.
+// A role may let its kernel start early (kProgrammaticLaunch, optional): with
+// GemmConfig::programmatic_launch the launch then overlaps the end of the kernel before it on the
+// stream (for the fused ops, the launch's begin_launch), and every block, GEMM and role blocks
+// alike, waits for that kernel (griddep_wait) before anything else, so nothing the role or the
+// engine reads can be older than it. The kernel's launch and block scheduling are what overlap.
 // A role may also own the epilogue (kHasEpilogue, optional; see detail::role_epilogue):
 //   EpilogueState                   per-thread state of the consumer threads, across tiles
 //   epilogue<T>(p, st, acc, m_block, n_block, ctid, tma_d, smem_epi)
@@ -217,6 +222,17 @@ template <class Role>
 constexpr bool role_adaptive_split() {
   if constexpr (requires { Role::kAdaptiveSplit; }) {
     return Role::kAdaptiveSplit;
+  } else {
+    return false;
+  }
+}
+
+// Whether Role's kernel may be launched with programmatic dependence on the kernel before it
+// (Role::kProgrammaticLaunch): every block then waits for that kernel (griddep_wait) first thing.
+template <class Role>
+constexpr bool role_programmatic() {
+  if constexpr (requires { Role::kProgrammaticLaunch; }) {
+    return Role::kProgrammaticLaunch;
   } else {
     return false;
   }
@@ -680,6 +696,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                           const __grid_constant__ CUtensorMap tma_a_local,
                           const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // A role launched with programmatic dependence (kProgrammaticLaunch) reads memory the kernel
+  // before it wrote (the launch number) from its first instruction on: wait for it here (a no-op
+  // when launched without the attribute).
+  if constexpr (detail::role_programmatic<Role>()) ptx::griddep_wait();
   if (threadIdx.x == 0) MK_TRACE_MARK(0);
   // ---- role split ----------------------------------------------------------------------------
   // Static (the plan's) or adaptive (read from the plan's SplitControl; the same for every block).

@@ -65,8 +65,9 @@ GemmResult launch_sm90_bf16_gemm(const GemmPlan& plan, cudaStream_t stream) {
   }
   // Programmatic dependent launch for plain GEMMs: the kernel waits for the previous one
   // (griddep_wait) before its first global access, so its launch and prologue may overlap that
-  // kernel's end. Not for fused roles (their blocks wait on flags of their own) or grouped GEMMs.
-  if constexpr (std::is_same_v<Role, NoRole> && !T::kGrouped) {
+  // kernel's end. Fused roles that ask for it (Role::kProgrammaticLaunch) wait first thing, so
+  // only their launch overlaps (the fused ops' begin_launch kernel). Not for grouped GEMMs.
+  if constexpr ((std::is_same_v<Role, NoRole> || detail::role_programmatic<Role>()) && !T::kGrouped) {
     if (plan.config.programmatic_launch) {
       attr[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[num_attrs].val.programmaticStreamSerializationAllowed = 1;

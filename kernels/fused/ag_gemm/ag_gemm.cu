@@ -156,6 +156,7 @@ GemmResult AgGemmPlan::create(const AgGemmSetup& s, std::unique_ptr<AgGemmPlan>*
   // their fixed order (deterministic fix-up) so the bits do not depend on it.
   g.config.deterministic = s.config.adaptive_split;
   g.config.widths_128_256 = true;  // the widths this op instantiates (AgTraits)
+  g.config.programmatic_launch = s.config.programmatic_launch;
   g.hooks.ready_flags = ready + s.layout.nvl_op_flags();  // ready(0, 0) onwards
   g.hooks.ready_value_ptr = c.launch_counter;
   g.hooks.ready_rows_per_flag = geo.chunk_rows;

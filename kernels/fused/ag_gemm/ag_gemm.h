@@ -49,6 +49,10 @@ struct AgGemmConfig {
   // bit-identical whatever the split (the GEMM's decomposition is the plan's, its split-K partials
   // summed in a fixed order). Off by default until measured better on the GPUs it runs on.
   bool adaptive_split = false;
+  // The kernel's launch overlaps the end of the launch's begin_launch kernel (programmatic
+  // dependent launch; every block waits for it before touching memory). false: launched after
+  // it ends, as every fused kernel was before.
+  bool programmatic_launch = true;
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of

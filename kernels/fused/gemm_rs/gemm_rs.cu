@@ -97,6 +97,7 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
   // (tile_scheduler.cuh note 3); with two parts the fp32 sum does not depend on that order, with
   // three or more it may. So at most two splits.
   g.config.num_splits = std::min(g.config.num_splits, 2);
+  g.config.programmatic_launch = s.config.programmatic_launch;
   g.config.group = static_cast<int>(order.group);
   g.hooks.first_m_block = order.first_m_block;
   p->geo_ = geo;

@@ -30,6 +30,10 @@ struct GemmRsConfig {
   int block_n = 0;      // 128 or 256; 0: the engine's choice for the shape (the same on every rank:
                         // the staged tiles' layout depends on it, so ranks must agree on it)
   int cluster_m = 0;    // 1 or 2; 0: the engine's choice
+  // The kernel's launch overlaps the end of the launch's begin_launch kernel (programmatic
+  // dependent launch; every block waits for it before touching memory). false: launched after
+  // it ends, as every fused kernel was before.
+  bool programmatic_launch = true;
 };
 
 struct GemmRsSetup {

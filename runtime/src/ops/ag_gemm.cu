@@ -62,7 +62,8 @@ StatusOr<std::unique_ptr<AllGatherGemm>> AllGatherGemm::create(Communicator& com
   s.n_local = static_cast<uint32_t>(n_local);
   s.k = static_cast<uint32_t>(k);
   s.config = mk::AgGemmConfig{config.comm_blocks, config.gemm_blocks, config.block_n, config.cluster_m, chunk_rows,
-                              config.bulk_copies, config.copy_engine_pushes, config.trace, config.adaptive_split};
+                              config.bulk_copies, config.copy_engine_pushes, config.trace, config.adaptive_split,
+                              config.programmatic_launch};
   std::unique_ptr<AllGatherGemm> op(new AllGatherGemm());
   op->comm_ = &comm;
   op->nodes_ = layout.nodes;

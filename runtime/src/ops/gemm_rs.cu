@@ -138,7 +138,7 @@ Status GemmReduceScatter::make(Communicator& comm, uint64_t rows, uint64_t n, ui
   s.n = static_cast<uint32_t>(n);
   s.k = static_cast<uint32_t>(k);
   s.all_reduce = all_reduce;
-  s.config = mk::GemmRsConfig{config.gemm_blocks, config.block_n, config.cluster_m};
+  s.config = mk::GemmRsConfig{config.gemm_blocks, config.block_n, config.cluster_m, config.programmatic_launch};
   op->comm_ = &comm;
   op->all_reduce_ = all_reduce;
   return from_gemm(mk::GemmRsPlan::create(s, &op->plan_), what);
