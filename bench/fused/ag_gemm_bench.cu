@@ -1,9 +1,10 @@
 // ag_gemm_bench: the fused AllGather+GEMM (ops.h) beside, in the same run and on the same
 // inputs: our GEMM alone on the per-rank problem (`mkernel_gemm`, the gathered A already in
 // place), the fused op without the gathered output (`mkernel_c_only`) and with its kernel launched
-// only after begin_launch's kernel ended (`mkernel_no_pdl`), cuBLAS alone (`cublas`), and with more than one rank NCCL all-gather then cuBLAS in
-// sequence (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with
-// NCCL_P2P_DISABLE=1 so both sides go through host memory).
+// with programmatic dependence on begin_launch's kernel (`mkernel_pdl`), cuBLAS alone
+// (`cublas`), and with more than one rank NCCL all-gather then cuBLAS in sequence
+// (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with NCCL_P2P_DISABLE=1 so
+// both sides go through host memory).
 //
 // One process per rank on GPU rank % GPUs; one mkerneld (one node: the NVLink path) or, with
 // --nodes, one mkerneld per rank (every rank a node: the proxy path, host-staged, over
@@ -63,7 +64,7 @@ constexpr int kMaxShapes = 32;
 // step needs it for the backward pass); mkernel_c_only computes C alone.
 constexpr int kImpls = 6;
 const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_c_only",
-                                  "mkernel_no_pdl"};
+                                  "mkernel_pdl"};
 
 struct Result {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
@@ -178,14 +179,14 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       return 1;
     }
     if (rank == 0) std::snprintf(sh->config[si], sizeof(sh->config[si]), "%s", op.value()->describe().c_str());
-    // The same op with its kernel launched only after begin_launch's kernel ended
-    // (`mkernel_no_pdl`, with the gathered output: what the programmatic launch saves).
-    rt::AllGatherGemmConfig cfg_no_pdl = args.config;
-    cfg_no_pdl.programmatic_launch = false;
-    auto op_no_pdl = rt::AllGatherGemm::create(comm, m_local, n_local, k, cfg_no_pdl, st);
-    if (!op_no_pdl.ok()) {
-      std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld (no programmatic launch): %s", rank, s.m,
-                    s.n, s.k, op_no_pdl.status().to_string().c_str());
+    // The same op with its kernel launched with programmatic dependence on begin_launch's kernel
+    // (`mkernel_pdl`, with the gathered output: what the programmatic launch saves).
+    rt::AllGatherGemmConfig cfg_pdl = args.config;
+    cfg_pdl.programmatic_launch = true;
+    auto op_pdl = rt::AllGatherGemm::create(comm, m_local, n_local, k, cfg_pdl, st);
+    if (!op_pdl.ok()) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld (programmatic launch): %s", rank, s.m,
+                    s.n, s.k, op_pdl.status().to_string().c_str());
       return 1;
     }
     // The gathered A for the baselines: the fused op's own output, checked against NCCL's.
@@ -214,7 +215,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       switch (impl) {
         case 0: return fused(g2).ok();
         case 4: return fused(nullptr).ok();
-        case 5: return op_no_pdl.value()->launch(a, w, c, g2, st).ok();
+        case 5: return op_pdl.value()->launch(a, w, c, g2, st).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
         case 2: blas_gemm(c); return true;
         case 3:
@@ -447,7 +448,7 @@ int main(int argc, char** argv) {
               args.machine.c_str(), args.commit.c_str(),
               args.graph > 0 ? (timing + " (a replay / " + std::to_string(args.graph) + ")").c_str()
                              : "eager (each call from an idle GPU)");
-  std::printf("%-20s %10s %10s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "no pdl", "C only",
+  std::printf("%-20s %10s %10s %10s %10s %10s %10s %9s %9s %9s\n", "M x N x K", "mkernel", "pdl", "C only",
               "our gemm", "cublas", nccl_name, "vs seq", "vs gemm", "vs cublas");
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];

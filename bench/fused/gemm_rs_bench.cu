@@ -3,11 +3,12 @@
 // rank's share of K, nothing reduced), the same in the configuration the fused op's engine runs
 // (`mkernel_gemm_as_fused`: widths 128 and 256, no swapped operands, no stream-K, at most two
 // splits, no programmatic launch; what fusion costs beyond its configuration), the fused op with
-// its kernel launched only after begin_launch's kernel ended (`mkernel_no_pdl`), cuBLAS alone on the same problem (`cublas`), and with more
-// than one rank cuBLAS then NCCL's reduce-scatter of the bf16 partials on the same stream
-// (`nccl+cublas`, or `nccl_shm+cublas` with --nodes, where NCCL runs with NCCL_P2P_DISABLE=1 so
-// both sides go through host memory). With one rank the fused op has nothing to move: the run
-// measures its overhead over our GEMM and cuBLAS.
+// its kernel launched with programmatic dependence on begin_launch's kernel (`mkernel_pdl`),
+// cuBLAS alone on the same problem (`cublas`), and with more than one rank cuBLAS then NCCL's
+// reduce-scatter of the bf16 partials on the same stream (`nccl+cublas`, or `nccl_shm+cublas`
+// with --nodes, where NCCL runs with NCCL_P2P_DISABLE=1 so both sides go through host memory).
+// With one rank the fused op has nothing to move: the run measures its overhead over our GEMM
+// and cuBLAS.
 //
 // --all-reduce: the same for the fused GEMM+AllReduce (`mkernel` is GemmAllReduce; every rank
 // gets the whole sum [M, N]) and `nccl+cublas` is cuBLAS then ncclAllReduce of the bf16 partials
@@ -72,9 +73,9 @@ constexpr int kMaxShapes = 32;
 constexpr int kImpls = 6;
 constexpr int kNccl = 3;
 constexpr int kGemmAsFused = 4;
-constexpr int kNoPdl = 5;
+constexpr int kPdl = 5;
 const char* kImplNames[kImpls] = {"mkernel", "mkernel_gemm", "cublas", "nccl+cublas", "mkernel_gemm_as_fused",
-                                  "mkernel_no_pdl"};
+                                  "mkernel_pdl"};
 
 struct Result {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
@@ -253,13 +254,13 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     gemm_test::fill_random(a, s.m * k, 1000 + si * 64 + rank, 1.0f, st);
     gemm_test::fill_random(w, n * k, 2000 + si * 64 + rank, 1.0f, st);
     // GemmAllReduce is a GemmReduceScatter (the same launch, c [M, N]).
-    // The fused op as configured, and the same with the kernel launched after begin_launch's
-    // kernel ends (`mkernel_no_pdl`: what the programmatic launch saves).
-    std::unique_ptr<rt::GemmReduceScatter> op, op_no_pdl;
+    // The fused op as configured, and the same with its kernel launched with programmatic
+    // dependence on begin_launch's kernel (`mkernel_pdl`: what the programmatic launch saves).
+    std::unique_ptr<rt::GemmReduceScatter> op, op_pdl;
     for (int variant = 0; variant < 2; ++variant) {
       rt::GemmReduceScatterConfig cfg = args.config;
-      if (variant == 1) cfg.programmatic_launch = false;
-      std::unique_ptr<rt::GemmReduceScatter>& dst = variant == 0 ? op : op_no_pdl;
+      if (variant == 1) cfg.programmatic_launch = true;
+      std::unique_ptr<rt::GemmReduceScatter>& dst = variant == 0 ? op : op_pdl;
       mkernel::Status made_op;
       if (args.all_reduce) {
         auto r = rt::GemmAllReduce::create(comm, s.m, n, k, cfg, st);
@@ -272,7 +273,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       }
       if (!dst) {
         std::snprintf(sh->error, sizeof(sh->error), "rank %u: plan %ldx%ldx%ld%s: %s", rank, s.m, s.n, s.k,
-                      variant == 1 ? " (no programmatic launch)" : "", made_op.to_string().c_str());
+                      variant == 1 ? " (programmatic launch)" : "", made_op.to_string().c_str());
         return 1;
       }
     }
@@ -329,7 +330,7 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
         case 0: return op->launch(a, w, c, st).ok();
         case 1: return mk::gemm_launch(gp, st).ok();
         case kGemmAsFused: return mk::gemm_launch(gpf, st).ok();
-        case kNoPdl: return op_no_pdl->launch(a, w, c, st).ok();
+        case kPdl: return op_pdl->launch(a, w, c, st).ok();
         case 2: return blas_gemm();
         case kNccl:
           if (nc == nullptr || !blas_gemm()) return false;
@@ -390,17 +391,17 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
       sh->res[si][kGemmAsFused].err = e;
     }
     gemm_test::poison(c, out_elems, st);
-    if (!run_impl(kNoPdl) || cudaStreamSynchronize(st) != cudaSuccess) {
-      std::snprintf(sh->error, sizeof(sh->error), "rank %u: mkernel_no_pdl failed on %ldx%ldx%ld: %s", rank, s.m, s.n,
+    if (!run_impl(kPdl) || cudaStreamSynchronize(st) != cudaSuccess) {
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: mkernel_pdl failed on %ldx%ldx%ld: %s", rank, s.m, s.n,
                     s.k, comm.check().to_string().c_str());
       return 1;
     }
     if (const double e = rel_err(c, ref, out_elems, sums, st); !(e < 1e-2) || !comm.check().ok()) {
-      std::snprintf(sh->error, sizeof(sh->error), "rank %u: wrong on %ldx%ldx%ld: mkernel_no_pdl rel err %.3e (bound "
+      std::snprintf(sh->error, sizeof(sh->error), "rank %u: wrong on %ldx%ldx%ld: mkernel_pdl rel err %.3e (bound "
                     "1e-2); %s", rank, s.m, s.n, s.k, e, comm.check().to_string().c_str());
       return 1;
     } else if (rank == 0) {
-      sh->res[si][kNoPdl].err = e;
+      sh->res[si][kPdl].err = e;
     }
     // Timing: rounds take turns between implementations.
     std::vector<float> times[kImpls];
@@ -602,7 +603,7 @@ int main(int argc, char** argv) {
   std::printf("checked before timing: one launch of mkernel vs %s, mkernel_gemm vs cublas (rel. Frobenius error < "
               "1e-2): all passed\n",
               seq_ran ? nccl_name : "cublas (one rank: the partial is the result)");
-  std::printf("%-20s %10s %10s %10s %10s %10s %15s %9s %9s %9s %9s %9s\n", "M x N x K", "mkernel", "no pdl", "our gemm",
+  std::printf("%-20s %10s %10s %10s %10s %10s %15s %9s %9s %9s %9s %9s\n", "M x N x K", "mkernel", "pdl", "our gemm",
               "as fused", "cublas", nccl_name, "rel err", "vs gemm", "vs as f.", "vs seq", "vs cublas");
   for (size_t si = 0; si < args.shapes.size(); ++si) {
     const Shape& s = args.shapes[si];
@@ -611,7 +612,7 @@ int main(int argc, char** argv) {
     std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", s.m, s.n, s.k);
     const double seq = r[kNccl].ran ? r[kNccl].median_ms : 0;
     std::printf("%-20s %10.4f %10.4f %10.4f %10.4f %10.4f %15.4f %9.1e %9.3f %9.3f %9.3f %9.3f\n", shape,
-                r[0].median_ms, r[kNoPdl].median_ms, r[1].median_ms, r[kGemmAsFused].median_ms, r[2].median_ms, seq, r[0].err, r[0].median_ms / r[1].median_ms,
+                r[0].median_ms, r[kPdl].median_ms, r[1].median_ms, r[kGemmAsFused].median_ms, r[2].median_ms, seq, r[0].err, r[0].median_ms / r[1].median_ms,
                 r[0].median_ms / r[kGemmAsFused].median_ms, seq > 0 ? seq / r[0].median_ms : 0.0,
                 r[2].median_ms / r[0].median_ms);
     if (args.graph == 0) {
@@ -632,7 +633,7 @@ int main(int argc, char** argv) {
                    args.all_reduce ? "the whole result on every rank" : "result rows over world", args.world,
                    args.nodes ? args.world : 1, impl == kNccl ? nccl_name : kImplNames[impl],
                    r[impl].median_ms, r[impl].p10_ms, r[impl].p90_ms, args.iters, r[impl].err,
-                   impl == 0 || impl == kNoPdl ? sh->config[si] : "",
+                   impl == 0 || impl == kPdl ? sh->config[si] : "",
                    args.nodes ? args.provider.c_str() : (args.world > 1 ? "nvlink" : "none (one rank)"),
                    timing.c_str(), r[impl].host_us, args.machine.c_str(), args.commit.c_str(), date);
     }

@@ -271,7 +271,7 @@ template <bool kAdaptive>
 struct AgGemmRoleT {
   static constexpr bool kHasBlockExit = true;
   static constexpr bool kAdaptiveSplit = kAdaptive;
-  static constexpr bool kProgrammaticLaunch = true;  // overlaps begin_launch (AgGemmConfig)
+  static constexpr bool kProgrammaticLaunch = true;  // may overlap begin_launch (AgGemmConfig)
 
   __device__ static void run(const GemmParams& p, uint32_t role_block, uint32_t num_role_blocks) {
     const auto& a = *static_cast<const AgGemmRoleArgs*>(p.role_args);

@@ -50,9 +50,9 @@ struct AgGemmConfig {
   // summed in a fixed order). Off by default until measured better on the GPUs it runs on.
   bool adaptive_split = false;
   // The kernel's launch overlaps the end of the launch's begin_launch kernel (programmatic
-  // dependent launch; every block waits for it before touching memory). false: launched after
-  // it ends, as every fused kernel was before.
-  bool programmatic_launch = true;
+  // dependent launch; every block waits for it before touching memory). Off by default: built
+  // and compiled, not yet run on a GPU (docs/kernels.md section 11, "Launch overhead").
+  bool programmatic_launch = false;
 };
 
 // The split of blocks between roles when the caller leaves it open. One SM moved about 40 GB/s of

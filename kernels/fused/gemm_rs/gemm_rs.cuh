@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_band_rows(const RsGeometry& g, uint16_t* c
 struct GemmRsRole {
   static constexpr bool kHasBlockExit = true;
   static constexpr bool kHasEpilogue = true;
-  static constexpr bool kProgrammaticLaunch = true;  // overlaps begin_launch (GemmRsConfig)
+  static constexpr bool kProgrammaticLaunch = true;  // may overlap begin_launch (GemmRsConfig)
 
   struct EpilogueState {
     uint64_t launch = 0, prev = 0;

@@ -31,9 +31,9 @@ struct GemmRsConfig {
                         // the staged tiles' layout depends on it, so ranks must agree on it)
   int cluster_m = 0;    // 1 or 2; 0: the engine's choice
   // The kernel's launch overlaps the end of the launch's begin_launch kernel (programmatic
-  // dependent launch; every block waits for it before touching memory). false: launched after
-  // it ends, as every fused kernel was before.
-  bool programmatic_launch = true;
+  // dependent launch; every block waits for it before touching memory). Off by default: built
+  // and compiled, not yet run on a GPU (docs/kernels.md section 11, "Launch overhead").
+  bool programmatic_launch = false;
 };
 
 struct GemmRsSetup {

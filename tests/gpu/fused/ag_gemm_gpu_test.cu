@@ -16,7 +16,8 @@
 // With the adaptive split (four cases and a random draw in four): the same inputs give the same
 // bits at six pinned splits, over 24 launches of the policy's own choosing, and as the static
 // default split (check_adaptive). The kernel is launched with programmatic dependence on
-// begin_launch's kernel (the default) in every case but two and one random draw in four.
+// begin_launch's kernel (programmatic_launch, off by default) in two cases and one random draw
+// in four.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -60,7 +61,7 @@ struct Case {
   bool copy_engine = false;      // AllGatherGemmConfig::copy_engine_pushes
   bool trace = false;            // AllGatherGemmConfig::trace, and its report checked
   bool adaptive = false;         // AllGatherGemmConfig::adaptive_split, and the bits checked across splits
-  bool no_pdl = false;           // AllGatherGemmConfig::programmatic_launch off (on by default)
+  bool pdl = false;              // AllGatherGemmConfig::programmatic_launch (off by default)
 };
 
 uint64_t shard_seed(uint64_t launch_seed, uint32_t shard) { return launch_seed * 7919 + shard * 104729 + 1; }
@@ -198,7 +199,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   cfg.copy_engine_pushes = cs.copy_engine;
   cfg.trace = cs.trace;
   cfg.adaptive_split = cs.adaptive;
-  cfg.programmatic_launch = !cs.no_pdl;
+  cfg.programmatic_launch = cs.pdl;
   if (shared_gpu) {
     // Every rank's kernel must be resident at once on the one GPU: split its 132 SMs.
     const int per_rank = 132 / static_cast<int>(R);
@@ -509,7 +510,7 @@ int main() {
       {{1, 2, "shm"}, 512, 256, 512, 0, 2, false, 0, false, false, true},   // clusters of 2
       {{1, 2, "shm"}, 64, 512, 1024, 0, 1, true, 0, false, false, true},    // split-K parts
       {{2, 1, "shm"}, 257, 256, 512, 0, 1, true, 0, false, false, true},    // through the proxies
-      // The kernel launched only after begin_launch's kernel ended (programmatic launch off).
+      // The kernel launched with programmatic dependence on begin_launch's kernel.
       {{1, 2, "shm"}, 300, 264, 520, 0, 1, true, 0, false, false, false, true},
       {{2, 1, "shm"}, 257, 256, 512, 0, 1, true, 0, true, false, false, true},
   };
@@ -529,10 +530,10 @@ int main() {
     cs.gathered_out = draw.coin();
     cs.copy_engine = draw.coin();
     cs.adaptive = draw.below(4) == 0;
-    cs.no_pdl = i % 4 == 3;  // not drawn: the family's shapes stay those of its seed
+    cs.pdl = i % 4 == 3;  // not drawn: the family's shapes stay those of its seed
     std::printf("random case %u: %s m_local %u n_local %u k %u chunk_rows %u cluster %d gathered_out %d ce %d adaptive %d"
                 " pdl %d\n", i, cs.topo.name().c_str(), cs.m_local, cs.n_local, cs.k, cs.chunk_rows, cs.cluster_m,
-                cs.gathered_out, cs.copy_engine, cs.adaptive, cs.no_pdl ? 0 : 1);
+                cs.gathered_out, cs.copy_engine, cs.adaptive, cs.pdl ? 1 : 0);
     all.push_back(cs);
   }
   all = fused_test::select_cases(all, "MKERNEL_AG_CASES");  // e.g. "0,9": a subset, for quick runs

@@ -26,8 +26,8 @@
 // layout: m_local not a multiple of 128 (tiles shared by two bands) and multiples of 256 (the
 // rotated order), three launches in a row without resets, a CUDA graph replayed with new data;
 // argument errors and ranks that disagree on the shape. The kernel is launched with programmatic
-// dependence on begin_launch's kernel (the default) in every case but one and one random draw in
-// four.
+// dependence on begin_launch's kernel (programmatic_launch, off by default) in one case and one
+// random draw in four.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -66,7 +66,7 @@ struct Case {
   int block_n = 0;
   bool all_reduce = false;  // GEMM+AllReduce: C is the whole sum on every rank
   uint32_t m_rows = 0;      // AllReduce: M when not world x m_local (uneven bands)
-  bool no_pdl = false;      // GemmReduceScatterConfig::programmatic_launch off (on by default)
+  bool pdl = false;         // GemmReduceScatterConfig::programmatic_launch (off by default)
 };
 
 // AllReduce: every rank's bits of launch 0, compared across ranks.
@@ -95,7 +95,7 @@ int run_rank(const Case& cs, uint32_t rank, rt::Communicator& comm, cudaStream_t
   rt::GemmReduceScatterConfig cfg;
   cfg.cluster_m = cs.cluster_m;
   cfg.block_n = cs.block_n;
-  cfg.programmatic_launch = !cs.no_pdl;
+  cfg.programmatic_launch = cs.pdl;
   if (shared_gpu) {
     const int per_rank = 132 / static_cast<int>(R);
     const int cm = cs.cluster_m == 2 ? 2 : 1;
@@ -392,7 +392,7 @@ int main() {
       {{1, 3, "shm"}, 0, 264, 136, 1, 0, true, 1000},  // uneven bands (333, 333, 334 rows)
       {{2, 2, "shm"}, 0, 256, 128, 1, 0, true, 3},     // fewer rows than ranks: an empty band
       {{2, 1, "shm"}, 0, 136, 264, 1, 128, true, 257}, // uneven bands through the proxies
-      {{1, 2, "shm"}, 300, 264, 520, 1, 0, false, 0, true},  // launched after begin_launch ends
+      {{1, 2, "shm"}, 300, 264, 520, 1, 0, false, 0, true},  // programmatic launch
   };
   // The random family (random_cases.h): 4 cases by default drawn from the printed seed, half
   // reduce-scatter (any m_local in [1, 500]) and half all-reduce (any M in [1, 2000], bands of
@@ -412,11 +412,11 @@ int main() {
     cs.k = draw.log_uniform_multiple(16, 1536, 8);
     cs.cluster_m = draw.coin() ? 2 : 1;
     cs.block_n = draw.pick(std::vector<int>{0, 0, 128, 256});
-    cs.no_pdl = i % 4 == 2;  // not drawn: the family's shapes stay those of its seed
+    cs.pdl = i % 4 == 2;  // not drawn: the family's shapes stay those of its seed
     std::printf("random case %zu: %s %s M %u n %u k %u cluster %d block_n %d%s\n", cases.size(), cs.topo.name().c_str(),
                 cs.all_reduce ? "all-reduce" : "reduce-scatter",
                 cs.all_reduce ? cs.m_rows : cs.m_local * cs.topo.world(), cs.n, cs.k, cs.cluster_m, cs.block_n,
-                cs.no_pdl ? " no programmatic launch" : "");
+                cs.pdl ? " programmatic launch" : "");
     cases.push_back(cs);
   }
   cases = fused_test::select_cases(cases, "MKERNEL_RS_CASES");  // e.g. "0,2": a subset, for quick runs

@@ -85,9 +85,10 @@ struct AllGatherGemmConfig {
   // from what it measured (starting at comm_blocks or the default rule; docs/api.md "Adaptive
   // split"). Results are bit-identical whatever the split. Off until measured better.
   bool adaptive_split = false;
-  // The fused kernel's launch overlaps the end of begin_launch's one-thread kernel (programmatic
-  // dependent launch): a few microseconds less per call. false: the kernel starts after it ends.
-  bool programmatic_launch = true;
+  // Launch the fused kernel with programmatic dependence on begin_launch's one-thread kernel, so
+  // that its launch overlaps it (every block waits for it before touching memory). Off by default:
+  // built, not yet run on a GPU (docs/kernels.md section 11, "Launch overhead").
+  bool programmatic_launch = false;
 };
 
 // A fused op's split of blocks between compute and communication, read back (adaptive_split).
@@ -158,9 +159,10 @@ struct GemmReduceScatterConfig {
   int gemm_blocks = 0;  // blocks that compute tiles (0: every SM); every block also moves its tiles
   int block_n = 0;      // GEMM tile width 128 or 256
   int cluster_m = 0;    // 1 or 2
-  // The fused kernel's launch overlaps the end of begin_launch's one-thread kernel (programmatic
-  // dependent launch): a few microseconds less per call. false: the kernel starts after it ends.
-  bool programmatic_launch = true;
+  // Launch the fused kernel with programmatic dependence on begin_launch's one-thread kernel, so
+  // that its launch overlaps it (every block waits for it before touching memory). Off by default:
+  // built, not yet run on a GPU (docs/kernels.md section 11, "Launch overhead").
+  bool programmatic_launch = false;
 };
 
 // Options::nvlink_bytes and Options::network_workspace_bytes a GEMM+ReduceScatter of this size
