@@ -270,21 +270,13 @@ int run_rank(uint32_t rank, const Args& args, const rt::UniqueId& id, const std:
     if (args.graph > 0) {
       for (int impl = 0; impl < kImpls; ++impl) {
         if (impl == 3 && nc == nullptr) continue;
-        cudaGraph_t gr = nullptr;
-        if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-          std::snprintf(sh->error, sizeof(sh->error), "rank %u: cudaStreamBeginCapture failed", rank);
+        const std::string e = gemm_test::capture_calls(st, args.graph, [&] { return run_impl(impl); }, &graphs[impl]);
+        if (!e.empty()) {
+          std::snprintf(sh->error, sizeof(sh->error), "rank %u: capturing %d calls of %s in a CUDA graph on %ldx%ldx%ld: "
+                        "%s; %s", rank, args.graph, kImplNames[impl], s.m, s.n, s.k, e.c_str(),
+                        comm.check().to_string().c_str());
           return 1;
         }
-        bool ok = true;
-        for (int i = 0; i < args.graph && ok; ++i) ok = run_impl(impl);
-        const cudaError_t ce = cudaStreamEndCapture(st, &gr);
-        if (!ok || ce != cudaSuccess || cudaGraphInstantiate(&graphs[impl], gr, 0) != cudaSuccess) {
-          std::snprintf(sh->error, sizeof(sh->error), "rank %u: capturing %d calls of %s in a CUDA graph on %ldx%ldx%ld "
-                        "failed (%s; a call returned %s); %s", rank, args.graph, kImplNames[impl], s.m, s.n, s.k,
-                        cudaGetErrorString(ce), ok ? "ok" : "an error", comm.check().to_string().c_str());
-          return 1;
-        }
-        cudaGraphDestroy(gr);
         cudaGraphLaunch(graphs[impl], st);  // warm-up replay
       }
       cudaStreamSynchronize(st);

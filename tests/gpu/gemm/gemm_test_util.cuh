@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace gemm_test {
@@ -181,6 +182,31 @@ inline ErrorStats compare(const std::vector<float>& out, const std::vector<float
   }
   s.rel_fro = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   return s;
+}
+
+// Captures `calls` calls of call() (each returning true when it enqueued its work) on `stream`
+// into a CUDA graph and instantiates it in *out (the benchmarks' --graph timing). Returns an
+// empty string, or what failed.
+template <class F>
+std::string capture_calls(cudaStream_t stream, int calls, F&& call, cudaGraphExec_t* out) {
+  *out = nullptr;
+  if (cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal); e != cudaSuccess)
+    return std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
+  bool ok = true;
+  for (int i = 0; i < calls && ok; ++i) ok = call();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!ok || end != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return !ok ? std::string("a call failed while captured") : std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+  }
+  const cudaError_t inst = cudaGraphInstantiate(out, graph, 0);
+  cudaGraphDestroy(graph);
+  if (inst != cudaSuccess) {
+    *out = nullptr;
+    return std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+  }
+  return {};
 }
 
 }  // namespace gemm_test
