@@ -28,38 +28,15 @@ torchrun=${TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2> /dev/null | wc -l)
 [ "$gpus" -ge "$ranks" ] || fail "$ranks rank(s) need as many GPUs; nvidia-smi sees $gpus"
 
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/private-mkerneld.sh"
 dir=$(mktemp -d /tmp/mkernel-example-XXXXXX)
-daemon_pid=
 cleanup() {
-  if [ -n "$daemon_pid" ]; then
-    kill -TERM "$daemon_pid" 2> /dev/null
-    for _ in $(seq 100); do kill -0 "$daemon_pid" 2> /dev/null || break; sleep 0.1; done
-    kill -KILL "$daemon_pid" 2> /dev/null
-    wait "$daemon_pid" 2> /dev/null
-  fi
+  private_mkerneld_stop
   rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-peer_port=$(free_port)
-master_port=$(free_port)
-cat > "$dir/mkerneld.yaml" << EOF
-gpus: {select: list, ids: [$(seq -s ", " 0 $((ranks - 1)))]}
-transport: {kind: fabric, provider: "shm"}
-proxy: {poll: {mode: spin}, cpu_affinity: none}
-timeouts: {command_ms: 5000, rendezvous_ms: 30000}
-peer: {listen: ["tcp:127.0.0.1:$peer_port"]}
-EOF
-"$mkerneld" --foreground --runtime-dir "$dir" --config "$dir/mkerneld.yaml" > "$dir/mkerneld.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 200); do
-  [ -S "$dir/mkerneld.sock" ] && break
-  kill -0 "$daemon_pid" 2> /dev/null || { tail -20 "$dir/mkerneld.log"; fail "mkerneld exited at start"; }
-  sleep 0.1
-done
-[ -S "$dir/mkerneld.sock" ] || { tail -20 "$dir/mkerneld.log"; fail "mkerneld made no socket within 20 s"; }
-
-export MKERNEL_SOCKET=$dir/mkerneld.sock MKERNEL_PEER_PORT=$peer_port
+master_port=$(private_mkerneld_free_port)
+private_mkerneld_start "$mkerneld" "$ranks" "$dir" 2> "$dir/start.err" || fail "$(cat "$dir/start.err")"
 MKERNEL_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 export MKERNEL_TOKEN NCCL_NVLS_ENABLE=0
 timeout "${EXAMPLE_TIMEOUT:-300}" "$torchrun" --no-python --nproc_per_node="$ranks" --master_addr=127.0.0.1 \

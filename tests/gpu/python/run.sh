@@ -29,41 +29,14 @@ reason=$("$python" -c "import mkernel; print(mkernel.native_unavailable_reason)"
 mkerneld=${MKERNELD:-$(command -v mkerneld || true)}
 [ -n "$mkerneld" ] && [ -x "$mkerneld" ] || skip "no mkerneld (set MKERNELD or put it on PATH)"
 
+source "$here/../../../scripts/private-mkerneld.sh"
 dir=$(mktemp -d /tmp/mkernel-py-gpu-XXXXXX)
-daemon_pid=
-stop_daemon() {
-  [ -n "$daemon_pid" ] || return 0
-  kill -TERM "$daemon_pid" 2> /dev/null
-  for _ in $(seq 100); do kill -0 "$daemon_pid" 2> /dev/null || break; sleep 0.1; done
-  kill -KILL "$daemon_pid" 2> /dev/null
-  wait "$daemon_pid" 2> /dev/null
-  daemon_pid=
-}
-trap 'stop_daemon' EXIT
-
-free_port() { "$python" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-peer_port=$(free_port)
-master_port=$(free_port)
+trap 'private_mkerneld_stop' EXIT
+master_port=$(private_mkerneld_free_port "$python")
 # The peer listener is on TCP so that Communicator.from_env can dial it (MKERNEL_PEER_PORT).
 # The daemon serves exactly the GPUs the ranks use (0 .. ranks - 1).
-gpu_ids=$(seq -s ", " 0 $((ranks - 1)))
-cat > "$dir/mkerneld.yaml" << EOF
-gpus: {select: list, ids: [$gpu_ids]}
-transport: {kind: fabric, provider: "shm"}
-proxy: {poll: {mode: spin}, cpu_affinity: none}
-timeouts: {command_ms: 5000, rendezvous_ms: 30000}
-peer: {listen: ["tcp:127.0.0.1:$peer_port"]}
-EOF
-"$mkerneld" --foreground --runtime-dir "$dir" --config "$dir/mkerneld.yaml" > "$dir/mkerneld.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 200); do
-  [ -S "$dir/mkerneld.sock" ] && break
-  kill -0 "$daemon_pid" 2> /dev/null || { echo "FAIL: mkerneld exited at start:"; tail -20 "$dir/mkerneld.log"; exit 1; }
-  sleep 0.1
-done
-[ -S "$dir/mkerneld.sock" ] || { echo "FAIL: mkerneld made no socket within 20 s:"; tail -20 "$dir/mkerneld.log"; exit 1; }
+private_mkerneld_start "$mkerneld" "$ranks" "$dir" "$python" || { echo "FAIL: the private mkerneld did not start"; exit 1; }
 
-export MKERNEL_SOCKET=$dir/mkerneld.sock MKERNEL_PEER_PORT=$peer_port
 MKERNEL_TOKEN=$("$python" -c "import secrets; print(secrets.token_hex(16))")
 export MKERNEL_TOKEN
 # NVLink multicast stays off on the shared machines (DESIGN.md); torch's symm_mem is the reference.
@@ -76,6 +49,6 @@ if [ $rc -ne 0 ]; then
   echo "== mkerneld's log (last 20 lines)"
   tail -20 "$dir/mkerneld.log"
 fi
-stop_daemon
+private_mkerneld_stop
 rm -rf "$dir"
 exit $rc
