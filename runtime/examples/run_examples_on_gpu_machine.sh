@@ -8,10 +8,10 @@
 # Exit 0 when every example exited 0; 1 otherwise (the table says which and why).
 set -u
 bundle=${1:?usage: run_examples_on_gpu_machine.sh BUNDLE_DIR [RANKS]}
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+examples_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${OUT:-./examples-out}
 mkdir -p "$OUT"
-source "$here/../../bench/gpu_machine_env.sh"
+source "$examples_dir/../../bench/gpu_machine_env.sh"
 ranks=${2:-$((gpus < 2 ? gpus : 2))}
 [ "$ranks" -ge 1 ] 2> /dev/null || { echo "no GPU: nvidia-smi sees ${gpus:-0}"; exit 1; }
 export MKERNELD=$bundle/bin/mkerneld EXAMPLE_TIMEOUT=${EXAMPLE_TIMEOUT:-180}
@@ -22,7 +22,7 @@ run() {  # name, program, args...
   shift 2
   echo "== $name: $prog $*"
   local start=$(date +%s%N)
-  bash "$here/run_example.sh" "$ranks" "$bundle/bin/$prog" "$@" > "$OUT/$name.log" 2>&1
+  bash "$examples_dir/run_example.sh" "$ranks" "$bundle/bin/$prog" "$@" > "$OUT/$name.log" 2>&1
   local rc=$? ms=$((($(date +%s%N) - start) / 1000000))
   local last
   last=$(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | cut -c1-110)
