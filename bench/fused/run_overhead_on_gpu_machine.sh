@@ -6,7 +6,7 @@
 # timed two ways: eager (each call from an idle GPU: host time included) and replays of a CUDA
 # graph of 20 calls (the GPU's time per call). Then the two GPU tests that run the programmatic
 # launch (gemm_rs_gpu_test, ag_gemm_gpu_test). Records appended to $OUT/{ag_gemm,gemm_rs,gemm_ar}.jsonl,
-# logs under $OUT, tables last.
+# logs under $OUT, tables last, the tests' summary after them.
 #   bench/fused/run_overhead_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE
 # BUNDLE_DIR from scripts/collect-bundle.sh with bench/fused/gemm_rs_bench, bench/fused/ag_gemm_bench,
 # tests/gpu/fused/gemm_rs_gpu_test and tests/gpu/fused/ag_gemm_gpu_test. Needs about 5 minutes.
@@ -34,9 +34,11 @@ ar_shapes=128x8192x8192,512x8192x8192,1000x4104x4160,8192x8192x8192
 run ar_eager 60 gemm_rs_bench --all-reduce --shapes "$ar_shapes" --jsonl "$OUT/gemm_ar.jsonl"
 run ar_graph 60 gemm_rs_bench --all-reduce --shapes "$ar_shapes" --graph 20 --jsonl "$OUT/gemm_ar.jsonl"
 MKERNEL_TEST_TIMEOUT=240 OUT=$OUT/tests bash "$(dirname "${BASH_SOURCE[0]}")/../../tests/gpu/run_on_gpu_machine.sh" \
-  "$bundle" gemm_rs_gpu_test ag_gemm_gpu_test | tail -4
+  "$bundle" gemm_rs_gpu_test ag_gemm_gpu_test > "$OUT/tests.log" 2>&1
 for name in rs_eager rs_graph ag_eager ag_graph ar_eager ar_graph; do
   echo "==== $name"
   sed -n '/^gemm_rs_bench\|^ag_gemm_bench/,$p' "$OUT/$name.log" | grep -v '^checked' | cut -c1-220
   grep -q '^gemm_rs_bench\|^ag_gemm_bench' "$OUT/$name.log" || tail -5 "$OUT/$name.log"
 done
+echo "==== tests (logs under $OUT/tests)"
+tail -3 "$OUT/tests.log"
