@@ -32,12 +32,14 @@ __device__ __forceinline__ uint64_t previous_fused_launch(const DeviceComm& c) {
 
 // Thread 0 of every block, once, after all the block's work: true for the last block of the
 // launch, which then owns the end-of-launch actions (note 2).
+// One acquire-release add (not a full fence before and after it: the block exit is on the
+// launch's critical path, docs/kernels.md section 11): it releases the block's work (the engine
+// waits for the block's TMA stores and synchronises the block before block_exit) and, in the
+// last block, acquires every other block's.
 __device__ __forceinline__ bool count_block_exit(const DeviceComm& c) {
-  __threadfence();
-  const unsigned long long before = atomicAdd(&c.fused_state[kExitCount], 1ull);
+  const uint64_t before = sync::atom_add_acq_rel_gpu(&c.fused_state[kExitCount], 1);
   if (before + 1 != gridDim.x) return false;
-  __threadfence();
-  c.fused_state[kExitCount] = 0;
+  c.fused_state[kExitCount] = 0;  // the next launch follows this kernel in stream order
   return true;
 }
 
@@ -56,10 +58,14 @@ __device__ __forceinline__ void raise_flag(uint64_t* flag, uint64_t launch) {
 // The last block's end of a launch (note 2) for an op whose peers wait on the shared done and
 // slot_free flags (layout.h): records the launch, tells the node peers (done) and the rail peers
 // on the other nodes (slot_free, through the proxy) that this rank's buffers may be written
-// again, and, when this rank failed, ends its peers' waits now rather than at their bound.
+// again, and, when this rank failed, ends its peers' waits now rather than at their bound. A
+// failure of this launch is read from the device word every report marks (wait.cuh note 8), not
+// from the status word in mapped host memory (a round trip over PCIe on the launch's critical
+// path). With one rank nobody reads the flags: recording the launch is all.
 __device__ __forceinline__ void end_fused_launch(const DeviceComm& c, const FusedLayout& L, uint32_t rank) {
   const uint64_t launch = launch_number(c);
   record_fused_launch(c, launch);
+  if (L.world() == 1) return;
   sync::fence_acq_rel_sys();
   for (uint32_t i = 1; i < L.gpus; ++i)
     sync::st_relaxed_sys(nvl_fused_flag(c, L.node_peer(rank, i), L.done_flag(rank)), launch);
@@ -68,7 +74,7 @@ __device__ __forceinline__ void end_fused_launch(const DeviceComm& c, const Fuse
     const uint32_t to = L.rail_peer(rank, L.send_node(node, i));
     if (!signal(c, to, fused_flag_index(c, L.slot_free_flag(node)), where_tag(kStepPeerFree, to))) break;
   }
-  if (sync::ld_acquire_sys(&c.status->code) != 0) abort_peers(c);
+  if (c.fused_state != nullptr && sync::ld_acquire_gpu(&c.fused_state[kWaitFailedMark]) >= launch + 1) abort_peers(c);
 }
 
 #endif  // __CUDACC__

@@ -3,6 +3,8 @@
 #include "fused/gemm_rs/gemm_rs.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "fused/gemm_rs/gemm_rs.cuh"
 #include "gemm/sm90_bf16_gemm_dispatch.h"
@@ -144,9 +146,29 @@ GemmResult GemmRsPlan::create(const GemmRsSetup& s, std::unique_ptr<GemmRsPlan>*
                                       own + NvlLayout{c.nvl_bytes, c.nvl_num_flags, c.nvl_fused_flags}.fused_flags_offset())
                                 : nullptr;
   ra.net = s.layout.nodes > 1 ? c.buffers[c.network_workspace] : nullptr;
-  if (cudaError_t e = cudaMalloc(&p->role_args_, sizeof(GemmRsRoleArgs)); e != cudaSuccess)
+  // The per-m-block tables (rs_tables) follow the arguments in one allocation:
+  // [GemmRsRoleArgs][RsMBlock x m blocks][rail_stage words].
+  const RsTables tables = rs_tables(geo);
+  const size_t args_bytes = (sizeof(GemmRsRoleArgs) + alignof(RsMBlock) - 1) / alignof(RsMBlock) * alignof(RsMBlock);
+  const size_t mblock_bytes = tables.mblocks.size() * sizeof(RsMBlock);
+  const size_t rail_bytes = tables.rail_stage.size() * sizeof(uint32_t);
+  std::vector<uint8_t> host(args_bytes + mblock_bytes + rail_bytes);
+  if (cudaError_t e = cudaMalloc(&p->role_args_, host.size()); e != cudaSuccess)
     return cuda_fail("cudaMalloc (role arguments)", e);
-  if (cudaError_t e = cudaMemcpy(p->role_args_, &ra, sizeof(ra), cudaMemcpyHostToDevice); e != cudaSuccess)
+  auto* base = reinterpret_cast<uint8_t*>(p->role_args_);
+  ra.mblocks = reinterpret_cast<const RsMBlock*>(base + args_bytes);
+  ra.rail_stage = rail_bytes > 0 ? reinterpret_cast<const uint32_t*>(base + args_bytes + mblock_bytes) : nullptr;
+  ra.num_n_blocks = geo.num_n_blocks();
+  ra.stage_tiles = tables.stage_tiles;
+  ra.slot_tiles = tables.slot_tiles;
+  ra.node = s.layout.node_of(c.rank);
+  ra.local = s.layout.local_of(c.rank);
+  ra.band_lo = tables.band_lo;
+  ra.band_hi = tables.band_hi;
+  std::memcpy(host.data(), &ra, sizeof(ra));
+  std::memcpy(host.data() + args_bytes, tables.mblocks.data(), mblock_bytes);
+  if (rail_bytes > 0) std::memcpy(host.data() + args_bytes + mblock_bytes, tables.rail_stage.data(), rail_bytes);
+  if (cudaError_t e = cudaMemcpy(p->role_args_, host.data(), host.size(), cudaMemcpyHostToDevice); e != cudaSuccess)
     return cuda_fail("cudaMemcpy (role arguments)", e);
   p->gemm_.params.role_args = p->role_args_;
   *out = std::move(p);

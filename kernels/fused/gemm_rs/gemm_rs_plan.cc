@@ -28,6 +28,28 @@ std::string rs_check_geometry(const RsGeometry& g) {
   return "";
 }
 
+RsTables rs_tables(const RsGeometry& g) {
+  RsTables t;
+  const FusedLayout& L = g.layout;
+  const uint32_t world = L.world(), local = L.local_of(g.rank), mbs = g.num_m_blocks(), nnb = g.num_n_blocks();
+  t.stage_tiles = L.gpus > 1 ? g.stage_tiles() : 0;
+  t.slot_tiles = g.slot_tiles();
+  t.band_lo = g.band_lo(g.rank);
+  t.band_hi = g.band_lo(g.rank + 1);
+  t.mblocks.resize(mbs);
+  if (L.gpus > 1) t.rail_stage.assign(uint64_t{mbs} * L.gpus, kRsNone);
+  for (uint32_t mb = 0; mb < mbs; ++mb) {
+    RsMBlock& e = t.mblocks[mb];
+    e.first_band = g.first_band(mb);
+    e.last_band = g.last_band(mb);
+    if (g.rail_band_in(mb, local) < world) e.own_stage = g.stage_position(mb, 0, local) / nnb;
+    if (g.band_in_tile(g.rank, mb)) e.own_slot = mb - g.band_mb_begin(g.rank);
+    for (uint32_t rail = 0; rail < L.gpus && L.gpus > 1; ++rail)
+      if (g.rail_band_in(mb, rail) < world) t.rail_stage[uint64_t{mb} * L.gpus + rail] = g.stage_position(mb, 0, rail) / nnb;
+  }
+  return t;
+}
+
 RsOrder rs_order(const RsGeometry& g, uint32_t cluster_m, uint32_t engine_group) {
   RsOrder o;
   o.group = std::max<uint32_t>(1, engine_group);

@@ -65,6 +65,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fused/common/layout.h"
 
@@ -207,6 +208,29 @@ struct RsGeometry {
 
 // "" when the geometry is usable, else what is wrong (field, value, expectation).
 std::string rs_check_geometry(const RsGeometry& g);
+
+// What one rank's epilogue needs of each m block, computed once per plan on the host
+// (rs_tables) so that the per-tile path of the kernel (gemm_rs.cuh) reads one 16-byte entry
+// instead of evaluating the geometry's 64-bit divisions and loops on every tile. Every entry is
+// the value of the geometry function named beside it (tests/cpu/fused/gemm_rs_plan_test.cc).
+inline constexpr uint32_t kRsNone = 0xFFFFFFFFu;
+struct alignas(16) RsMBlock {
+  uint32_t first_band = 0;        // first_band(mb)
+  uint32_t last_band = 0;         // last_band(mb)
+  uint32_t own_stage = kRsNone;   // stage_position(mb, 0, local) / num_n_blocks(), or kRsNone when
+                                  // rail_band_in(mb, local) == world (no band of the rank's rail)
+  uint32_t own_slot = kRsNone;    // mb - band_mb_begin(rank) when band_in_tile(rank, mb), else kRsNone
+};
+struct RsTables {
+  std::vector<RsMBlock> mblocks;   // [num_m_blocks]
+  // [mb * gpus + rail]: stage_position(mb, 0, rail) / num_n_blocks(), or kRsNone when
+  // rail_band_in(mb, rail) == world. Empty with one GPU per node (nothing is staged).
+  std::vector<uint32_t> rail_stage;
+  uint32_t stage_tiles = 0;        // stage_tiles()
+  uint32_t slot_tiles = 0;         // slot_tiles()
+  uint64_t band_lo = 0, band_hi = 0;  // the rank's band: band_lo(rank), band_lo(rank + 1)
+};
+RsTables rs_tables(const RsGeometry& g);
 
 // The order of tiles (note 4): the GEMM's m-block rotation and raster group for this rank, given
 // the engine's cluster size and the group it would choose. Every rank gets the same group.

@@ -184,6 +184,74 @@ TEST(GemmRsPlan, StagingPositionsAreDistinct) {
     }
 }
 
+// The kernel's per-tile path reads rs_tables instead of evaluating the geometry (gemm_rs.cuh):
+// every entry must be the geometry's value, for every rank of every layout up to 8 x 8, even and
+// uneven bands, and the index identities the kernel uses in place of stage_slot and node_peer.
+TEST(GemmRsPlan, TablesMatchTheGeometry) {
+  uint64_t checked = 0;
+  for (uint32_t nodes = 1; nodes <= 8; ++nodes)
+    for (uint32_t gpus = 1; gpus <= 8; ++gpus) {
+      const mk::FusedLayout l{nodes, gpus};
+      for (uint32_t m_local : {1u, 100u, 128u, 200u, 384u}) {
+        for (uint32_t m_rows : {0u, 7u, 1000u}) {
+          for (uint32_t rank = 0; rank < l.world(); ++rank) {
+            mk::RsGeometry g{l, rank, m_local, 520, 256, m_rows != 0, m_rows};
+            ASSERT_EQ(mk::rs_check_geometry(g), "");
+            const mk::RsTables t = mk::rs_tables(g);
+            const std::string what = layout_name(l) + " rank " + std::to_string(rank) + " m_local " +
+                                     std::to_string(m_local) + " m_rows " + std::to_string(m_rows);
+            ASSERT_EQ(t.mblocks.size(), g.num_m_blocks()) << what;
+            ASSERT_EQ(t.rail_stage.size(), gpus > 1 ? uint64_t{g.num_m_blocks()} * gpus : 0u) << what;
+            EXPECT_EQ(t.stage_tiles, gpus > 1 ? g.stage_tiles() : 0u) << what;
+            EXPECT_EQ(t.slot_tiles, g.slot_tiles()) << what;
+            EXPECT_EQ(t.band_lo, g.band_lo(rank)) << what;
+            EXPECT_EQ(t.band_hi, g.band_lo(rank + 1)) << what;
+            const uint32_t local = l.local_of(rank), nnb = g.num_n_blocks();
+            for (uint32_t mb = 0; mb < g.num_m_blocks(); ++mb) {
+              const mk::RsMBlock& e = t.mblocks[mb];
+              EXPECT_EQ(e.first_band, g.first_band(mb)) << what << " mb " << mb;
+              EXPECT_EQ(e.last_band, g.last_band(mb)) << what << " mb " << mb;
+              if (g.rail_band_in(mb, local) < l.world()) {
+                for (uint32_t nb = 0; nb < nnb; ++nb)
+                  ASSERT_EQ(e.own_stage * nnb + nb, g.stage_position(mb, nb, local)) << what << " mb " << mb;
+              } else {
+                EXPECT_EQ(e.own_stage, mk::kRsNone) << what << " mb " << mb;
+              }
+              if (g.band_in_tile(rank, mb)) {
+                for (uint32_t nb = 0; nb < nnb; ++nb)
+                  ASSERT_EQ(e.own_slot * nnb + nb, g.slot_index(rank, mb, nb)) << what << " mb " << mb;
+              } else {
+                EXPECT_EQ(e.own_slot, mk::kRsNone) << what << " mb " << mb;
+              }
+              for (uint32_t rail = 0; rail < gpus && gpus > 1; ++rail) {
+                const uint32_t at = t.rail_stage[uint64_t{mb} * gpus + rail];
+                if (g.rail_band_in(mb, rail) < l.world()) {
+                  EXPECT_EQ(at * nnb + nnb - 1, g.stage_position(mb, nnb - 1, rail)) << what << " mb " << mb;
+                } else {
+                  EXPECT_EQ(at, mk::kRsNone) << what << " mb " << mb;
+                }
+              }
+              ++checked;
+            }
+            // The kernel's peer and slot arithmetic: the i-th node peer's local index is
+            // local - i wrapping, this rank's slot in its staging is i - 1, and peer s's slot in
+            // this rank's staging is s - local - 1 wrapping.
+            for (uint32_t i = 1; i < gpus; ++i) {
+              const uint32_t pl = local >= i ? local - i : local + gpus - i;
+              EXPECT_EQ(l.node_peer(rank, i), l.rank_of(l.node_of(rank), pl)) << what;
+              EXPECT_EQ(g.stage_slot(pl, local), i - 1) << what;
+            }
+            for (uint32_t s = 0; s < gpus; ++s) {
+              if (s == local) continue;
+              EXPECT_EQ(g.stage_slot(local, s), s > local ? s - local - 1 : s + gpus - local - 1) << what;
+            }
+          }
+        }
+      }
+    }
+  EXPECT_GT(checked, 100000u);
+}
+
 TEST(GemmRsPlan, TheReplayCatchesBrokenPlans) {
   struct Case {
     mk::RsPlanFault fault;

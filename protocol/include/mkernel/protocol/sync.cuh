@@ -74,6 +74,14 @@ __device__ __forceinline__ void red_max_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.max.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Adds v to *p and returns the old value, releasing this thread's earlier writes (and, after a
+// block barrier, its block's) and acquiring what the writers before it released, at GPU scope.
+__device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(unsigned long long* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
 // ---- fences -------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
