@@ -5,9 +5,10 @@
 # gemm_rs and ag_gemm GPU tests), then Nsight Compute kernel durations (--clock-control none) of
 # the GEMM+ReduceScatter kernel against the same engine instantiation without the role
 # (NoRole: gemm_rs_bench's "mkernel_gemm_as_fused") at the shapes docs/kernels.md section 11
-# measured. Logs under $OUT; the ncu table last.
+# measured. Logs under $OUT; the ncu table last. By default only the graph-replay timings and the
+# tests (about 5 minutes in all); ROLE_COST_FULL=1 runs the whole overhead script (about 7).
 #   bench/fused/run_role_cost_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE
-# BUNDLE_DIR as run_overhead_on_gpu_machine.sh's. Needs about 7 minutes.
+# BUNDLE_DIR as run_overhead_on_gpu_machine.sh's.
 set -u
 bundle=${1:?usage: run_role_cost_on_gpu_machine.sh BUNDLE_DIR COMMIT MACHINE}
 commit=${2:?commit}
@@ -15,9 +16,31 @@ machine=${3:?machine}
 OUT=${OUT:-./role-cost-out}
 mkdir -p "$OUT"
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-OUT=$OUT/overhead bash "$script_dir/run_overhead_on_gpu_machine.sh" "$bundle" "$commit" "$machine" > "$OUT/overhead.txt" 2>&1
-echo "overhead script exit $? (output in $OUT/overhead.txt)"
 source "$script_dir/../gpu_machine_env.sh"
+if [ "${ROLE_COST_FULL:-0}" = 1 ]; then
+  OUT=$OUT/overhead bash "$script_dir/run_overhead_on_gpu_machine.sh" "$bundle" "$commit" "$machine" > "$OUT/overhead.txt" 2>&1
+  echo "overhead script exit $? (output in $OUT/overhead.txt)"
+else
+  # The graph-replay half of run_overhead_on_gpu_machine.sh (the GPU's time per call) and its two
+  # tests, in the same layout of logs, in about half the time.
+  common=(--world 1 --commit "$commit" --machine "$machine" --iters 30 --rounds 3 --graph 20)
+  {
+    echo "==== rs_graph"
+    timeout 120 "$bundle/bin/gemm_rs_bench" "${common[@]}" --small-m --odd --shapes 8192x8192x8192 \
+      --jsonl "$OUT/gemm_rs.jsonl" 2>&1 | sed -n '/^gemm_rs_bench/,$p' | grep -v '^checked'
+    echo "==== ag_graph"
+    timeout 90 "$bundle/bin/ag_gemm_bench" "${common[@]}" --small-m --jsonl "$OUT/ag_gemm.jsonl" 2>&1 |
+      sed -n '/^ag_gemm_bench/,$p' | grep -v '^checked'
+    echo "==== ar_graph"
+    timeout 60 "$bundle/bin/gemm_rs_bench" "${common[@]}" --all-reduce \
+      --shapes 128x8192x8192,512x8192x8192,1000x4104x4160,8192x8192x8192 --jsonl "$OUT/gemm_ar.jsonl" 2>&1 |
+      sed -n '/^gemm_rs_bench/,$p' | grep -v '^checked'
+    MKERNEL_TEST_TIMEOUT=240 OUT=$OUT/tests bash "$script_dir/../../tests/gpu/run_on_gpu_machine.sh" \
+      "$bundle" gemm_rs_gpu_test ag_gemm_gpu_test > "$OUT/tests.log" 2>&1
+    echo "==== tests (logs under $OUT/tests)"
+    tail -3 "$OUT/tests.log"
+  } > "$OUT/overhead.txt" 2>&1
+fi
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 shapes=(128x8192x8192 1000x4104x4160 8200x1544x2112)
 for s in "${shapes[@]}"; do
@@ -31,7 +54,8 @@ for s in "${shapes[@]}"; do
   echo "ncu $s exit $?"
 done
 echo "==== overhead tables (from $OUT/overhead.txt)"
-sed -n '/^==== rs_graph/,/^==== ag_eager/p;/^==== ag_graph/,/^==== ar_eager/p;/^==== ar_graph/,$p' "$OUT/overhead.txt" | cut -c1-160
+sed -n '/^==== rs_graph/,/^==== ag_eager/p;/^==== ag_graph/,/^==== ar_eager/p;/^==== ar_graph/,$p' "$OUT/overhead.txt" |
+  grep -v '^==== ag_eager\|^==== ar_eager' | cut -c1-160
 echo "==== ncu kernel durations (us, avg of the launches; --clock-control none)"
 for s in "${shapes[@]}"; do
   awk -v shape="$s" '
