@@ -240,9 +240,9 @@ struct GemmRsRole {
   // AllReduce (plan note 7): after the block's own tiles, its share of the other bands' tiles:
   // first those this rank forwards (from the network into C and on to the node peers), then the
   // rest (from the result staging into C).
-  // Not inlined: once per block, after the block's tiles, and only for AllReduce; inlined, its
-  // registers spilled into the consumers' per-tile path (ptxas -v: a 200-byte stack frame in the
-  // 256-wide instantiations). The state comes by value; false when it failed.
+  // Not inlined: once per block, after the block's tiles, and only for AllReduce; inlined, it
+  // made ptxas spill more in the consumers' code (ptxas -v: a 200-byte stack frame in the 256-wide
+  // instantiations, 24 and 32 bytes out of line). The state comes by value; false when it failed.
   template <class T>
   __device__ static void epilogue_end(const GemmParams& p, EpilogueState& st, uint32_t ctid) {
     if (!static_cast<const GemmRsRoleArgs*>(p.role_args)->geo.all_reduce || st.failed) return;
